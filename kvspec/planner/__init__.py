@@ -1,0 +1,1 @@
+"""Compiler passes: grouping, placement and sizing of KV-cache layers."""

@@ -1,0 +1,1 @@
+"""The YAML source format: load with positions, schema, expansion to layer specs."""
