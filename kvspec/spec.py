@@ -881,3 +881,53 @@ def sliding_window_of(spec: LayerSpec) -> int | None:
     if isinstance(spec, SlidingWindow):
         return spec.sliding_window
     return None
+
+
+# ---------------------------------------------------------------------------
+# round trip through artifacts
+# ---------------------------------------------------------------------------
+
+_ALL_KINDS: tuple[type[LayerSpec], ...] = (
+    FullAttention, MLA, HiddenState, RSWA, SinkFullAttention, ChunkedLocal, SlidingWindow,
+    DraftSlidingWindow, CircularBuffer, SlidingWindowMLA, KpoolTail, EncoderOnly,
+    CrossAttention, MambaState, UniformType)
+
+#: kvspec kind name -> spec class.
+SPEC_KINDS: dict[str, type[LayerSpec]] = {cls.kind: cls for cls in _ALL_KINDS}
+
+
+def spec_from_dict(data: dict[str, Any]) -> LayerSpec:
+    """Rebuild a spec from :meth:`LayerSpec.describe` output.
+
+    >>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    >>> spec_from_dict(f.describe()) == f
+    True
+    """
+    cls = SPEC_KINDS[data["kind"]]
+    if cls is UniformType:
+        members = tuple((n, spec_from_dict(s)) for n, s in data["kv_cache_specs"].items())
+        return UniformType(block_size=data["block_size"], members=members)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = "num_heads" if f.name == "num_heads_" else f.name
+        if key not in data:
+            continue
+        value = data[key]
+        if f.name == "shapes":
+            value = tuple(tuple(s) for s in value)
+        elif f.name == "dtypes":
+            value = tuple(value)
+        elif f.name == "tokens_per_state" and isinstance(value, str):
+            frac = Fraction(value)
+            value = int(frac) if frac.denominator == 1 else frac
+        elif f.name == "mamba_type":
+            rev = {v: k for k, v in MAMBA_TYPES.items()}
+            value = rev.get(value, value)
+        kwargs[f.name] = value
+    spec = cls(**kwargs)
+    # Alignment padding is recomputed by __post_init__; an explicit pad wins.
+    if data.get("page_size_padded") is not None and getattr(spec, "page_size_padded", None) != data["page_size_padded"]:
+        object.__setattr__(spec, "page_size_padded", data["page_size_padded"])
+    return spec

@@ -16,7 +16,7 @@ from kvspec.engine import Engine
 from kvspec.errors import SourceError
 from kvspec.layouts import Layout
 from kvspec.planner.stages import split_stages
-from kvspec.quantmodes import quant_mode
+from kvspec.quantization import quant_mode
 from kvspec.spec import (
     MLA,
     ChunkedLocal,

@@ -107,8 +107,9 @@ def check_fits(engine: Engine, groups: list, available: int, *, stage: int = 0) 
         f"{est}",
         needed_bytes=needed, available_bytes=available,
         max_model_len=engine.max_model_len, estimated_max_model_len=estimate,
-        path="engine.max_model_len", expected=f"at most {needed - available} bytes less",
-        found=f"{needed} bytes needed, {available} available",
+        path="engine.max_model_len",
+        expected=f"one request within {available} bytes (the budget less the null block)",
+        found=f"{needed} bytes for one request of {engine.max_model_len} tokens",
         hint=(f"set engine.max_model_len to {estimate} or less, or give the KV cache more "
               "memory" if estimate > 0 else "give the KV cache more memory"))
 

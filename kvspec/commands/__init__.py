@@ -1,0 +1,1 @@
+"""CLI commands beyond compile/validate/plan/import, one module each (``command``)."""

@@ -1,0 +1,1 @@
+"""Hugging Face ``config.json`` import helpers (torch-free)."""

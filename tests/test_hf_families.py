@@ -1,0 +1,488 @@
+"""kvspec.hf: per-family layer facts from real config.json files, and the
+torch-free re-derivation of vLLM's Mamba state-shape/dtype calculators.
+
+The configs under tests/data/hf/ are copies of public models' config.json;
+tests/data/hf/README.md says where each one came from.  Expected numbers are
+derived by hand from the config and the vLLM rules cited in
+kvspec/hf/families.py and kvspec/hf/state_shapes.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from kvspec.hf import state_shapes as ss
+from kvspec.hf.families import (
+    SUPPORTED_FAMILIES,
+    LayerFacts,
+    ModelFacts,
+    UnsupportedModelError,
+    describe,
+    family_of,
+)
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+def load(name: str) -> dict:
+    with open(DATA / name) as f:
+        return json.load(f)
+
+
+def kind_at(facts: ModelFacts, index: int) -> str | None:
+    for layer in facts.layers:
+        if layer.index == index:
+            return layer.kind
+    return None
+
+
+# --------------------------------------------------------------------------
+# every committed config: family, layer counts by kind, heads
+# --------------------------------------------------------------------------
+
+# file, family, num_layers, counts by kind, {kind: (num_kv_heads, head_size)}, dtype, max_pos
+CASES = [
+    # Llama 3.1 8B: 32 full layers, head 4096/32 = 128, 8 KV heads.
+    (
+        "llama-3.1-8b.json", "llama", 32, {"full_attention": 32},
+        {"full_attention": (8, 128)}, "bfloat16", 131072,
+    ),
+    # Qwen2.5 7B: sliding_window 131072 is ignored (use_sliding_window false);
+    # head 3584/28 = 128, 4 KV heads.
+    (
+        "qwen2.5-7b.json", "qwen2", 28, {"full_attention": 28},
+        {"full_attention": (4, 128)}, "bfloat16", 131072,
+    ),
+    # Qwen3 8B: explicit head_dim 128, 8 KV heads.
+    (
+        "qwen3-8b.json", "qwen3", 36, {"full_attention": 36},
+        {"full_attention": (8, 128)}, "bfloat16", 40960,
+    ),
+    # Mistral NeMo: explicit head_dim 128 (5120/32 = 160 would be wrong), no window.
+    (
+        "mistral-nemo-base-2407.json", "mistral", 40, {"full_attention": 40},
+        {"full_attention": (8, 128)}, "bfloat16", 128000,
+    ),
+    # Gemma 2 9B: even layers slide (4096): 21 sliding + 21 full, head 256.
+    (
+        "gemma-2-9b-it.json", "gemma2", 42, {"sliding_window": 21, "full_attention": 21},
+        {"sliding_window": (8, 256), "full_attention": (8, 256)}, "bfloat16", 8192,
+    ),
+    # Gemma 3 27B: pattern 6 (default) -> global at 5, 11, ..., 59: 10 full, 52 sliding.
+    # max_position_embeddings is absent from text_config -> Gemma3TextConfig default.
+    (
+        "gemma-3-27b-it.json", "gemma3", 62, {"sliding_window": 52, "full_attention": 10},
+        {"sliding_window": (16, 128), "full_attention": (16, 128)}, "bfloat16", 131072,
+    ),
+    # gpt-oss 120B: layer_types alternate: 18 sliding (128) + 18 full, head 64.
+    # Its config.json names no torch_dtype.
+    (
+        "gpt-oss-120b.json", "gpt_oss", 36, {"sliding_window": 18, "full_attention": 18},
+        {"sliding_window": (8, 64), "full_attention": (8, 64)}, None, 131072,
+    ),
+    # Llama 4 Scout: no_rope_layers [] -> every 4th layer NoPE/global: 12 full,
+    # 36 chunked local (8192).
+    (
+        "llama-4-scout-17b-16e-instruct.json", "llama4", 48,
+        {"chunked_local": 36, "full_attention": 12},
+        {"chunked_local": (8, 128), "full_attention": (8, 128)}, "bfloat16", 10485760,
+    ),
+    # DeepSeek V3: 61 MLA layers, one latent head of 512 + 64 = 576.
+    (
+        "deepseek-v3.json", "deepseek_v3", 61, {"mla": 61},
+        {"mla": (1, 576)}, "bfloat16", 163840,
+    ),
+    # Qwen3-Next 80B-A3B: every 4th layer full: 12 full (2 KV heads x 256), 36 GDN.
+    (
+        "qwen3-next-80b-a3b-thinking.json", "qwen3_next", 48,
+        {"full_attention": 12, "mamba": 36},
+        {"full_attention": (2, 256), "mamba": (None, None)}, "bfloat16", 262144,
+    ),
+    # Nemotron-H 56B: pattern has 54 'M', 10 '*', 54 '-' (MLP, no cache).
+    (
+        "nemotron-h-56b-base-8k.json", "nemotron_h", 118,
+        {"mamba": 54, "full_attention": 10},
+        {"full_attention": (8, 128), "mamba": (None, None)}, "bfloat16", 8192,
+    ),
+]
+
+
+def test_every_committed_config_is_covered():
+    files = sorted(p.name for p in DATA.glob("*.json"))
+    assert files == sorted(case[0] for case in CASES)
+
+
+@pytest.mark.parametrize(
+    "name,family,num_layers,counts,heads,dtype,max_pos", CASES, ids=[c[0] for c in CASES]
+)
+def test_describe_committed_config(name, family, num_layers, counts, heads, dtype, max_pos):
+    facts = describe(load(name))
+    assert facts.family == family
+    assert family in SUPPORTED_FAMILIES
+    assert facts.num_layers == num_layers
+    assert facts.count_by_kind() == counts
+    assert facts.dtype == dtype
+    assert facts.max_position_embeddings == max_pos
+    for layer in facts.layers:
+        assert (layer.num_kv_heads, layer.head_size) == heads[layer.kind]
+        assert layer.head_size_v is None
+    # indices are increasing, in range, and unique
+    indices = [layer.index for layer in facts.layers]
+    assert indices == sorted(set(indices))
+    assert all(0 <= i < num_layers for i in indices)
+
+
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_describe_is_pure(name):
+    config = load(name)
+    before = copy.deepcopy(config)
+    assert describe(config) == describe(config)
+    assert config == before
+
+
+# --------------------------------------------------------------------------
+# spot checks of each family's documented layer pattern
+# --------------------------------------------------------------------------
+
+
+def test_gemma2_even_layers_slide():
+    facts = describe(load("gemma-2-9b-it.json"))
+    assert kind_at(facts, 0) == "sliding_window"
+    assert kind_at(facts, 1) == "full_attention"
+    assert kind_at(facts, 40) == "sliding_window"
+    assert kind_at(facts, 41) == "full_attention"
+    assert {lay.sliding_window for lay in facts.layers_of_kind("sliding_window")} == {4096}
+
+
+def test_gemma3_every_sixth_layer_is_global():
+    facts = describe(load("gemma-3-27b-it.json"))
+    full = [lay.index for lay in facts.layers_of_kind("full_attention")]
+    assert full == [5, 11, 17, 23, 29, 35, 41, 47, 53, 59]
+    assert [kind_at(facts, i) for i in range(6)] == ["sliding_window"] * 5 + ["full_attention"]
+    assert kind_at(facts, 60) == kind_at(facts, 61) == "sliding_window"
+    assert {lay.sliding_window for lay in facts.layers_of_kind("sliding_window")} == {1024}
+
+
+def test_gemma3_honours_layer_types_when_present():
+    config = load("gemma-3-27b-it.json")
+    n = config["text_config"]["num_hidden_layers"]
+    # synthetic variant: newer transformers write layer_types out explicitly
+    config["text_config"]["layer_types"] = ["full_attention"] + ["sliding_attention"] * (n - 1)
+    facts = describe(config)
+    assert facts.count_by_kind() == {"full_attention": 1, "sliding_window": 61}
+    assert kind_at(facts, 0) == "full_attention"
+
+
+def test_gpt_oss_alternates_from_layer_types():
+    facts = describe(load("gpt-oss-120b.json"))
+    assert kind_at(facts, 0) == "sliding_window"
+    assert kind_at(facts, 1) == "full_attention"
+    assert kind_at(facts, 35) == "full_attention"
+    assert {lay.sliding_window for lay in facts.layers_of_kind("sliding_window")} == {128}
+
+
+def test_llama4_every_fourth_layer_is_global():
+    facts = describe(load("llama-4-scout-17b-16e-instruct.json"))
+    assert [kind_at(facts, i) for i in range(4)] == ["chunked_local"] * 3 + ["full_attention"]
+    assert [lay.index for lay in facts.layers_of_kind("full_attention")] == list(range(3, 48, 4))
+    chunked = facts.layers_of_kind("chunked_local")
+    assert {lay.attention_chunk_size for lay in chunked} == {8192}
+    assert all(lay.sliding_window is None for lay in facts.layers)
+
+
+def test_llama4_explicit_no_rope_layers():
+    config = load("llama-4-scout-17b-16e-instruct.json")
+    # synthetic variant: only layer 0 is NoPE
+    config["text_config"]["no_rope_layers"] = [0] + [1] * 47
+    facts = describe(config)
+    assert facts.count_by_kind() == {"full_attention": 1, "chunked_local": 47}
+
+
+def test_deepseek_v3_mla_head():
+    facts = describe(load("deepseek-v3.json"), tp=8)
+    layer = facts.layers[0]
+    assert layer == LayerFacts(
+        index=0, kind="mla", num_kv_heads=1, head_size=576,
+        mla_kv_lora_rank=512, mla_rope_dim=64,
+    )
+    assert facts.layers[60].index == 60  # the MTP layer (index 61) is not listed
+
+
+def test_deepseek_v2_uses_the_same_mla_rule():
+    # No verbatim DeepSeek-V2(-Lite) config.json was found (see README), so this
+    # is the V3 file relabelled as V2: the MLA rule is the same for both.
+    config = load("deepseek-v3.json")
+    config["model_type"] = "deepseek_v2"
+    config["architectures"] = ["DeepseekV2ForCausalLM"]
+    facts = describe(config)
+    assert facts.family == "deepseek_v2"
+    assert facts.count_by_kind() == {"mla": 61}
+    assert facts.layers[0].head_size == 512 + 64
+
+
+def test_qwen2_sliding_window_only_when_enabled():
+    config = load("qwen2.5-7b.json")
+    assert config["sliding_window"] == 131072  # present but switched off
+    # synthetic variant: switch it on for the top 8 layers
+    config["use_sliding_window"] = True
+    config["sliding_window"] = 4096
+    config["max_window_layers"] = 20
+    facts = describe(config)
+    assert facts.count_by_kind() == {"full_attention": 20, "sliding_window": 8}
+    assert kind_at(facts, 19) == "full_attention"
+    assert kind_at(facts, 20) == "sliding_window"
+
+
+def test_mistral_model_level_window_applies_to_every_layer():
+    # synthetic variant: Mistral 7B v0.1 style sliding_window 4096 (no layer_types)
+    config = load("mistral-nemo-base-2407.json")
+    config["sliding_window"] = 4096
+    facts = describe(config)
+    assert facts.count_by_kind() == {"sliding_window": 40}
+    assert {lay.sliding_window for lay in facts.layers} == {4096}
+
+
+def test_qwen3_next_every_fourth_layer_is_full():
+    facts = describe(load("qwen3-next-80b-a3b-thinking.json"))
+    assert [kind_at(facts, i) for i in range(4)] == ["mamba"] * 3 + ["full_attention"]
+    assert [lay.index for lay in facts.layers_of_kind("full_attention")] == list(range(3, 48, 4))
+    assert {lay.mamba_type for lay in facts.layers_of_kind("mamba")} == {"gdn_attention"}
+
+
+def test_nemotron_h_pattern_positions():
+    facts = describe(load("nemotron-h-56b-base-8k.json"))
+    # "M-M-M-M*-M-..." : 0 M, 1 -, 2 M, 3 -, 4 M, 5 -, 6 M, 7 *, 8 -, 9 M
+    assert kind_at(facts, 0) == "mamba"
+    assert kind_at(facts, 1) is None  # MLP layer: no cache state
+    assert kind_at(facts, 6) == "mamba"
+    assert kind_at(facts, 7) == "full_attention"
+    assert kind_at(facts, 8) is None
+    assert kind_at(facts, 116) == "mamba"
+    assert kind_at(facts, 117) is None
+    assert {lay.mamba_type for lay in facts.layers_of_kind("mamba")} == {"mamba2"}
+
+
+# --------------------------------------------------------------------------
+# state shapes: hand-derived from vLLM's MambaStateShapeCalculator formulas
+# --------------------------------------------------------------------------
+
+
+def mamba_shapes(facts: ModelFacts) -> set:
+    return {lay.state_shapes for lay in facts.layers_of_kind("mamba")}
+
+
+def test_qwen3_next_state_shapes_tp1_tp2():
+    config = load("qwen3-next-80b-a3b-thinking.json")
+    # gated_delta_net_state_shape: num_k_heads 16, num_v_heads 32,
+    # head_k_dim 128, head_v_dim 128, conv kernel 4.
+    # conv_dim = 2 * 16 * 128 + 32 * 128 = 4096 + 4096 = 8192
+    # tp=1: conv (4 - 1, 8192) = (3, 8192); recurrent (32, 128, 128)
+    # tp=2: conv (3, 8192 / 2) = (3, 4096); recurrent (32 / 2, 128, 128) = (16, 128, 128)
+    assert mamba_shapes(describe(config, tp=1)) == {((3, 8192), (32, 128, 128))}
+    assert mamba_shapes(describe(config, tp=2)) == {((3, 4096), (16, 128, 128))}
+    # KV heads stay global under TP
+    full = describe(config, tp=2).layers_of_kind("full_attention")
+    assert {lay.num_kv_heads for lay in full} == {2}
+
+
+def test_qwen3_next_state_dtypes():
+    config = load("qwen3-next-80b-a3b-thinking.json")
+    assert {lay.state_dtypes for lay in describe(config).layers_of_kind("mamba")} == {
+        ("bfloat16", "bfloat16")
+    }
+    facts = describe(config, mamba_ssm_cache_dtype="float32")
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "float32")
+    }
+
+
+def test_nemotron_h_state_shapes_tp1_tp2():
+    config = load("nemotron-h-56b-base-8k.json")
+    # mamba2_state_shape: intermediate = mamba_num_heads * mamba_head_dim
+    # = 256 * 64 = 16384; n_groups 8; state 256; conv kernel 4.
+    # tp=1: 8 % 1 == 0 -> no extra groups;
+    #       conv_dim = 16384 + 2 * 8 * 256 = 16384 + 4096 = 20480 -> conv (3, 20480)
+    #       ssm (256 / 1, 64, 256) = (256, 64, 256)
+    # tp=2: 8 % 2 == 0 -> no extra groups; conv (3, 20480 / 2) = (3, 10240)
+    #       ssm (256 / 2, 64, 256) = (128, 64, 256)
+    assert mamba_shapes(describe(config, tp=1)) == {((3, 20480), (256, 64, 256))}
+    assert mamba_shapes(describe(config, tp=2)) == {((3, 10240), (128, 64, 256))}
+
+
+def test_nemotron_h_extra_groups_when_tp_exceeds_groups():
+    config = load("nemotron-h-56b-base-8k.json")
+    # tp=16: 8 % 16 != 0 -> extra = 16 - 8 = 8 groups -> 16 groups
+    # conv_dim = 16384 + 2 * 16 * 256 = 24576 -> 24576 / 16 = 1536
+    # ssm (256 / 16, 64, 256) = (16, 64, 256)
+    assert mamba_shapes(describe(config, tp=16)) == {((3, 1536), (16, 64, 256))}
+    with pytest.raises(ValueError, match="not divisible"):
+        describe(config, tp=3)
+
+
+def test_nemotron_h_ssm_state_defaults_to_float32():
+    config = load("nemotron-h-56b-base-8k.json")
+    facts = describe(config)
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "float32")
+    }
+    facts = describe(config, mamba_ssm_cache_dtype="bfloat16")
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "bfloat16")
+    }
+
+
+# No verbatim Jamba config.json was found (see tests/data/hf/README.md).  This
+# inline config carries transformers' JambaConfig defaults, which describe
+# ai21labs/Jamba-v0.1's architecture; it is a test fixture, not a real file.
+JAMBA_DEFAULTS = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "max_position_embeddings": 262144,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_jamba_layers_and_state_shapes_tp1_tp2():
+    facts = describe(JAMBA_DEFAULTS)
+    # attention iff i % 8 == 4 -> layers 4, 12, 20, 28
+    assert [lay.index for lay in facts.layers_of_kind("full_attention")] == [4, 12, 20, 28]
+    assert facts.count_by_kind() == {"mamba": 28, "full_attention": 4}
+    assert {(lay.num_kv_heads, lay.head_size) for lay in facts.layers_of_kind("full_attention")} \
+        == {(8, 4096 // 32)}
+    # mamba1_state_shape: intermediate = mamba_expand * hidden = 2 * 4096 = 8192
+    # tp=1: conv (4 - 1, 8192) = (3, 8192); ssm (8192, 16)
+    # tp=2: conv (3, 8192 / 2) = (3, 4096); ssm (4096, 16)
+    assert mamba_shapes(facts) == {((3, 8192), (8192, 16))}
+    assert mamba_shapes(describe(JAMBA_DEFAULTS, tp=2)) == {((3, 4096), (4096, 16))}
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "bfloat16")
+    }
+    assert {lay.mamba_type for lay in facts.layers_of_kind("mamba")} == {"mamba1"}
+
+
+# --------------------------------------------------------------------------
+# the calculators themselves
+# --------------------------------------------------------------------------
+
+
+def test_mamba1_state_shape():
+    # (conv_kernel - 1, intermediate / tp), (intermediate / tp, state)
+    assert ss.mamba1_state_shape(
+        tp_world_size=4, intermediate_size=8192, state_size=16, conv_kernel=4
+    ) == ((3, 2048), (2048, 16))
+
+
+def test_mamba2_state_shape_single_group_replication():
+    # n_groups 1, tp 4 -> extra 4 - 1 = 3 -> 4 groups
+    # conv_dim = 4096 + 2 * 4 * 128 = 5120 -> 5120 / 4 = 1280; heads 64 / 4 = 16
+    assert ss.extra_groups_for_head_shards(1, 4) == 3
+    assert ss.mamba2_state_shape(
+        tp_world_size=4, intermediate_size=4096, n_groups=1, num_heads=64,
+        head_dim=64, state_size=128, conv_kernel=4,
+    ) == ((3, 1280), (16, 64, 128))
+
+
+def test_conv_layout_and_speculative_tokens():
+    sd = ss.mamba2_state_shape(
+        tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=2,
+        head_dim=8, state_size=4, conv_kernel=4, num_spec=2,
+    )
+    # conv_dim = 16 + 2 * 1 * 4 = 24; state_len = 4 - 1 + 2 = 5
+    assert sd == ((5, 24), (2, 8, 4))
+    ds = ss.mamba2_state_shape(
+        tp_world_size=1, intermediate_size=16, n_groups=1, num_heads=2,
+        head_dim=8, state_size=4, conv_kernel=4, num_spec=2, conv_layout="DS",
+    )
+    assert ds == ((24, 5), (2, 8, 4))
+
+
+def test_gated_delta_net_recurrent_order_is_v_then_k():
+    # num_k_heads 2, num_v_heads 4, head_k 8, head_v 16:
+    # conv_dim = 2 * 2 * 8 + 4 * 16 = 96; recurrent (4, 16, 8)
+    assert ss.gated_delta_net_state_shape(
+        tp_world_size=1, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=16,
+        conv_kernel_size=4,
+    ) == ((3, 96), (4, 16, 8))
+
+
+def test_short_conv_and_linear_attention():
+    assert ss.short_conv_state_shape(
+        tp_world_size=2, intermediate_size=1024, conv_kernel=3
+    ) == ((2, 512),)
+    assert ss.linear_attention_state_shape(num_heads=8, tp_world_size=2, head_dim=64) == (
+        (4, 64, 64),
+    )
+
+
+def test_state_dtypes_rules():
+    assert ss.state_dtypes("mamba2", "bfloat16") == ("bfloat16", "bfloat16")
+    assert ss.state_dtypes("mamba1", "bfloat16", "auto", "float32") == ("bfloat16", "float32")
+    assert ss.state_dtypes("mamba2", "bfloat16", "float16", "auto") == ("float16", "float16")
+    assert ss.state_dtypes("gdn_attention", "float16", "auto", "float32") == (
+        "float16", "float32",
+    )
+    assert ss.state_dtypes("gated_delta_net", "bfloat16") == ("bfloat16", "bfloat16")
+    assert ss.state_dtypes("short_conv", "bfloat16", "auto", "float32") == ("bfloat16",)
+    assert ss.state_dtypes("linear_attention", "half") == ("float16",)
+    with pytest.raises(ValueError):
+        ss.state_dtypes("mamba3", "bfloat16")
+    with pytest.raises(ValueError):
+        ss.state_dtypes("mamba2", "bfloat16", "int4")
+
+
+# --------------------------------------------------------------------------
+# errors
+# --------------------------------------------------------------------------
+
+
+def test_unknown_architecture_names_supported_families():
+    config = {"architectures": ["BertForMaskedLM"], "model_type": "bert", "num_hidden_layers": 12}
+    with pytest.raises(UnsupportedModelError) as excinfo:
+        describe(config)
+    assert isinstance(excinfo.value, ValueError)
+    message = str(excinfo.value)
+    assert "BertForMaskedLM" in message
+    for name in ("Llama", "Qwen3-Next", "Nemotron-H", "Jamba", "DeepSeek V3", "gpt-oss"):
+        assert name in message
+
+
+def test_family_falls_back_to_architectures():
+    config = load("llama-3.1-8b.json")
+    del config["model_type"]
+    assert family_of(config) == "llama"
+
+
+def test_bad_tp_rejected():
+    with pytest.raises(ValueError):
+        describe(load("llama-3.1-8b.json"), tp=0)
+
+
+def test_missing_dtype_needs_explicit_state_dtype():
+    config = dict(JAMBA_DEFAULTS)
+    del config["torch_dtype"]
+    with pytest.raises(ValueError, match="torch_dtype"):
+        describe(config)
+    facts = describe(config, mamba_cache_dtype="bfloat16", mamba_ssm_cache_dtype="float32")
+    assert facts.dtype is None
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "float32")
+    }
+
+
+def test_readme_cites_every_config():
+    readme = (DATA / "README.md").read_text()
+    for path in DATA.glob("*.json"):
+        assert path.name in readme
