@@ -181,6 +181,12 @@ def _place_error(err: KvspecError, unit: Unit) -> KvspecError:
     doc = unit.doc
     if err.file or doc is None:
         return err
+    layer = getattr(err, "layer", None)
+    if layer and not err.path and unit.expanded is not None and layer in unit.expanded.layer_paths:
+        lpath = unit.expanded.layer_paths[layer]
+        pos = doc.position(lpath)
+        return err.at(Location(doc.file, pos[0] if pos else None, pos[1] if pos else None,
+                               format_path(lpath)))
     path = _path_tuple(err.path) if err.path else ("layers",)
     pos = doc.position(path)
     return err.at(Location(doc.file, pos[0] if pos else None, pos[1] if pos else None,

@@ -187,7 +187,10 @@ class ErrorList(KvspecError):
 
 def raise_all(errors: Iterable[KvspecError]) -> None:
     """Raise the collected errors as one, or do nothing when there are none."""
-    errors = list(errors)
+    unique: dict[str, KvspecError] = {}
+    for err in errors:
+        unique.setdefault(err.render(), err)
+    errors = list(unique.values())
     if len(errors) == 1:
         raise errors[0]
     if errors:

@@ -472,14 +472,16 @@ def group_layers(engine: Engine, specs: dict[str, LayerSpec],
     except _CannotUnify as exc:
         fallback = _full_allocation_fallback(specs, log)
         if fallback is None:
-            raise PlanError(
+            err = PlanError(
                 f"layer {exc.name}: its page ({exc.page} bytes) does not divide the "
                 f"largest page ({exc.largest} bytes) and cannot be padded; padding is "
                 "only supported for non-MLA attention layers",
                 expected=f"a page size dividing {exc.largest}",
                 found=str(exc.page),
                 hint="use a block-outermost layout (engine.layout: BLHNC) to pack "
-                     "pages of different sizes, or change the block size") from exc
+                     "pages of different sizes, or change the block size")
+            err.layer = exc.name  # type: ignore[attr-defined]
+            raise err from exc
         return fallback
     groups = _group_uniform_page(rest, log)
     if hidden:

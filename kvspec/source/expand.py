@@ -84,11 +84,7 @@ def expand_layers(source: Source, doc: Document) -> tuple[list[ExpandedLayer], l
                         type_name = type_name.strip()
                         t = source.layer_types.get(type_name)
                         if t is None:
-                            errors.append(doc.error(
-                                f"unknown layer type {type_name!r}", path,
-                                expected="one of " + (", ".join(sorted(source.layer_types))
-                                                      or "(no layer_types defined)"),
-                                found=type_name, hint="define it under layer_types"))
+                            errors.append(_unknown_type(doc, path, type_name, source))
                             continue
                         fields = _merge(source.defaults, t)
                         name = _render(fields.get("layer_name") or source.layer_name, index,
@@ -101,10 +97,7 @@ def expand_layers(source: Source, doc: Document) -> tuple[list[ExpandedLayer], l
         if entry.type is not None:
             t = source.layer_types.get(entry.type)
             if t is None:
-                errors.append(doc.error(
-                    f"unknown layer type {entry.type!r}", base_path + ("type",),
-                    expected="one of " + (", ".join(sorted(source.layer_types)) or "(none)"),
-                    found=entry.type, hint="define it under layer_types"))
+                errors.append(_unknown_type(doc, base_path + ("type",), entry.type, source))
                 continue
         fields = _merge(source.defaults, t, entry)
         for _ in range(entry.repeat):
@@ -121,6 +114,16 @@ def expand_layers(source: Source, doc: Document) -> tuple[list[ExpandedLayer], l
                 layers.append(ExpandedLayer(name, index, fields, base_path, entry.type))
                 index += 1
     return layers, errors
+
+
+def _unknown_type(doc: Document, path: tuple, name: str, source: Source) -> KvspecError:
+    import difflib
+    known = sorted(source.layer_types)
+    close = difflib.get_close_matches(name, known, n=1)
+    return doc.error(f"unknown layer type {name!r}", path,
+                     expected="one of " + (", ".join(known) or "(no layer_types defined)"),
+                     found=name, hint=f"did you mean {close[0]!r}?" if close
+                     else "define it under layer_types")
 
 
 def _render(template: str, index: int, doc: Document, path: tuple, errors: list) -> str:
@@ -174,15 +177,16 @@ def layer_to_spec(layer: ExpandedLayer, engine: Engine, source: Source,
     f = layer.fields
     kind = f.get("kind")
     path = layer.path
+    what = f"layer type {layer.type_name!r}" if layer.type_name else f"layer {layer.name}"
     if kind is None:
-        raise doc.error(f"layer {layer.name}: no kind", path,
+        raise doc.error(f"{what}: no kind", path,
                         expected="kind: full_attention | sliding_window | mla | mamba | ...",
                         hint="set kind in the layer type or in defaults")
     missing = [k for k in _REQUIRED.get(kind, ()) if f.get(k) is None]
     if kind != "mamba":
         missing += [k for k in _ATTN_COMMON if f.get(k) is None]
     if missing:
-        raise doc.error(f"layer {layer.name} ({kind}) is missing {', '.join(missing)}", path,
+        raise doc.error(f"{what} ({kind}) is missing {', '.join(missing)}", path,
                         expected=", ".join(missing), hint="set them in defaults, the layer "
                         "type or the entry")
     tp = engine.tensor_parallel_size
@@ -202,7 +206,7 @@ def layer_to_spec(layer: ExpandedLayer, engine: Engine, source: Source,
             raise doc.error(f"unknown dtype {exc.args[0]!r}", path + ("dtypes",),
                             hint="use torch dtype names: bfloat16, float16, float32") from exc
         if len(f["dtypes"]) != len(f["shapes"]):
-            raise doc.error(f"layer {layer.name}: {len(f['shapes'])} state shapes but "
+            raise doc.error(f"{what}: {len(f['shapes'])} state shapes but "
                             f"{len(f['dtypes'])} dtypes", path,
                             hint="give one dtype per state shape")
         return _dump_spec(dump, engine)
@@ -210,17 +214,21 @@ def layer_to_spec(layer: ExpandedLayer, engine: Engine, source: Source,
     try:
         model_dtype = canonical_dtype(f["dtype"])
     except KeyError:
-        raise doc.error(f"unknown dtype {f['dtype']!r}", path, expected="bfloat16, float16, "
-                        "float32, ...", found=str(f["dtype"])) from None
+        import difflib
+        from kvspec.dtypes import DTYPE_SIZES
+        close = difflib.get_close_matches(str(f["dtype"]), list(DTYPE_SIZES), n=1)
+        raise doc.error(f"unknown dtype {f['dtype']!r}", path,
+                        expected=", ".join(DTYPE_SIZES), found=str(f["dtype"]),
+                        hint=f"did you mean {close[0]!r}?" if close else None) from None
     heads = f["num_kv_heads"]
     if kind not in _UNSPLIT:
         if heads >= tp and heads % tp:
-            raise doc.error(f"layer {layer.name}: {heads} KV heads do not split evenly over "
+            raise doc.error(f"{what}: {heads} KV heads do not split evenly over "
                             f"{tp} tensor-parallel ranks", path,
                             expected=f"a multiple of {tp}, or a divisor of it",
                             found=str(heads))
         if heads < tp and tp % heads:
-            raise doc.error(f"layer {layer.name}: {tp} ranks cannot replicate {heads} KV heads",
+            raise doc.error(f"{what}: {tp} ranks cannot replicate {heads} KV heads",
                             path, expected=f"a divisor of {tp}", found=str(heads))
         heads = max(1, heads // tp)
     dump["num_kv_heads"] = heads
@@ -247,11 +255,14 @@ def _apply_quant(dump: dict, f: dict, kind: str, cache: str, engine: Engine,
             head_size=dump["head_size"],
             head_size_v=0 if kind in _UNSPLIT else f.get("head_size_v", dump["head_size"]),
             num_kv_heads=dump["num_kv_heads"], block_size=f.get("block_size", engine.block_size))
+    except KvspecError as exc:
+        raise doc.error(exc.message, path + ("kv_cache_dtype",) if f.get("kv_cache_dtype")
+                        else ("quantization", "kv_cache_dtype"), expected=exc.expected,
+                        found=exc.found, hint=exc.hint or "see docs/quantization.md for the "
+                        "modes each layer kind supports") from exc
     except ValueError as exc:
-        raise doc.error(str(exc), path + ("kv_cache_dtype",) if f.get("kv_cache_dtype")
-                        else ("quantization", "kv_cache_dtype"),
-                        hint="see docs/quantization.md for the modes each layer kind "
-                        "supports") from exc
+        raise doc.error(str(exc), ("quantization", "kv_cache_dtype"),
+                        hint="see docs/quantization.md") from exc
     dump["dtype"] = q.dtype
     if q.state_content_bytes is not None:
         dump["state_content_bytes"] = q.state_content_bytes

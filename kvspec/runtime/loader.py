@@ -1,0 +1,377 @@
+"""``load()``: map a verified artifact onto memory as pools and per-layer views.
+
+The artifact was compiled once, with every block-dependent offset and stride
+an affine form of the block count; loading settles the count for this
+deployment's memory and evaluates them::
+
+    artifact --verify--> num_blocks (count | bytes | fraction of free memory)
+             --agree-->  the smallest rank's count (torch.distributed)
+             --allocate-> one int8 tensor per pool     (zeroed if the layout needs it)
+             --view-->   one as_strided per layer      (B, H, N, C) in its dtype
+
+>>> from kvspec.compiler import compile
+>>> cache = load(compile("layouts/llama-3.1-8b.yaml"), device="meta", num_blocks=20480)
+>>> view = cache.views["model.layers.0.self_attn.attn"]
+>>> tuple(view.shape), view.stride(), view.dtype     # (B, H, N, C), LBNHC
+((20480, 8, 16, 256), (32768, 256, 2048, 1), torch.bfloat16)
+>>> k, v = cache.kv["model.layers.0.self_attn.attn"]
+>>> tuple(k.shape), k.stride()                       # (B, H, N, head_size)
+((20480, 8, 16, 128), (32768, 256, 2048, 1))
+>>> tuple(cache.layouts.nhd("model.layers.0.self_attn.attn").shape)   # (B, N, H, C)
+(20480, 16, 8, 256)
+
+Pools. ``device``: one allocation per stage of ``size`` bytes (every tensor of
+a stage declares the same size), holding the main pool (``num_blocks *
+bytes_per_block``) and, beyond it, a drafter's own region when the artifact
+has one (``buffers["draft"]`` is that region, a slice of the same
+allocation). ``host``: tensors with ``host_resident`` get an allocation of
+their own in host memory, pinned when CUDA is available.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvspec.affine import Affine
+from kvspec.artifact import Artifact
+from kvspec.errors import ArtifactError, KvspecError
+from kvspec.layouts import Layout
+from kvspec.runtime import distributed
+from kvspec.runtime.views import (
+    KVViews,
+    LayerMeta,
+    LayoutViews,
+    build_tensor_views,
+)
+from kvspec.spec import LayerSpec, MambaState, spec_from_dict
+
+__all__ = ["LoadError", "LoadedCache", "load", "resolve_num_blocks"]
+
+
+class LoadError(KvspecError):
+    """The cache cannot be loaded as asked (device, budget or stage)."""
+
+
+@dataclass(eq=False)
+class LoadedCache:
+    """One rank's KV cache: pools, per-layer views and a block pool.
+
+    ``views[layer]`` is ``(B, H, N, C)`` in the layer's dtype (B = blocks, or
+    kernel blocks when split; H head slots; N states per block; C cell
+    elements); ``kv[layer]`` is ``(K, V)`` where a cell holds both;
+    ``layouts`` gives NHD / HND forms; ``metadata[layer]`` says which group,
+    block size, window and pool the view belongs to.
+    """
+
+    artifact: Artifact
+    stage: int
+    device: torch.device
+    num_blocks: int
+    draft_num_blocks: int | None
+    layout: Layout
+    buffers: dict[str, torch.Tensor]
+    views: dict[str, torch.Tensor]
+    metadata: dict[str, LayerMeta]
+    zeroed: bool
+    kv: KVViews = field(init=False)
+    layouts: LayoutViews = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kv = KVViews(self.views, self.metadata)
+        self.layouts = LayoutViews(self.views, self.metadata, self.layout)
+
+    @cached_property
+    def block_pool(self) -> Any:
+        """A :class:`~kvspec.runtime.block_pool.BlockPool` over ``num_blocks``
+        (made on first use), shared by every group aliasing the device pool."""
+        return self._make_pool(self.num_blocks, draft=False)
+
+    @cached_property
+    def draft_block_pool(self) -> Any:
+        """The drafter's own block pool (``draft_num_blocks``), or None."""
+        if self.draft_num_blocks is None:
+            return None
+        return self._make_pool(self.draft_num_blocks, draft=True)
+
+    def _make_pool(self, num_blocks: int, *, draft: bool) -> Any:
+        try:
+            from kvspec.runtime.block_pool import BlockPool
+        except ImportError:  # pragma: no cover - the module ships with kvspec
+            return None
+        body = self.artifact.body
+        draft_layers = set(self.artifact.stage(self.stage)["draft_layers"])
+        groups = [g for g in body["groups"]
+                  if bool(set(g["layers"]) & draft_layers) == draft]
+        caching = bool(body["engine"].get("enable_prefix_caching", True)) and any(
+            g.get("prefix_cacheable", True) for g in groups)
+        return BlockPool(num_blocks, enable_caching=caching,
+                         hash_block_size=body.get("hash_block_size"),
+                         num_groups=len(body["groups"]) or None)
+
+    def block_view(self, name: str) -> torch.Tensor:
+        """``views[name]`` with manager blocks as dim 0 (the reference's
+        ``group_kernel_blocks``): ``(num_blocks, ratio, H, N, C)`` when split
+        into ``ratio`` kernel blocks, else the view itself."""
+        view, meta = self.views[name], self.metadata[name]
+        if meta.kernel_blocks_per_block == 1:
+            return view
+        return view.unflatten(0, (meta.num_blocks, meta.kernel_blocks_per_block))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated (0 on meta)."""
+        if self.device.type == "meta":
+            return 0
+        return sum(b.numel() for k, b in self.buffers.items() if k != "draft")
+
+
+# ---------------------------------------------------------------------------
+# load
+# ---------------------------------------------------------------------------
+
+
+def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "cpu",
+         num_blocks: int | None = None, memory: int | str | None = None,
+         memory_fraction: float | None = None, stage: int | None = None,
+         kernel_block_size: int | Mapping[int, int] | None = None,
+         zero: bool | None = None) -> LoadedCache:
+    """Verify ``artifact``, size its pool, allocate and view it on ``device``.
+
+    - ``num_blocks``, ``memory`` (bytes, or ``"40GiB"``), ``memory_fraction``
+      (of the device's free memory): give at most one; none means the
+      artifact's own override or budget. A count that cannot serve one request
+      at ``max_model_len`` is refused.
+    - ``stage``: the pipeline stage to load (default: this rank's, from
+      ``torch.distributed``, else 0).
+    - ``kernel_block_size``: split blocks into kernel blocks, for every
+      attention group (an int) or per group id (a mapping).
+    - ``zero``: zero the pools (default: when the artifact needs it).
+    - ``device="meta"`` builds every view with no memory behind it.
+    """
+    art = _verified(artifact)
+    dev = _device(device)
+    st_index = stage if stage is not None else distributed.pipeline_rank(art)
+    st = art.stage(st_index)
+
+    if distributed.is_initialized():
+        try:
+            mine: int | None = resolve_num_blocks(art, dev, num_blocks=num_blocks,
+                                                  memory=memory,
+                                                  memory_fraction=memory_fraction)
+            problem = None
+        except KvspecError as err:
+            mine, problem = None, err
+        count = distributed.agree(art, mine, problem=problem)
+        count = art.num_blocks_for(num_blocks=count)
+    else:
+        count = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
+                                   memory_fraction=memory_fraction)
+
+    zeroed = bool(art.body.get("needs_zeroing")) if zero is None else bool(zero)
+    buffers = _allocate(st, count, dev, zero=zeroed)
+    layout = Layout.parse(art.layout)
+    kernel = _kernel_block_sizes(art, st, kernel_block_size)
+    views, metadata = _build_views(st, layout, buffers, count, kernel)
+    missing = [n for n in st["layers"] if n not in views]
+    if missing:
+        raise ArtifactError(f"stage {st_index} places no tensor for layer(s) "
+                            f"{', '.join(missing[:5])}",
+                            hint="recompile the artifact from its source")
+    return LoadedCache(artifact=art, stage=st_index, device=dev, num_blocks=count,
+                       draft_num_blocks=st.get("draft_num_blocks"), layout=layout,
+                       buffers=buffers, views=views, metadata=metadata,
+                       zeroed=zeroed and dev.type != "meta")
+
+
+def _verified(artifact: Artifact | Mapping[str, Any] | str | Path) -> Artifact:
+    """Re-check format and body hash, whatever form the artifact came in."""
+    if isinstance(artifact, Artifact):
+        return Artifact.from_dict(artifact.data)
+    if isinstance(artifact, (str, Path)):
+        return Artifact.read(artifact)
+    if isinstance(artifact, Mapping):
+        return Artifact.from_dict(dict(artifact))
+    raise LoadError(f"cannot load a {type(artifact).__name__}",
+                    expected="an Artifact, its dict, or the path of a .kvlayout.json")
+
+
+def _device(device: Any) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise LoadError(f"not a torch device: {device!r}") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise LoadError("device 'cuda' asked for, but this torch sees no CUDA device",
+                            hint="load on 'cpu' or 'meta' to inspect the views")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+# ---------------------------------------------------------------------------
+# sizing
+# ---------------------------------------------------------------------------
+
+
+def _bytes(memory: int | str) -> int:
+    if isinstance(memory, int):
+        return memory
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    try:
+        return int(TypeAdapter(ByteSize).validate_python(memory))
+    except ValidationError as exc:
+        raise LoadError(f"not a memory size: {memory!r}", expected="bytes or e.g. '40GiB'",
+                        found=repr(memory)) from exc
+
+
+def free_memory(device: torch.device) -> int:
+    """Free bytes of ``device``: ``torch.cuda.mem_get_info`` on CUDA, the
+    available physical pages on a CPU (Linux ``sysconf``)."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError) as exc:
+            raise LoadError("cannot tell this machine's free memory",
+                            hint="give memory=... or num_blocks=... instead") from exc
+    raise LoadError(f"memory_fraction needs a device with memory, not {device.type!r}",
+                    hint="give memory=... or num_blocks=... to size a meta load")
+
+
+def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
+                       num_blocks: int | None = None, memory: int | str | None = None,
+                       memory_fraction: float | None = None) -> int:
+    """This rank's block count, checked to serve one request.
+
+    Precedence: the argument given (at most one of the three); else the
+    artifact's own ``num_blocks`` override; else the budget it was compiled
+    for. The source's ``num_blocks`` override wins over a memory budget, as in
+    the reference.
+    """
+    given = [k for k, v in (("num_blocks", num_blocks), ("memory", memory),
+                            ("memory_fraction", memory_fraction)) if v is not None]
+    if len(given) > 1:
+        raise LoadError("give one of num_blocks, memory and memory_fraction",
+                        found=", ".join(given))
+    budget: int | None = None
+    if memory_fraction is not None:
+        if not 0 < memory_fraction <= 1:
+            raise LoadError("memory_fraction must be in (0, 1]",
+                            found=repr(memory_fraction))
+        budget = int(free_memory(device) * memory_fraction)
+    elif memory is not None:
+        budget = _bytes(memory)
+    if num_blocks is not None and (not isinstance(num_blocks, int) or num_blocks < 1):
+        raise LoadError("num_blocks must be a positive integer", found=repr(num_blocks))
+    if num_blocks is None and budget is None and artifact.body["engine"].get("num_blocks") is None:
+        own = artifact.body.get("budget") or {}
+        if own.get("memory") is None:
+            raise LoadError("the artifact has no memory budget of its own",
+                            hint="give num_blocks=..., memory=... or memory_fraction=...")
+        budget = int(own["memory"])
+    return artifact.num_blocks_for(memory=budget, num_blocks=num_blocks)
+
+
+# ---------------------------------------------------------------------------
+# pools
+# ---------------------------------------------------------------------------
+
+
+def _pool_of(tensor: Mapping[str, Any]) -> str:
+    """The allocation a tensor lives in: ``host`` or ``device`` (a drafter's
+    region is part of the device allocation)."""
+    return "host" if tensor.get("host_resident") else "device"
+
+
+def _allocate(stage: Mapping[str, Any], num_blocks: int, device: torch.device, *,
+              zero: bool) -> dict[str, torch.Tensor]:
+    sizes: dict[str, int] = {}
+    for t in stage["tensors"]:
+        pool = _pool_of(t)
+        sizes[pool] = max(sizes.get(pool, 0), Affine.from_json(t["size"]).at(num_blocks))
+    buffers: dict[str, torch.Tensor] = {}
+    for pool, size in sizes.items():
+        if pool == "host" and device.type != "meta":
+            pin = torch.cuda.is_available()
+            buf = torch.empty(size, dtype=torch.int8, device="cpu", pin_memory=pin)
+        else:
+            buf = torch.empty(size, dtype=torch.int8, device=device)
+        if zero and device.type != "meta":
+            buf.zero_()
+        buffers[pool] = buf  # (size,) int8: the pool's bytes
+    drafts = [Affine.from_json(t["offset"]).at(num_blocks) for t in stage["tensors"]
+              if t.get("pool") == "draft"]
+    if drafts and "device" in buffers:
+        buffers["draft"] = buffers["device"][min(drafts):]  # the drafter's region, no copy
+    return buffers
+
+
+# ---------------------------------------------------------------------------
+# views
+# ---------------------------------------------------------------------------
+
+
+def _takes_kernel_blocks(spec: LayerSpec) -> bool:
+    """State layers take no part in kernel-block selection (the reference)."""
+    return not isinstance(spec, MambaState)
+
+
+def _kernel_block_sizes(artifact: Artifact, stage: Mapping[str, Any],
+                        kernel: int | Mapping[int, int] | None) -> dict[int, int]:
+    """Group id -> kernel block size, for the groups that split."""
+    if kernel is None:
+        return {}
+    if isinstance(kernel, Mapping):
+        known = {g["id"] for g in artifact.body["groups"]}
+        unknown = sorted(set(kernel) - known)
+        if unknown:
+            raise LoadError(f"kernel_block_size names unknown group(s) {unknown}",
+                            expected=f"group ids {sorted(known)}")
+        return {int(g): int(k) for g, k in kernel.items()}
+    if not isinstance(kernel, int) or kernel < 1:
+        raise LoadError("kernel_block_size must be a positive integer",
+                        found=repr(kernel))
+    out: dict[int, int] = {}
+    for t in stage["tensors"]:
+        spec = spec_from_dict(t["spec"])
+        if _takes_kernel_blocks(spec) and spec.block_size != kernel:
+            out[int(t["group"])] = kernel
+    return out
+
+
+def _build_views(stage: Mapping[str, Any], layout: Layout, buffers: dict[str, torch.Tensor],
+                 num_blocks: int, kernel: dict[int, int],
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, LayerMeta]]:
+    views: dict[str, torch.Tensor] = {}
+    metadata: dict[str, LayerMeta] = {}
+    draft_blocks = stage.get("draft_num_blocks")
+    for index, t in enumerate(stage["tensors"]):
+        spec = spec_from_dict(t["spec"])
+        draft = t.get("pool") == "draft"
+        if draft and draft_blocks is None:
+            raise ArtifactError(f"tensor {index} is in a drafter pool, but the stage "
+                                "has no draft_num_blocks",
+                                hint="recompile the artifact from its source")
+        pool_blocks = draft_blocks if draft else num_blocks
+        alloc = _pool_of(t)
+        pool = "draft" if draft else alloc
+        made = build_tensor_views(buffers[alloc], t, index, spec, layout, num_blocks,
+                                  pool_blocks, kernel.get(int(t["group"])), pool)
+        for view, meta in made:
+            if meta.name in views:
+                raise ArtifactError(f"layer {meta.name} is placed twice in one stage",
+                                    hint="recompile the artifact from its source")
+            views[meta.name] = view  # (B, H, N, C) in meta.dtype
+            metadata[meta.name] = meta
+    return views, metadata

@@ -1,0 +1,311 @@
+"""Per-layer views of a pool: ``[B, H, N, C]`` in the layer's dtype, and the
+K/V, NHD and HND conventions that follow from it without a copy.
+
+Axes (DESIGN.md's glossary): B block, H head slot, N state (one token for
+token-indexed kinds), C the cell's elements. A tensor of the artifact places
+same-shaped layers; layer ``l`` of tensor ``t`` starts at byte
+``t.offset + l * t.layer_stride`` of its pool and block ``b`` of it another
+``b * t.block_stride`` bytes in. The remaining byte strides follow from the
+layout, innermost physical axis first (``C`` cells of ``c`` bytes, ``H`` head
+slots, ``N`` states)::
+
+    LBNHC (layer-compact, the default)      BLHNC (block-outermost, packed)
+      C: 1                                    C: 1
+      H: c                                    N: c
+      N: H * c                                H: N * c
+      B: block_stride  (= N * H * c)          L: layer_stride (= page, in the block)
+      L: layer_stride  (= num_blocks * page)  B: block_stride (= bytes_per_block)
+
+A view is one ``torch.as_strided`` of the pool's int8 allocation with those
+byte strides, then ``.view(dtype)``: every stride but C's and the storage
+offset divide by the dtype's size. Kernel-block splitting views a block of
+``block_size`` tokens as ``ratio = block_size // kernel_block_size`` kernel
+blocks: ``B' = B * ratio``, ``N' = N / ratio`` and ``block_stride' =
+block_stride / ratio`` (only where a block is one dense page).
+
+This module imports torch; :func:`view_geometry` (torch-free) does the arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvspec.dtypes import canonical_dtype, dtype_size
+from kvspec.errors import ArtifactError, KvspecError
+from kvspec.layouts import Layout
+from kvspec.planner.place import ViewGeometry, view_geometry
+from kvspec.spec import MLA, Attention, LayerSpec, SlidingWindowMLA
+
+__all__ = [
+    "KVViews",
+    "LayerMeta",
+    "LayoutViews",
+    "build_tensor_views",
+    "conventions",
+    "split_kv",
+    "torch_dtype",
+]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The ``torch.dtype`` of a kvspec dtype name.
+
+    >>> torch_dtype("bfloat16"), torch_dtype("fp8_e4m3")
+    (torch.bfloat16, torch.float8_e4m3fn)
+    """
+    dtype = getattr(torch, canonical_dtype(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ArtifactError(f"this torch ({torch.__version__}) has no dtype {name!r}",
+                            hint="upgrade torch, or compile without that dtype")
+    return dtype
+
+
+@dataclass(frozen=True, slots=True)
+class LayerMeta:
+    """What a kernel needs to know about one layer's view, besides the view."""
+
+    name: str
+    #: Global KV cache group id (the block table this layer reads).
+    group: int
+    #: The layer's kind, e.g. ``full_attention``, ``sliding_window``, ``mamba``.
+    kind: str
+    #: Tokens per manager block (the block pool's unit).
+    block_size: int
+    #: Tokens per B entry of the view (== block_size unless kernel-block split).
+    kernel_block_size: int
+    sliding_window: int | None
+    attention_chunk_size: int | None
+    #: ``device``, ``draft`` (a drafter's own region of the device allocation)
+    #: or ``host``.
+    pool: str
+    #: Manager blocks of that pool.
+    num_blocks: int
+    dtype: str
+    #: Index of the artifact tensor in the stage, and the layer's place in it.
+    tensor: int
+    slot: int
+    #: ``(B, H, N, C)`` and strides in elements of ``dtype``.
+    shape: tuple[int, int, int, int]
+    stride: tuple[int, int, int, int]
+    storage_offset: int
+    #: The same geometry in bytes of the pool allocation.
+    byte_offset: int
+    byte_stride: tuple[int, int, int, int]
+    #: K and V head sizes when a cell holds K||V (dense attention), else None.
+    head_size: int | None
+    head_size_v: int | None
+    role: str
+
+    @property
+    def kernel_blocks_per_block(self) -> int:
+        return self.block_size // self.kernel_block_size
+
+    @property
+    def holds_kv(self) -> bool:
+        return self.head_size is not None
+
+
+def _kv_sizes(spec: LayerSpec, cell: int) -> tuple[int | None, int | None]:
+    """K and V head sizes when ``spec``'s cell of ``cell`` elements is K||V."""
+    if not isinstance(spec, Attention) or isinstance(spec, (MLA, SlidingWindowMLA)):
+        return None, None
+    if spec.state_content_bytes is not None or not spec.head_size_v:
+        return None, None
+    if spec.head_size + spec.head_size_v != cell:
+        return None, None
+    return spec.head_size, spec.head_size_v
+
+
+def _last_byte(geom: ViewGeometry, item: int) -> int:
+    """One past the last byte ``geom`` touches."""
+    shape = (*geom.shape[:3], geom.shape[3] * item)
+    return geom.byte_offset + sum((n - 1) * s for n, s in zip(shape, geom.byte_stride)) + 1
+
+
+def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: int,
+                       spec: LayerSpec, layout: Layout, num_blocks: int, pool_blocks: int,
+                       kernel_block_size: int | None, pool: str) -> list[tuple[torch.Tensor, LayerMeta]]:
+    """The views of one artifact tensor's layers over ``buffer`` (int8).
+
+    ``num_blocks`` evaluates the tensor's affine fields (always the main
+    pool's block count); ``pool_blocks`` is B of the views (the drafter pool's
+    own count for ``draft`` tensors). One ``as_strided`` per layer::
+
+        view = as_strided(buffer, (B, H, N, C * itemsize), byte_stride,
+                          buffer.storage_offset() + byte_offset).view(dtype)
+        # (B, H, N, C) in dtype: storage_offset = byte_offset / itemsize
+    """
+    fields = {"layers": tensor["layers"],
+              "layer_stride": _at(tensor["layer_stride"], num_blocks),
+              "block_stride": _at(tensor["block_stride"], num_blocks),
+              "offset": _at(tensor["offset"], num_blocks)}
+    try:
+        geoms = view_geometry(fields, spec, pool_blocks, layout, kernel_block_size)
+    except KvspecError as err:
+        err.message = f"tensor {index} ({tensor['layers'][0]}, ...): {err.message}"
+        raise
+    base = buffer.storage_offset()
+    limit = buffer.numel()
+    out = []
+    for slot, g in enumerate(geoms):
+        dtype = torch_dtype(g.dtype)
+        item = dtype_size(g.dtype)
+        if g.byte_offset < 0 or _last_byte(g, item) > limit:
+            raise ArtifactError(
+                f"layer {g.layer}'s view reaches byte {_last_byte(g, item)} of a "
+                f"{limit}-byte {pool} pool at {num_blocks} blocks",
+                hint="the artifact is inconsistent: recompile it from its source")
+        byte_shape = (g.shape[0], g.shape[1], g.shape[2], g.shape[3] * item)
+        view = torch.as_strided(buffer, byte_shape, g.byte_stride, base + g.byte_offset)
+        if dtype is not torch.int8:
+            view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
+        k, v = _kv_sizes(spec, g.shape[3])
+        kernel = kernel_block_size if kernel_block_size is not None else spec.block_size
+        out.append((view, LayerMeta(
+            name=g.layer, group=int(tensor["group"]), kind=spec.kind,
+            block_size=spec.block_size, kernel_block_size=kernel,
+            sliding_window=getattr(spec, "sliding_window", None),
+            attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+            pool=pool, num_blocks=pool_blocks, dtype=g.dtype, tensor=index, slot=slot,
+            shape=g.shape, stride=g.stride, storage_offset=g.storage_offset,
+            byte_offset=g.byte_offset, byte_stride=g.byte_stride, head_size=k,
+            head_size_v=v, role=str(tensor.get("role", "")))))
+    return out
+
+
+def _at(value: Any, num_blocks: int) -> int:
+    from kvspec.affine import Affine
+
+    return Affine.from_json(value).at(num_blocks)
+
+
+# ---------------------------------------------------------------------------
+# derived views: K/V, NHD/HND
+# ---------------------------------------------------------------------------
+
+
+def split_kv(view: torch.Tensor, meta: LayerMeta) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a dense attention cell, split along C without a copy::
+
+        view: (B, H, N, head_size + head_size_v)
+        K = view[..., :head_size]      # (B, H, N, head_size),   strides of view
+        V = view[..., head_size:]      # (B, H, N, head_size_v), storage_offset + head_size
+    """
+    if meta.head_size is None:
+        raise KeyError(f"layer {meta.name} ({meta.kind}) does not store K and V side by "
+                       "side in its cells (MLA latents, state layers and packed cells do not)")
+    return view[..., :meta.head_size], view[..., meta.head_size:]
+
+
+#: Kernel conventions and the order of the ``[B, H, N, C]`` axes they take.
+CONVENTIONS: dict[str, tuple[int, int, int, int]] = {
+    "NHD": (0, 2, 1, 3),  # (B, N, H, C): flashinfer/flash-attn "NHD"
+    "HND": (0, 1, 2, 3),  # (B, H, N, C): "HND"
+}
+
+
+def conventions(view: torch.Tensor) -> tuple[str, ...]:
+    """The conventions whose page axes the layout stores in that physical order.
+
+    A convention is yielded without a copy when, inside a block, its axes
+    (e.g. N, H, C for NHD) have non-increasing strides and C is contiguous;
+    axes of size 1 do not count (an MLA page with one head slot is both).
+
+    | layout | physical page | yields |
+    | --- | --- | --- |
+    | LBNHC, BLNHC | ``[N, H, C]`` dense | NHD |
+    | LBHNC, BLHNC | ``[H, N, C]`` dense | HND |
+    | LHBNC, BHLNC | H outside the block | HND (head stride spans blocks/layers) |
+    """
+    out = []
+    for name, perm in CONVENTIONS.items():
+        axes = [(view.shape[d], view.stride(d)) for d in perm[1:]]
+        if axes[-1][0] > 1 and axes[-1][1] != 1:
+            continue
+        strides = [s for n, s in axes if n > 1]
+        if all(a >= b for a, b in zip(strides, strides[1:])):
+            out.append(name)
+    return tuple(out)
+
+
+class KVViews(Mapping[str, tuple[torch.Tensor, torch.Tensor]]):
+    """``cache.kv[layer] -> (K, V)`` for the layers whose cell holds K||V.
+
+    Made on first access (two slices of the layer's view) and kept.
+    """
+
+    def __init__(self, views: Mapping[str, torch.Tensor], metadata: Mapping[str, LayerMeta]):
+        self._views = views
+        self._meta = metadata
+        self._names = tuple(n for n, m in metadata.items() if m.holds_kv)
+        self._made: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getitem__(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        made = self._made.get(name)
+        if made is None:
+            if name not in self._meta:
+                raise KeyError(f"no layer {name!r} in this stage's views")
+            made = self._made[name] = split_kv(self._views[name], self._meta[name])
+        return made
+
+    def __contains__(self, name: object) -> bool:
+        meta = self._meta.get(name) if isinstance(name, str) else None
+        return meta is not None and meta.holds_kv
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class LayoutViews:
+    """Kernel-convention views of each layer, where the layout yields them.
+
+    ``nhd(layer)`` is ``(B, N, H, C)``, ``hnd(layer)`` is ``(B, H, N, C)``; the
+    ``kv_`` forms split C into K ``(..., head_size)`` and V ``(..., head_size_v)``.
+    Each is a ``permute``/slice of the layer's view (no copy); asking for a
+    convention the layout does not store raises :class:`LayoutMismatch`.
+    """
+
+    def __init__(self, views: Mapping[str, torch.Tensor], metadata: Mapping[str, LayerMeta],
+                 layout: Layout):
+        self._views = views
+        self._meta = metadata
+        self.layout = layout
+
+    def supports(self, name: str) -> tuple[str, ...]:
+        """The conventions ``name``'s view yields, e.g. ``("NHD",)``."""
+        return conventions(self._views[name])
+
+    def _get(self, name: str, convention: str) -> torch.Tensor:
+        view = self._views[name]
+        if convention not in conventions(view):
+            raise LayoutMismatch(
+                f"layer {name}: layout {self.layout.name} does not store its pages as "
+                f"{convention} (strides {tuple(view.stride())} of (B, H, N, C))",
+                expected=convention, found=", ".join(conventions(view)) or "neither",
+                hint="compile with layout LBNHC for NHD kernels, LBHNC or BLHNC for HND")
+        return view.permute(CONVENTIONS[convention])
+
+    def nhd(self, name: str) -> torch.Tensor:
+        return self._get(name, "NHD")  # (B, N, H, C)
+
+    def hnd(self, name: str) -> torch.Tensor:
+        return self._get(name, "HND")  # (B, H, N, C)
+
+    def kv_nhd(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = split_kv(self.nhd(name), self._meta[name])
+        return k, v  # (B, N, H, head_size), (B, N, H, head_size_v)
+
+    def kv_hnd(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = split_kv(self.hnd(name), self._meta[name])
+        return k, v  # (B, H, N, head_size), (B, H, N, head_size_v)
+
+
+class LayoutMismatch(KvspecError):
+    """A kernel convention the artifact's layout does not store without a copy."""

@@ -1,0 +1,44 @@
+"""Shared fixtures: paths, the conformance data beside the repository, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+CONFORMANCE = SHARED / "conformance"
+
+#: Set KVSPEC_REGEN=1 to rewrite golden files; review the diff before committing.
+REGEN = os.environ.get("KVSPEC_REGEN") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run every test from the repository root (sources use relative paths)."""
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def runner():
+    from click.testing import CliRunner
+    return CliRunner()
+
+
+def invoke(args: list[str]) -> tuple[int, str, str]:
+    """Run ``kvspec ARGS`` through ``kvspec.cli.main``: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from kvspec.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, out.getvalue(), err.getvalue()

@@ -1,0 +1,43 @@
+"""Error goldens: each ``tests/errors/<name>.yaml`` beside ``<name>.expected``,
+which holds the exit code on its first line and then the exact message.
+``KVSPEC_REGEN=1`` rewrites the expected files; review them before committing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REGEN, ROOT, invoke
+
+ERRORS = ROOT / "tests" / "errors"
+CASES = sorted(ERRORS.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("source", CASES, ids=lambda p: p.stem)
+def test_error_golden(source: Path) -> None:
+    rel = str(source.relative_to(ROOT))
+    code, out, err = invoke(["validate", rel])
+    got = f"{code}\n{err}"
+    expected = source.with_suffix(".expected")
+    if REGEN or not expected.exists():
+        expected.write_text(got)
+    assert got == expected.read_text()
+    assert code == 1
+    assert "Traceback" not in err
+    assert err.startswith(f"{rel}:"), "every error names the file first"
+
+
+def test_missing_file_is_a_clear_error() -> None:
+    code, out, err = invoke(["validate", "no/such/file.yaml"])
+    assert code == 1
+    assert err.startswith("no/such/file.yaml: error: no such file")
+
+
+def test_usage_error_exits_2() -> None:
+    code, out, err = invoke(["compile"])
+    assert code == 2
+    assert "Missing argument" in err
+    code, out, err = invoke(["plan", "layouts/llama-3.1-8b.yaml", "--memory", "lots"])
+    assert code == 2
+    assert "--memory: cannot read 'lots' as a size" in err
