@@ -1,0 +1,977 @@
+"""Unit and property tests of the block pool and prefix-cache hashing.
+
+The free queue is checked against a plain list model, the pool against a model
+of the engine's allocate / cache / hit / free cycle across several groups that
+share one pool. Hashing is checked against the reference's rules: seeding,
+chaining, extra keys, (hash, group id) keys and coarser-group views.
+"""
+
+from __future__ import annotations
+
+import doctest
+import hashlib
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from kvspec.errors import KvspecError
+from kvspec.runtime import block_pool as block_pool_module
+from kvspec.runtime import hashing
+from kvspec.runtime.block_pool import (
+    Block,
+    BlockPool,
+    BlockPoolError,
+    BlockStateError,
+    FreeBlockQueue,
+    FreeKVCacheBlockQueue,
+    NotEnoughFreeBlocksError,
+)
+from kvspec.runtime.hashing import (
+    DEFAULT_NONE_HASH_SEED,
+    FROM_ENV,
+    BlockHasher,
+    BlockHashListWithBlockSize,
+    HashFunctionUnavailableError,
+    HashingError,
+    MultiModalFeature,
+    RequestBlockHasher,
+    RequestTokens,
+    generate_block_hash_extra_keys,
+    get_block_hash,
+    get_group_id,
+    get_hash_fn,
+    get_mm_features_in_window,
+    hash_block_tokens,
+    make_block_hash_with_group_id,
+    resolve_block_hashes,
+    resolve_none_hash_seed,
+    sha256,
+    sha256_cbor,
+    split_block_hash_with_group_id,
+)
+
+HAVE_XXHASH = hashing._xxhash is not None
+needs_xxhash = pytest.mark.skipif(not HAVE_XXHASH, reason="xxhash is not installed")
+
+
+def ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def check_links(queue: FreeBlockQueue, universe: list[Block]) -> None:
+    """The list is doubly linked both ways; unqueued blocks carry no links."""
+    queued = queue.get_all_free_blocks()
+    assert len(queued) == queue.num_free_blocks == len(queue)
+    for before, after in zip(queued, queued[1:]):
+        assert before.next_free is after and after.prev_free is before
+    queued_ids = {id(b) for b in queued}
+    for block in universe:
+        if id(block) not in queued_ids:
+            assert block.prev_free is None and block.next_free is None
+
+
+# --------------------------------------------------------------------------
+# Docstring examples
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [block_pool_module, hashing], ids=lambda m: m.__name__)
+def test_docstring_examples(module) -> None:
+    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert tried > 0
+    assert failures == 0
+
+
+def test_block_pool_and_hashing_do_not_import_torch() -> None:
+    code = (
+        "import sys, kvspec.runtime.block_pool, kvspec.runtime.hashing; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    assert subprocess.run([sys.executable, "-c", code], cwd=repo, check=False).returncode == 0
+
+
+# --------------------------------------------------------------------------
+# Free-block queue
+# --------------------------------------------------------------------------
+
+
+def make_queue(n: int) -> tuple[list[Block], FreeBlockQueue]:
+    blocks = [Block(i) for i in range(n)]
+    return blocks, FreeBlockQueue(blocks)
+
+
+def test_queue_starts_in_block_id_order() -> None:
+    blocks, queue = make_queue(5)
+    assert ids(queue.get_all_free_blocks()) == [0, 1, 2, 3, 4]
+    assert queue.num_free_blocks == 5
+    check_links(queue, blocks)
+
+
+def test_empty_queue() -> None:
+    queue = FreeBlockQueue([])
+    assert queue.get_all_free_blocks() == []
+    assert list(queue.iter_blocks_after(None)) == []
+    assert queue.popleft_n(0) == []
+    with pytest.raises(NotEnoughFreeBlocksError):
+        queue.popleft()
+    queue.append(Block(3))
+    assert ids(queue) == [3]
+
+
+def test_popleft_until_empty_then_error() -> None:
+    blocks, queue = make_queue(3)
+    assert [queue.popleft().block_id for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(NotEnoughFreeBlocksError) as err:
+        queue.popleft()
+    assert isinstance(err.value, KvspecError) and isinstance(err.value, ValueError)
+    check_links(queue, blocks)
+
+
+def test_popleft_n_all_and_too_many() -> None:
+    blocks, queue = make_queue(4)
+    with pytest.raises(NotEnoughFreeBlocksError):
+        queue.popleft_n(5)
+    assert ids(queue) == [0, 1, 2, 3]  # unchanged
+    assert ids(queue.popleft_n(4)) == [0, 1, 2, 3]
+    assert queue.num_free_blocks == 0
+    check_links(queue, blocks)
+
+
+def test_remove_head_middle_tail() -> None:
+    blocks, queue = make_queue(5)
+    queue.remove(blocks[0])
+    queue.remove(blocks[2])
+    queue.remove(blocks[4])
+    assert ids(queue) == [1, 3]
+    check_links(queue, blocks)
+
+
+def test_remove_a_block_not_queued_raises() -> None:
+    blocks, queue = make_queue(3)
+    queue.remove(blocks[1])
+    with pytest.raises(BlockStateError) as err:
+        queue.remove(blocks[1])
+    assert isinstance(err.value, KvspecError) and isinstance(err.value, RuntimeError)
+    assert ids(queue) == [0, 2]
+
+
+def test_appending_a_queued_block_raises() -> None:
+    blocks, queue = make_queue(3)
+    with pytest.raises(BlockStateError):
+        queue.append(blocks[1])
+    with pytest.raises(BlockStateError):
+        queue.append_n([blocks[2]])
+    with pytest.raises(BlockStateError):
+        queue.prepend_n([blocks[0]])
+    popped = queue.popleft()
+    with pytest.raises(BlockStateError):
+        queue.append_n([popped, popped])
+    assert ids(queue) == [1, 2]
+    check_links(queue, blocks)
+
+
+def test_prepend_and_append_n_keep_order() -> None:
+    blocks, queue = make_queue(6)
+    a, b, c = queue.popleft_n(3)
+    queue.append_n([c, a])
+    queue.prepend_n([b])
+    assert ids(queue) == [1, 3, 4, 5, 2, 0]
+    check_links(queue, blocks)
+
+
+def test_prepend_n_into_empty_queue() -> None:
+    blocks, queue = make_queue(2)
+    popped = queue.popleft_n(2)
+    queue.prepend_n(popped[::-1])
+    assert ids(queue) == [1, 0]
+    check_links(queue, blocks)
+
+
+def test_iter_blocks_after() -> None:
+    blocks, queue = make_queue(5)
+    assert ids(queue.iter_blocks_after(None)) == [0, 1, 2, 3, 4]
+    assert ids(queue.iter_blocks_after(blocks[2])) == [3, 4]
+    assert ids(queue.iter_blocks_after(blocks[4])) == []
+    queue.remove(blocks[3])
+    assert ids(queue.iter_blocks_after(blocks[3])) == []  # not queued: nothing after it
+
+
+def test_reference_name_is_the_same_class() -> None:
+    assert FreeKVCacheBlockQueue is FreeBlockQueue
+
+
+class FreeQueueMachine(RuleBasedStateMachine):
+    """FreeBlockQueue against a Python list of block ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: list[Block] = []
+        self.queue = FreeBlockQueue([])
+        self.model: list[int] = []
+
+    @initialize(n=st.integers(0, 12))
+    def setup(self, n: int) -> None:
+        self.blocks, self.queue = make_queue(n)
+        self.model = list(range(n))
+
+    def outside(self) -> list[int]:
+        queued = set(self.model)
+        return [b.block_id for b in self.blocks if b.block_id not in queued]
+
+    @rule()
+    def popleft(self) -> None:
+        if not self.model:
+            with pytest.raises(NotEnoughFreeBlocksError):
+                self.queue.popleft()
+            return
+        assert self.queue.popleft().block_id == self.model.pop(0)
+
+    @rule(n=st.integers(0, 14))
+    def popleft_n(self, n: int) -> None:
+        if n > len(self.model):
+            with pytest.raises(NotEnoughFreeBlocksError):
+                self.queue.popleft_n(n)
+            return
+        assert ids(self.queue.popleft_n(n)) == self.model[:n]
+        del self.model[:n]
+
+    @rule(data=st.data())
+    def remove(self, data) -> None:
+        if not self.model:
+            return
+        block_id = data.draw(st.sampled_from(self.model))
+        self.queue.remove(self.blocks[block_id])
+        self.model.remove(block_id)
+
+    @rule(data=st.data())
+    def append(self, data) -> None:
+        if not self.outside():
+            return
+        block_id = data.draw(st.sampled_from(self.outside()))
+        self.queue.append(self.blocks[block_id])
+        self.model.append(block_id)
+
+    @rule(data=st.data(), front=st.booleans())
+    def add_many(self, data, front: bool) -> None:
+        chosen = data.draw(st.permutations(self.outside())) if self.outside() else []
+        chosen = chosen[: data.draw(st.integers(0, len(chosen)))]
+        picked = [self.blocks[i] for i in chosen]
+        if front:
+            self.queue.prepend_n(picked)
+            self.model[:0] = chosen
+        else:
+            self.queue.append_n(picked)
+            self.model.extend(chosen)
+
+    @rule(data=st.data())
+    def iterate_after(self, data) -> None:
+        if not self.model:
+            assert ids(self.queue.iter_blocks_after(None)) == []
+            return
+        pos = data.draw(st.integers(0, len(self.model) - 1))
+        cursor = self.blocks[self.model[pos]]
+        assert ids(self.queue.iter_blocks_after(cursor)) == self.model[pos + 1 :]
+
+    @invariant()
+    def matches_model(self) -> None:
+        assert ids(self.queue.get_all_free_blocks()) == self.model
+        assert self.queue.num_free_blocks == len(self.model)
+        check_links(self.queue, self.blocks)
+
+
+FreeQueueMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestFreeQueue = FreeQueueMachine.TestCase
+
+
+# --------------------------------------------------------------------------
+# Block pool
+# --------------------------------------------------------------------------
+
+
+def test_pool_reserves_the_null_block() -> None:
+    pool = BlockPool(5)
+    assert pool.null_block is pool.blocks[0]
+    assert pool.null_block.is_null
+    assert ids(pool.free_block_queue) == [1, 2, 3, 4]
+    assert pool.num_free_blocks == 4
+    assert pool.usage == 0.0
+    assert all(b.block_id != 0 for b in pool.allocate(4))
+    assert pool.usage == 1.0
+
+
+def test_pool_needs_a_block() -> None:
+    with pytest.raises(BlockPoolError):
+        BlockPool(0)
+    assert BlockPool(1).num_free_blocks == 0
+
+
+def test_allocating_more_than_free_raises_and_changes_nothing() -> None:
+    pool = BlockPool(4)
+    pool.allocate(2)
+    with pytest.raises(NotEnoughFreeBlocksError) as err:
+        pool.allocate(2)
+    assert isinstance(err.value, KvspecError)
+    assert err.value.message == "cannot allocate 2 blocks: 1 free"
+    assert pool.num_free_blocks == 1
+    with pytest.raises(BlockPoolError):
+        pool.allocate(-1)
+    assert pool.allocate(0) == []
+
+
+def test_double_free_raises_and_changes_nothing() -> None:
+    pool = BlockPool(6)
+    a = pool.allocate(2)
+    b = pool.allocate(1)
+    pool.free(a)
+    before = ids(pool.free_block_queue)
+    with pytest.raises(BlockStateError) as err:
+        pool.free(b + a)  # b is held, a is not: nothing may change
+    assert isinstance(err.value, KvspecError)
+    assert b[0].ref_count == 1
+    assert ids(pool.free_block_queue) == before
+    with pytest.raises(BlockStateError):
+        pool.free([b[0], b[0]])
+    assert b[0].ref_count == 1
+
+
+def test_blocks_of_another_pool_are_refused() -> None:
+    pool, other = BlockPool(4), BlockPool(4)
+    foreign = other.allocate(1)
+    with pytest.raises(BlockStateError):
+        pool.free(foreign)
+    with pytest.raises(BlockStateError):
+        pool.touch(foreign)
+    with pytest.raises(BlockStateError):
+        pool.free([Block(99)])
+
+
+def test_request_frees_in_reverse_so_chain_tails_are_evicted_first() -> None:
+    pool = BlockPool(10)
+    req_a = pool.allocate(3)  # 1, 2, 3
+    req_b = pool.allocate(2)  # 4, 5
+    pool.free_request(req_a)
+    pool.free_request(req_b)
+    assert ids(pool.free_block_queue) == [6, 7, 8, 9, 3, 2, 1, 5, 4]
+    # Allocation takes the never-used blocks first, then the least recently freed.
+    assert ids(pool.allocate(6)) == [6, 7, 8, 9, 3, 2]
+
+
+def test_free_keeps_held_blocks_out_of_the_queue() -> None:
+    pool = BlockPool(4)
+    (block,) = pool.allocate(1)
+    pool.touch([block])
+    assert block.ref_count == 2
+    pool.free([block])
+    assert block.ref_count == 1 and ids(pool.free_block_queue) == [2, 3]
+    pool.free([block])
+    assert ids(pool.free_block_queue) == [2, 3, 1]
+
+
+def test_cache_hit_on_a_free_block_takes_it_off_the_queue() -> None:
+    pool = BlockPool(6, hash_block_size=4)
+    blocks = pool.allocate(2, group_id=0)
+    pool.cache_full_blocks(blocks, [b"h0", b"h1"], 0, 2, group_id=0)
+    assert blocks[1].block_hash == make_block_hash_with_group_id(b"h1", 0)
+    assert blocks[1].block_hash_num_tokens == 8
+    pool.free_request(blocks)
+    assert ids(pool.free_block_queue) == [3, 4, 5, 2, 1]
+    hits = pool.find_cached_prefix([b"h0", b"h1", b"h2"], group_id=0)
+    assert hits == blocks
+    pool.touch(hits, group_id=0)
+    assert ids(pool.free_block_queue) == [3, 4, 5]
+    assert [b.ref_count for b in blocks] == [1, 1]
+
+
+def test_reusing_a_cached_block_evicts_its_hash() -> None:
+    pool = BlockPool(3)
+    blocks = pool.allocate(2)
+    pool.cache_full_blocks(blocks, [b"h0", b"h1"], 0, 2, group_id=0)
+    pool.free_request(blocks)  # queue: 2, 1
+    (reused,) = pool.allocate(1, group_id=0)
+    assert reused.block_id == 2 and reused.block_hash is None
+    assert pool.lookup(b"h1", [0]) is None
+    assert pool.lookup(b"h0", [0]) == [blocks[0]]
+    assert pool.num_cached_blocks == 1
+
+
+def test_a_hash_lookup_is_per_group() -> None:
+    pool = BlockPool(6, num_groups=2)
+    g0 = pool.allocate(1, group_id=0)
+    g1 = pool.allocate(1, group_id=1)
+    pool.cache_full_blocks(g0, [b"same"], 0, 1, group_id=0)
+    pool.cache_full_blocks(g1, [b"same"], 0, 1, group_id=1)
+    assert pool.lookup(b"same", [0, 1]) == [g0[0], g1[0]]
+    assert pool.lookup(b"same", [1]) == g1
+    assert pool.find_cached_prefix([b"same"], group_id=1) == g1
+
+
+def test_a_block_belongs_to_one_group_at_a_time() -> None:
+    pool = BlockPool(4, num_groups=2)
+    (block,) = pool.allocate(1, group_id=0)
+    assert block.group_id == 0
+    with pytest.raises(BlockStateError):
+        pool.touch([block], group_id=1)
+    assert block.ref_count == 1
+    with pytest.raises(BlockStateError):
+        pool.cache_full_blocks([block], [b"h"], 0, 1, group_id=1)
+    pool.free([block])
+    assert block.group_id is None  # free and uncached: nobody's
+    others = pool.allocate(3, group_id=1)
+    assert block in others and block.group_id == 1
+
+
+def test_group_ids_are_checked() -> None:
+    pool = BlockPool(4, num_groups=2)
+    with pytest.raises(BlockPoolError):
+        pool.allocate(1, group_id=2)
+    with pytest.raises(BlockPoolError):
+        pool.allocate(1, group_id=-1)
+
+
+def test_touching_an_uncached_free_block_raises() -> None:
+    pool = BlockPool(4)
+    with pytest.raises(BlockStateError):
+        pool.touch([pool.blocks[2]])
+
+
+def test_null_block_is_never_counted_queued_or_cached() -> None:
+    pool = BlockPool(4, hash_block_size=4)
+    blocks = [pool.null_block, *pool.allocate(1)]
+    pool.touch([pool.null_block])
+    pool.cache_full_blocks(blocks, [b"a", b"b"], 0, 2, group_id=0)
+    assert pool.null_block.block_hash is None
+    pool.free_request(blocks)
+    pool.free([pool.null_block, pool.null_block])
+    assert pool.null_block.ref_count == 0
+    assert pool.null_block not in pool.free_block_queue.get_all_free_blocks()
+
+
+def test_same_content_cached_in_two_blocks() -> None:
+    pool = BlockPool(5)
+    a = pool.allocate(1)
+    b = pool.allocate(1)
+    pool.cache_full_blocks(a, [b"h"], 0, 1, group_id=0)
+    pool.cache_full_blocks(b, [b"h"], 0, 1, group_id=0)
+    assert pool.num_cached_blocks == 2
+    assert pool.lookup(b"h", [0])[0] in (a[0], b[0])
+    assert pool.evict([a[0].block_id]) == [a[0].block_id]
+    assert pool.lookup(b"h", [0]) == b
+    assert pool.evict([a[0].block_id]) == []
+
+
+def test_caching_a_block_twice_raises() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(1)
+    pool.cache_full_blocks(blocks, [b"h"], 0, 1, group_id=0)
+    with pytest.raises(BlockStateError):
+        pool.cache_full_blocks(blocks, [b"h"], 0, 1, group_id=0)
+    with pytest.raises(BlockPoolError):
+        pool.cache_full_blocks(pool.allocate(1), [], 0, 1, group_id=0)
+
+
+def test_cache_full_blocks_of_a_coarser_group_reads_the_coarse_hashes() -> None:
+    pool = BlockPool(6, hash_block_size=16)
+    blocks = pool.allocate(2, group_id=0)
+    fine = [b"A", b"B", b"C", b"D", b"E"]
+    pool.cache_full_blocks(blocks, fine, 0, 2, group_id=0, block_size=32)
+    assert [get_block_hash(b.block_hash) for b in blocks] == [b"B", b"D"]
+    assert [b.block_hash_num_tokens for b in blocks] == [32, 64]
+
+
+def test_evict_keeps_held_blocks_held() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(2)
+    pool.cache_full_blocks(blocks, [b"a", b"b"], 0, 2, group_id=0)
+    assert pool.evict([1]) == [1]
+    assert blocks[0].ref_count == 1 and blocks[0].group_id == 0 and blocks[0].block_hash is None
+    pool.free_request(blocks)
+    assert pool.evict([2]) == [2]
+    assert blocks[1].group_id is None
+
+
+def test_reset_prefix_cache_only_when_nothing_is_held() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(2)
+    pool.cache_full_blocks(blocks, [b"a", b"b"], 0, 2, group_id=0)
+    assert pool.reset_prefix_cache() is False
+    pool.free_request(blocks)
+    assert pool.reset_prefix_cache() is True
+    assert pool.num_cached_blocks == 0
+    assert all(b.block_hash is None and b.group_id is None for b in pool.blocks)
+
+
+def test_caching_disabled_never_hits() -> None:
+    pool = BlockPool(4, enable_caching=False)
+    blocks = pool.allocate(2)
+    pool.cache_full_blocks(blocks, [b"a", b"b"], 0, 2, group_id=0)
+    assert pool.lookup(b"a", [0]) is None
+    assert pool.find_cached_prefix([b"a"], 0) == []
+
+
+GROUPS = 3
+POOL_BLOCKS = 12
+
+
+class BlockPoolMachine(RuleBasedStateMachine):
+    """The engine's cycle on one pool shared by several groups.
+
+    A request of group g with content c: find the cached prefix of its block
+    hashes in g, touch the hits, allocate the rest, cache every full block;
+    later free it, last block first. A list model predicts the free queue.
+    """
+
+    requests = Bundle("requests")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = BlockPool(POOL_BLOCKS, hash_block_size=4, num_groups=GROUPS)
+        self.model = list(range(1, POOL_BLOCKS))
+        self.live: dict[int, tuple[int, list[Block]]] = {}
+        self.next_id = 0
+
+    @rule(
+        target=requests,
+        group=st.integers(0, GROUPS - 1),
+        content=st.lists(st.integers(0, 1), min_size=1, max_size=5),
+    )
+    def start_request(self, group: int, content: list[int]):
+        hashes = [bytes(content[: i + 1]) for i in range(len(content))]
+        hits = self.pool.find_cached_prefix(hashes, group)
+        for i, block in enumerate(hits):
+            assert block.block_hash == make_block_hash_with_group_id(hashes[i], group)
+            assert block.group_id == group
+        need = len(content) - len(hits)
+        free_after_hits = len(self.model) - sum(1 for b in hits if b.ref_count == 0)
+        if need > free_after_hits:  # the engine would not schedule it
+            if need > self.pool.num_free_blocks:
+                with pytest.raises(NotEnoughFreeBlocksError):
+                    self.pool.allocate(need, group)
+            return None
+        self.pool.touch(hits, group)
+        for block in hits:
+            if block.block_id in self.model:
+                self.model.remove(block.block_id)
+        new = self.pool.allocate(need, group)
+        assert ids(new) == self.model[:need]
+        del self.model[:need]
+        assert all(b.block_hash is None and b.ref_count == 1 for b in new)
+        blocks = hits + new
+        self.pool.cache_full_blocks(blocks, hashes, len(hits), len(blocks), group)
+        self.next_id += 1
+        self.live[self.next_id] = (group, blocks)
+        return self.next_id
+
+    @rule(request=consumes(requests))
+    def finish_request(self, request) -> None:
+        if request is None:
+            return
+        _, blocks = self.live.pop(request)
+        self.pool.free_request(blocks)
+        for block in reversed(blocks):
+            if block.ref_count == 0:
+                self.model.append(block.block_id)
+
+    @rule(data=st.data())
+    def freeing_an_unheld_block_is_refused(self, data) -> None:
+        unheld = [b for b in self.pool.blocks if b.ref_count == 0 and not b.is_null]
+        if not unheld:
+            return
+        held = [b for _, blocks in self.live.values() for b in blocks]
+        batch = held[:1] + [data.draw(st.sampled_from(unheld))]
+        with pytest.raises(BlockStateError):
+            self.pool.free(batch)  # the held block's count must be restored
+
+    @rule(block_ids=st.lists(st.integers(1, POOL_BLOCKS - 1), max_size=3))
+    def evict(self, block_ids: list[int]) -> None:
+        self.pool.evict(block_ids)
+        for block_id in block_ids:
+            assert self.pool.blocks[block_id].block_hash is None
+
+    @precondition(lambda self: not self.live)
+    @rule()
+    def reset(self) -> None:
+        assert self.pool.reset_prefix_cache()
+
+    @invariant()
+    def free_queue_matches_model(self) -> None:
+        assert ids(self.pool.free_block_queue) == self.model
+        assert self.pool.num_free_blocks == len(self.model)
+
+    @invariant()
+    def free_queue_is_exactly_the_unheld_blocks(self) -> None:
+        unheld = sorted(b.block_id for b in self.pool.blocks if b.ref_count == 0 and not b.is_null)
+        assert sorted(self.model) == unheld
+        check_links(self.pool.free_block_queue, list(self.pool.blocks))
+
+    @invariant()
+    def ref_counts_count_live_requests(self) -> None:
+        holders: dict[int, int] = {}
+        for _, blocks in self.live.values():
+            for block in blocks:
+                holders[block.block_id] = holders.get(block.block_id, 0) + 1
+        for block in self.pool.blocks:
+            assert block.ref_count >= 0
+            if not block.is_null:
+                assert block.ref_count == holders.get(block.block_id, 0)
+
+    @invariant()
+    def a_block_is_held_by_one_group(self) -> None:
+        owner: dict[int, int] = {}
+        for group, blocks in self.live.values():
+            for block in blocks:
+                assert owner.setdefault(block.block_id, group) == group
+                assert block.group_id == group
+
+    @invariant()
+    def cached_hashes_are_consistent(self) -> None:
+        pool = self.pool
+        count = 0
+        for block in pool.blocks:
+            if block.block_hash is None:
+                if block.ref_count == 0 and not block.is_null:
+                    assert block.group_id is None
+                continue
+            count += 1
+            block_hash, group = split_block_hash_with_group_id(block.block_hash)
+            assert group == block.group_id
+            entry = pool._cached[block.block_hash]
+            assert entry is block if isinstance(entry, Block) else entry[block.block_id] is block
+            assert pool.lookup(block_hash, [group]) is not None
+        assert pool.num_cached_blocks == count
+
+
+BlockPoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+TestBlockPool = BlockPoolMachine.TestCase
+
+
+# --------------------------------------------------------------------------
+# Hash functions and NONE_HASH seeding
+# --------------------------------------------------------------------------
+
+
+def test_hash_functions_serialize_as_the_reference_does() -> None:
+    obj = (b"\x01" * 32, (1, 2, 3), None)
+    assert sha256(obj) == hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    assert sha256_cbor(obj) == hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+    assert get_hash_fn("sha256") is sha256
+    with pytest.raises(HashingError):
+        get_hash_fn("md5")
+
+
+@needs_xxhash
+def test_xxhash_variants() -> None:
+    import xxhash
+
+    obj = ("0", (1, 2), None)
+    assert hashing.xxhash(obj) == xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    assert hashing.xxhash_cbor(obj) == xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+    assert get_hash_fn("xxhash_cbor") is hashing.xxhash_cbor
+
+
+def test_missing_xxhash_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "_xxhash", None)
+    with pytest.raises(HashFunctionUnavailableError) as err:
+        hashing.xxhash_cbor("0")
+    assert isinstance(err.value, ImportError) and isinstance(err.value, KvspecError)
+    assert "pip install xxhash" in err.value.render()
+
+
+def test_seed_rules() -> None:
+    # PYTHONHASHSEED wins for every hash function.
+    assert resolve_none_hash_seed(sha256, "7") == "7"
+    assert resolve_none_hash_seed(hashing.xxhash, "7") == "7"
+    # Unset: fixed default for cryptographic hashes, random for the others.
+    assert resolve_none_hash_seed(sha256_cbor, None) == DEFAULT_NONE_HASH_SEED
+    a = resolve_none_hash_seed(hashing.xxhash_cbor, None)
+    b = resolve_none_hash_seed(hashing.xxhash_cbor, None)
+    assert a != b and len(a) == 64 and int(a, 16) >= 0
+    # A custom hash function counts as cryptographic.
+    assert resolve_none_hash_seed(lambda o: b"", None) == DEFAULT_NONE_HASH_SEED
+
+
+def test_seed_from_env_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "42")
+    assert resolve_none_hash_seed(sha256) == "42"
+    assert resolve_none_hash_seed(sha256, FROM_ENV) == "42"
+    assert resolve_none_hash_seed(sha256, None) == DEFAULT_NONE_HASH_SEED
+    assert BlockHasher.create(sha256).seed == "42"
+    assert BlockHasher.create(sha256, seed="0").seed == "0"
+    monkeypatch.delenv("PYTHONHASHSEED")
+    assert BlockHasher.create(sha256).seed == DEFAULT_NONE_HASH_SEED
+
+
+@needs_xxhash
+def test_random_seed_for_xxhash_warns(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger=hashing.__name__):
+        h1 = BlockHasher.create("xxhash", seed=None)
+    h2 = BlockHasher.create("xxhash", seed=None)
+    assert h1.none_hash != h2.none_hash
+    assert "random per-process seed" in caplog.text
+    fixed = BlockHasher.create("xxhash", seed=None, urandom=lambda n: b"\x00" * n)
+    assert fixed.seed == "00" * 32
+
+
+def test_none_hash_is_hash_of_the_seed() -> None:
+    hasher = BlockHasher.create("sha256_cbor", seed="0")
+    assert hasher.none_hash == sha256_cbor("0")
+    assert BlockHasher.create(sha256, seed=None).none_hash == sha256(DEFAULT_NONE_HASH_SEED)
+
+
+def test_hash_block_tokens_uses_the_process_none_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "_PROCESS_HASHERS", {})
+    assert hashing.get_none_hash_seed(sha256) == DEFAULT_NONE_HASH_SEED
+    hashing.init_none_hash(sha256, seed="0")
+    assert hashing.get_none_hash_seed("sha256") == "0"
+    tokens = list(range(16))
+    expected = sha256((sha256("0"), tuple(tokens), None))
+    assert hash_block_tokens(sha256, None, tokens) == expected
+    assert hash_block_tokens(sha256, b"", tokens) == expected  # empty parent: first block
+    assert hash_block_tokens(sha256, None, tokens, none_hash=b"x") == sha256((b"x", tuple(tokens), None))
+    parent = b"p" * 32
+    assert hash_block_tokens(sha256, parent, tokens, ("k",)) == sha256((parent, tuple(tokens), ("k",)))
+
+
+def test_hash_block_tokens_lazily_seeds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "_PROCESS_HASHERS", {})
+    monkeypatch.setenv("PYTHONHASHSEED", "9")
+    assert hash_block_tokens(sha256_cbor, None, [1]) == sha256_cbor((sha256_cbor("9"), (1,), None))
+
+
+def test_hash_blocks_skips_a_partial_tail() -> None:
+    hasher = BlockHasher.create(sha256, seed="0")
+    assert len(hasher.hash_blocks(range(47), 16)) == 2
+    assert hasher.hash_blocks(range(15), 16) == []
+    with pytest.raises(HashingError):
+        hasher.hash_blocks(range(4), 0)
+
+
+# --------------------------------------------------------------------------
+# (hash, group id) keys
+# --------------------------------------------------------------------------
+
+
+@given(block_hash=st.binary(min_size=1, max_size=40), group_id=st.integers(0, 2**32 - 1))
+def test_group_key_round_trips(block_hash: bytes, group_id: int) -> None:
+    key = make_block_hash_with_group_id(block_hash, group_id)
+    assert key == block_hash + group_id.to_bytes(4, "big")
+    assert get_block_hash(key) == block_hash
+    assert get_group_id(key) == group_id
+    assert split_block_hash_with_group_id(key) == (block_hash, group_id)
+
+
+def test_group_key_rejects_ids_that_do_not_fit() -> None:
+    for bad in (-1, 2**32):
+        with pytest.raises(HashingError):
+            make_block_hash_with_group_id(b"h", bad)
+
+
+def test_external_block_hash() -> None:
+    h = bytes(range(32))
+    assert hashing.to_external_block_hash(h) is h
+    assert hashing.to_external_block_hash(h, as_int=True) == int.from_bytes(h[-8:], "big")
+
+
+# --------------------------------------------------------------------------
+# Extra keys and the request block hasher
+# --------------------------------------------------------------------------
+
+
+def test_lora_and_cache_salt_keys() -> None:
+    req = RequestTokens(range(48), lora_name="sql", cache_salt="salt")
+    assert generate_block_hash_extra_keys(req, 0, 16, 0) == (("sql", "salt"), 0)
+    assert generate_block_hash_extra_keys(req, 16, 32, 0) == (("sql",), 0)
+    empty_name = RequestTokens(range(16), lora_name="", cache_salt="")
+    assert generate_block_hash_extra_keys(empty_name, 0, 16, 0) == (("",), 0)
+    assert generate_block_hash_extra_keys(RequestTokens(range(16)), 0, 16, 0) == (None, 0)
+
+
+def test_multimodal_keys_carry_the_offset_inside_the_block() -> None:
+    feats = [
+        MultiModalFeature("img0", 3, 5),  # tokens 3..7
+        MultiModalFeature("img1", 8, 20),  # tokens 8..27
+        MultiModalFeature("img2", 40, 4),  # tokens 40..43
+    ]
+    req = RequestTokens(range(64), mm_features=feats, lora_name="l")
+    assert generate_block_hash_extra_keys(req, 0, 16, 0) == (("l", ("img0", 3), ("img1", 8)), 1)
+    assert generate_block_hash_extra_keys(req, 16, 32, 1) == (("l", ("img1", -8)), 2)
+    assert generate_block_hash_extra_keys(req, 32, 48, 2) == (("l", ("img2", 8)), 3)
+    assert generate_block_hash_extra_keys(req, 48, 64, 3) == (("l",), 3)
+    # Negative start index counts from the end.
+    assert hashing.mm_extra_keys(req, 32, 48, -1) == ([("img2", 8)], 3)
+    with pytest.raises(HashingError):
+        hashing.mm_extra_keys(req, 32, 48, -4)
+
+
+def test_mm_window() -> None:
+    feats = [MultiModalFeature("a", 0, 4), MultiModalFeature("b", 4, 4), MultiModalFeature("c", 20, 4)]
+    assert get_mm_features_in_window(feats, 0, 16) == (0, 2)
+    assert get_mm_features_in_window(feats, 4, 16) == (1, 2)
+    assert get_mm_features_in_window(feats, 8, 16) == (2, 2)
+    assert get_mm_features_in_window(feats, 16, 32) == (2, 3)
+    assert get_mm_features_in_window([], 0, 16) == (0, 0)
+
+
+def test_prompt_embeds_key_per_block() -> None:
+    rows = [bytes([i, i]) for i in range(32)]
+    req = RequestTokens(range(32), prompt_embeds=rows)
+    keys, _ = generate_block_hash_extra_keys(req, 16, 32, 0)
+    assert keys == (hashlib.sha256(b"".join(rows[16:32])).digest(),)
+
+
+def test_prompt_embeds_from_a_torch_tensor_hash_their_raw_bytes() -> None:
+    torch = pytest.importorskip("torch")
+    embeds = torch.arange(32 * 4, dtype=torch.float32).reshape(32, 4).to(torch.bfloat16)
+    as_rows = [bytes(embeds[i].contiguous().view(torch.uint8).tolist()) for i in range(32)]
+    from_tensor = RequestTokens(range(32), prompt_embeds=embeds)
+    from_rows = RequestTokens(range(32), prompt_embeds=as_rows)
+    assert hashing.prompt_embeds_extra_keys(from_tensor, 0, 16) == hashing.prompt_embeds_extra_keys(
+        from_rows, 0, 16
+    )
+
+
+def test_request_hasher_matches_a_manual_chain() -> None:
+    hasher = BlockHasher.create("sha256_cbor", seed="0")
+    req = RequestTokens(
+        range(50),
+        lora_name="l",
+        cache_salt="s",
+        mm_features=[MultiModalFeature("img", 10, 12)],
+    )
+    got = RequestBlockHasher(16, hasher)(req)
+    parent = None
+    expected = []
+    mm_idx = 0
+    for start in (0, 16, 32):
+        keys, mm_idx = generate_block_hash_extra_keys(req, start, start + 16, mm_idx)
+        parent = hash_block_tokens(sha256_cbor, parent, range(start, start + 16), keys, none_hash=hasher.none_hash)
+        expected.append(parent)
+    assert got == expected
+    assert RequestBlockHasher(16, hasher)(RequestTokens(range(15))) == []
+    with pytest.raises(HashingError):
+        RequestBlockHasher(0, hasher)
+
+
+def test_salt_and_lora_separate_otherwise_equal_prefixes() -> None:
+    hasher = hashing.get_request_block_hasher(4, "sha256", seed="0")
+    plain = hasher(RequestTokens(range(8)))
+    salted = hasher(RequestTokens(range(8), cache_salt="salt"))
+    lora = hasher(RequestTokens(range(8), lora_name="adapter"))
+    assert len({plain[0], salted[0], lora[0]}) == 3
+    assert len({plain[1], salted[1], lora[1]}) == 3  # the chain carries the first block's salt
+
+
+def test_extra_keys_are_unlabelled_as_in_the_reference() -> None:
+    # The reference puts bare strings in the key tuple: a LoRA named like a
+    # request's salt gives the same first-block key. Kept for hash parity.
+    hasher = hashing.get_request_block_hasher(4, "sha256", seed="0")
+    salted = hasher(RequestTokens(range(8), cache_salt="a"))
+    lora = hasher(RequestTokens(range(8), lora_name="a"))
+    assert salted[0] == lora[0] and salted[1] != lora[1]
+
+
+@st.composite
+def request_tokens(draw):
+    num_tokens = draw(st.integers(0, 70))
+    tokens = draw(st.lists(st.integers(0, 5), min_size=num_tokens, max_size=num_tokens))
+    feats = []
+    pos = draw(st.integers(0, 10))
+    for i in range(draw(st.integers(0, 4))):
+        length = draw(st.integers(1, 20))
+        if pos + length > num_tokens:
+            break
+        feats.append(MultiModalFeature(f"mm{i}", pos, length))
+        pos += length + draw(st.integers(0, 12))
+    return RequestTokens(
+        tokens,
+        lora_name=draw(st.none() | st.sampled_from(["a", "b"])),
+        cache_salt=draw(st.none() | st.just("salt")),
+        mm_features=feats,
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(req=request_tokens(), block_size=st.sampled_from([1, 4, 16]), data=st.data())
+def test_incremental_hashing_equals_one_pass(req: RequestTokens, block_size: int, data) -> None:
+    hasher = RequestBlockHasher(block_size, BlockHasher.create("sha256_cbor", seed="0"))
+    full = hasher(req)
+    assert len(full) == req.num_tokens // block_size
+    # Hash as the tokens arrive: a prefix first, then the rest.
+    cut = data.draw(st.integers(0, req.num_tokens))
+    prefix_req = RequestTokens(
+        req.token_ids[:cut], lora_name=req.lora_name, cache_salt=req.cache_salt, mm_features=req.mm_features
+    )
+    first = hasher(prefix_req)
+    assert first + hasher(req, first) == full
+
+
+# --------------------------------------------------------------------------
+# Coarser-group views
+# --------------------------------------------------------------------------
+
+
+@given(
+    hashes=st.lists(st.binary(min_size=1, max_size=4), max_size=30),
+    scale=st.integers(1, 5),
+    hash_block_size=st.sampled_from([1, 4, 16]),
+)
+def test_coarse_view_takes_the_last_fine_hash_of_each_coarse_block(
+    hashes: list[bytes], scale: int, hash_block_size: int
+) -> None:
+    view = BlockHashListWithBlockSize(hashes, hash_block_size, hash_block_size * scale)
+    expected = [hashes[i + scale - 1] for i in range(0, len(hashes) - scale + 1, scale)]
+    assert len(view) == len(expected)
+    assert list(view) == expected
+    assert [view[i] for i in range(len(view))] == expected
+    assert [view[i] for i in range(-len(view), 0)] == expected
+    assert view[1:] == expected[1:] and view[::-1] == expected[::-1]
+    with pytest.raises(IndexError):
+        view[len(view)]
+
+
+def test_coarse_view_of_the_reference_example() -> None:
+    view = BlockHashListWithBlockSize([b"A", b"B", b"C", b"D"], 16, 32)
+    assert list(view) == [b"B", b"D"]
+    with pytest.raises(HashingError):
+        BlockHashListWithBlockSize([b"A"], 16, 24)
+    with pytest.raises(TypeError):
+        view["0"]  # type: ignore[index]
+
+
+def test_resolve_block_hashes() -> None:
+    hashes = [b"A", b"B", b"C", b"D"]
+    assert resolve_block_hashes(hashes, 16, 16) is hashes
+    view = resolve_block_hashes(hashes, 16, 64)
+    assert isinstance(view, BlockHashListWithBlockSize) and list(view) == [b"D"]
+    assert resolve_block_hashes(view, 16, 64) is view
+    with pytest.raises(HashingError):
+        resolve_block_hashes(view, 16, 32)
+    fine = dict(supports_fine_grained_hash_lookup=True, alignment_tokens=16)
+    assert resolve_block_hashes(hashes, 16, 64, **fine) is hashes
+    # Alignment that does not divide the block size, or is not finer: a view.
+    assert isinstance(
+        resolve_block_hashes(hashes, 16, 64, supports_fine_grained_hash_lookup=True, alignment_tokens=24),
+        BlockHashListWithBlockSize,
+    )
+    assert isinstance(
+        resolve_block_hashes(hashes, 16, 64, supports_fine_grained_hash_lookup=True, alignment_tokens=64),
+        BlockHashListWithBlockSize,
+    )
+    assert isinstance(resolve_block_hashes(hashes, 16, 64, alignment_tokens=16), BlockHashListWithBlockSize)
+    with pytest.raises(HashingError):
+        resolve_block_hashes(hashes, 16, 40)
