@@ -8,7 +8,7 @@ The pipeline is data: :data:`PASSES` is an ordered tuple of pure functions
 >>> from pathlib import Path
 >>> art = compile_source(Path("layouts/llama-3.1-8b.yaml").read_text(), "llama.yaml")
 >>> art.body["groups"][0]["kind"], art.body["stages"][0]["bytes_per_block"]
-('full_attention', 4194304)
+('full_attention', 2097152)
 """
 
 from __future__ import annotations

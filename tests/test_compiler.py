@@ -1,0 +1,119 @@
+"""The compiler as a library: the pass pipeline, artifacts, and torch staying out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvspec
+from kvspec.artifact import Artifact
+from kvspec.compiler import PASSES, Unit, compile_source, run
+from kvspec.errors import ArtifactError, KvspecError
+from tests.conftest import ROOT
+
+LLAMA = Path("layouts/llama-3.1-8b.yaml")
+
+
+def test_every_prefix_of_the_pipeline_runs() -> None:
+    unit = Unit(text=LLAMA.read_text(), file=str(LLAMA))
+    for i in range(1, len(PASSES) + 1):
+        out = run(unit, PASSES[:i])
+        assert out is not unit
+    assert out.artifact is not None and out.plan is not None and out.expanded is not None
+    assert len(out.expanded.stage_specs[0]) == 32
+
+
+def test_compile_does_not_import_torch() -> None:
+    code = ("import sys, kvspec; kvspec.compile('layouts/llama-3.1-8b.yaml'); "
+            "import kvspec.cli, kvspec.runtime.block_pool; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_artifact_tamper_is_refused(tmp_path: Path) -> None:
+    art = kvspec.compile(LLAMA)
+    data = json.loads(art.text())
+    data["body"]["stages"][0]["bytes_per_block"] += 1
+    path = tmp_path / "t.kvlayout.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="does not match its body_sha256"):
+        Artifact.read(path)
+
+
+def test_artifact_format_mismatch_is_refused() -> None:
+    data = json.loads(kvspec.compile(LLAMA).text())
+    data["format"] = "kvspec.layout/99"
+    with pytest.raises(ArtifactError, match="unsupported artifact format"):
+        Artifact.from_dict(data)
+
+
+def test_artifact_resizes_for_any_budget() -> None:
+    art = kvspec.compile(LLAMA)
+    assert art.num_blocks_for(memory=80 << 30) == 40960
+    assert art.num_blocks_for(num_blocks=9000) == 9000
+    with pytest.raises(KvspecError, match="cannot serve one request"):
+        art.num_blocks_for(num_blocks=100)
+
+
+def test_source_hash_and_determinism() -> None:
+    text = LLAMA.read_text()
+    a = compile_source(text, "a.yaml")
+    b = compile_source(text, "elsewhere/b.yaml")
+    assert a.text() == b.text(), "the artifact must not depend on where the source lives"
+    import hashlib
+    assert a.source_sha256 == hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_memory_override_changes_only_the_budget() -> None:
+    a = kvspec.compile(LLAMA)
+    b = kvspec.compile(LLAMA, memory=20 << 30)
+    assert a.body["stages"] == b.body["stages"]
+    assert b.body["budget"]["num_blocks"] == 10240
+
+
+def test_max_model_len_auto_fits_memory() -> None:
+    text = LLAMA.read_text().replace("max_model_len: 131072",
+                                     "max_model_len: auto\n  model_max_len: 131072").replace(
+        "memory: 40GiB", "memory: 10GiB")
+    art = compile_source(text, "auto.yaml")
+    budget = art.body["budget"]
+    assert budget["max_model_len"] < 131072
+    # one request at the fitted length fits the budget less the null block
+    assert (budget["max_model_len"] + 15) // 16 * 2 * 2**20 <= (10 << 30) - 2**20
+
+
+def test_tensor_parallel_splits_and_replicates_heads() -> None:
+    base = LLAMA.read_text()
+    tp2 = compile_source(base.replace("tensor: 1", "tensor: 2"), "tp2.yaml")
+    assert tp2.body["groups"][0]["page_size_bytes"] == 65536 // 2
+    tp16 = compile_source(base.replace("tensor: 1", "tensor: 16"), "tp16.yaml")
+    spec = tp16.body["groups"][0]["spec"]
+    assert spec["num_kv_heads"] == 1   # 8 heads over 16 ranks: replicated, one per rank
+
+
+def test_flat_layer_list_is_accepted() -> None:
+    layers = "\n".join(
+        f"  - {{name: blk.{i}.attn, kind: full_attention, num_kv_heads: 8, head_size: 64, "
+        f"dtype: float16}}" for i in range(3))
+    text = ("kvspec: 1\nname: flat\nengine: {block_size: 16, max_model_len: 2048, "
+            f"memory: 1GiB}}\nlayers:\n{layers}\n")
+    art = compile_source(text, "flat.yaml")
+    assert art.body["groups"][0]["layers"] == ["blk.0.attn", "blk.1.attn", "blk.2.attn"]
+
+
+def test_public_docstring_examples_run() -> None:
+    import doctest
+    import importlib
+    modules = ["kvspec", "kvspec.affine", "kvspec.dtypes", "kvspec.layouts", "kvspec.spec",
+               "kvspec.errors", "kvspec.engine", "kvspec.compiler", "kvspec.importer",
+               "kvspec.invariants", "kvspec.planner.group", "kvspec.planner.plan",
+               "kvspec.planner.stages", "kvspec.source.yamlpos"]
+    failed = 0
+    for name in modules:
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        failed += result.failed
+    assert failed == 0
