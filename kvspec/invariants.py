@@ -27,14 +27,34 @@ from kvspec.planner.place import view_geometry
 from kvspec.spec import spec_from_dict
 
 
-def _page_extent(geom) -> int:
-    """Bytes from a page's first byte to one past its last, within one block:
-    ``(H-1)*sH + (N-1)*sN + C`` (C innermost and contiguous in every layout)."""
+def _runs(geom) -> tuple[list[int], int]:
+    """A page's contiguous byte runs within one block: (run offsets, run length).
+
+    C is innermost and contiguous in every layout; N and H merge into the run
+    when their stride continues it (block-compact layouts), otherwise each of
+    their positions starts a run of its own (e.g. LHBNC interleaves heads and
+    blocks).
+    """
     from kvspec.dtypes import dtype_size
 
     _, h, n, c = geom.shape
     _, sh, sn, _ = geom.byte_stride
-    return (h - 1) * sh + (n - 1) * sn + c * dtype_size(geom.dtype)
+    run = c * dtype_size(geom.dtype)
+    offsets = [0]
+    for stride, count in sorted([(sn, n), (sh, h)]):
+        if count == 1:
+            continue
+        if stride == run and offsets == [0]:
+            run *= count
+        else:
+            offsets = [o + i * stride for o in offsets for i in range(count)]
+    return offsets, run
+
+
+def _page_extent(geom) -> int:
+    """Bytes from a page's first byte to one past its last, within one block."""
+    offsets, run = _runs(geom)
+    return max(offsets) + run
 
 
 def check_artifact(artifact: Artifact, *, probe_blocks: tuple[int, ...] = (2, 3)) -> list[str]:
@@ -129,10 +149,10 @@ def _check_overlaps(st: dict[str, Any], layout: Layout, blocks: int,
     for t in st["tensors"]:
         _, geoms = _geoms(t, layout, blocks, st["draft_num_blocks"])
         for g in geoms:
-            ext = _page_extent(g)
+            offsets, run = _runs(g)
             for b in range(g.shape[0]):
-                start = g.byte_offset + b * g.byte_stride[0]
-                intervals.append((start, start + ext, g.layer))
+                base = g.byte_offset + b * g.byte_stride[0]
+                intervals.extend((base + o, base + o + run, g.layer) for o in offsets)
     intervals.sort()
     problems = []
     active: list[tuple[int, str]] = []
@@ -140,7 +160,7 @@ def _check_overlaps(st: dict[str, Any], layout: Layout, blocks: int,
         active = [(e, n) for e, n in active if e > start]
         for _, other in active:
             if other == layer:
-                problems.append(f"layer {layer}: two of its blocks overlap")
+                problems.append(f"layer {layer}: two of its pages overlap")
             elif group_of.get(other) == group_of.get(layer):
                 problems.append(f"layers {other} and {layer} of group {group_of.get(layer)} "
                                 "share bytes")
