@@ -1,0 +1,42 @@
+"""The examples in the README and docs/ compile as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvspec.compiler import compile_source
+from tests.conftest import ROOT
+
+BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
+
+
+def _examples() -> list[tuple[str, str]]:
+    out = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for i, text in enumerate(BLOCK.findall(path.read_text())):
+            if re.search(r"^kvspec: 1", text, re.M):
+                out.append((f"{path.name}#{i}", text))
+    return out
+
+
+EXAMPLES = _examples()
+
+
+def test_docs_have_examples() -> None:
+    assert len(EXAMPLES) >= 2
+
+
+@pytest.mark.parametrize("name,text", EXAMPLES, ids=[n for n, _ in EXAMPLES])
+def test_example_compiles(name: str, text: str) -> None:
+    compile_source(text, name)
+
+
+def test_readme_quick_start_matches_ci() -> None:
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_cmd = [line for line in readme.splitlines() if "python -m pytest" in line]
+    assert len(test_cmd) == 1
+    assert test_cmd[0].strip() in ci
