@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from kvspec.artifact import Artifact, freeze, sha256_text
 from kvspec.errors import ErrorList, KvspecError, Location, PlanError, SourceError
+from kvspec.planner.checks import early_checks
 from kvspec.planner.plan import Plan, Resolved, min_blocks_to_serve, plan_layers, resolve
 from kvspec.planner.size import block_sizes, group_blocks_per_request, memory_usage
 from kvspec.source.expand import Expanded, expand
@@ -352,4 +353,5 @@ def artifact_body(unit: Unit) -> dict[str, Any]:
         "needs_zeroing": _needs_zeroing(list(plan.groups)),
         "budget": budget,
         "log": [{"level": lv, "message": m} for lv, m in plan.log.entries],
+        "warnings": early_checks(plan, unit.resolved),
     }

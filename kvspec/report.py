@@ -61,6 +61,7 @@ def summary(artifact: Artifact) -> str:
         out.append("no memory budget: the loader sizes the pool (engine.memory or --memory "
                    "to plan one)")
     warnings = [e["message"] for e in body.get("log", []) if e["level"] == "WARNING"]
+    warnings += body.get("warnings", [])
     out += [f"warning: {w}" for w in warnings]
     return "\n".join(out)
 
@@ -96,7 +97,8 @@ def plan_table(plan: Plan, resolved: Resolved) -> str:
     if len(resolved.stages) > 1:
         lines.append("per stage:            " + ", ".join(
             f"stage {s.index}: {human_bytes(s.memory_usage)}/request" for s in resolved.stages))
-    lines += [f"warning: {m}" for m in plan.log.messages("WARNING")]
+    from kvspec.planner.checks import early_checks
+    lines += [f"warning: {m}" for m in plan.log.messages("WARNING") + early_checks(plan, resolved)]
     return "\n".join(lines)
 
 
