@@ -226,6 +226,8 @@ class LayoutBody(_Closed):
     budget: BudgetEntry | None = Field(description="Present when compiled with a memory "
                                        "budget (engine.memory or --memory).")
     log: list[LogEntry]
+    warnings: list[str] = Field(description="Early checks: what would go wrong or waste "
+                                "memory in the engine (kvspec.planner.checks).")
 
 
 class LayoutArtifact(_Closed):

@@ -48,7 +48,7 @@ from kvspec.hf.families import (
     UnsupportedModelError,
     describe,
 )
-from kvspec.importer import _Dumper, _flow, fold
+from kvspec.importer import _Dumper, _flow, _format_bytes, fold
 
 __all__ = ["InitOptions", "attention_block_size", "init_source", "layer_names", "source_text"]
 
@@ -177,47 +177,8 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any],
             types[name] = own
         sequence[layer.index] = by_key[key]
 
-    layers: list[dict[str, Any]] = []
-    runs = _runs(sequence)
-    for start, run in runs:
-        for i, (repeat, pattern) in enumerate(fold(run)):
-            entry: dict[str, Any] = {}
-            if i == 0 and start != 0:
-                entry["index"] = start  # continue after decoder layers without a cache
-            if repeat > 1:
-                entry["repeat"] = repeat
-            entry["pattern"] = pattern
-            layers.append(entry)
-    if len(runs) > 1:
-        notes.append("decoder layers without a cache (MLP/MoE-only) are skipped with "
-                     "`index:`; the source format has no pattern item for them.")
-
-    max_len: int | str
-    engine: dict[str, Any] = {"block_size": options.block_size}
-    if options.max_model_len == "auto":
-        if facts.max_position_embeddings is None:
-            raise KvspecError("max_model_len auto needs the model's max_position_embeddings, "
-                              "which config.json does not give", file=options.config_name,
-                              hint="pass --max-model-len N")
-        if options.memory is None:
-            raise KvspecError("--max-model-len auto needs --memory to fit it to",
-                              hint="pass --memory 40GiB, or a fixed --max-model-len")
-        engine["max_model_len"] = "auto"
-        engine["model_max_len"] = facts.max_position_embeddings
-    else:
-        max_len = options.max_model_len or facts.max_position_embeddings or 0
-        if not max_len:
-            raise KvspecError("config.json gives no max_position_embeddings",
-                              file=options.config_name, hint="pass --max-model-len N")
-        engine["max_model_len"] = max_len
-        if options.max_model_len is None:
-            notes.append(f"max_model_len is the model's max_position_embeddings "
-                         f"({max_len}); serving shorter requests needs less memory.")
-    engine.update({"max_num_batched_tokens": 8192, "max_num_seqs": 256, "layout": "LBNHC",
-                   "prefix_caching": True})
-    if options.memory is not None:
-        engine["memory"] = _format_bytes(options.memory)
-
+    layers = _layer_entries(sequence, notes)
+    engine = _engine(facts, options, notes)
     parallel: dict[str, Any] = {"tensor": options.tp, "pipeline": options.pp}
     if max(sequence) + 1 != facts.num_layers:
         parallel["num_hidden_layers"] = facts.num_layers
@@ -240,6 +201,53 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any],
     return source, notes
 
 
+def _layer_entries(sequence: dict[int, str], notes: list[str]) -> list[dict[str, Any]]:
+    """Decoder-layer index -> type name, as ``layers:`` entries of folded patterns."""
+    layers: list[dict[str, Any]] = []
+    runs = _runs(sequence)
+    for start, run in runs:
+        for i, (repeat, pattern) in enumerate(fold(run)):
+            entry: dict[str, Any] = {}
+            if i == 0 and start != 0:
+                entry["index"] = start  # continue after decoder layers without a cache
+            if repeat > 1:
+                entry["repeat"] = repeat
+            entry["pattern"] = pattern
+            layers.append(entry)
+    if len(runs) > 1:
+        notes.append("decoder layers without a cache (MLP/MoE-only) are skipped with "
+                     "`index:`; the source format has no pattern item for them.")
+    return layers
+
+
+def _engine(facts: ModelFacts, options: InitOptions, notes: list[str]) -> dict[str, Any]:
+    engine: dict[str, Any] = {"block_size": options.block_size}
+    if options.max_model_len == "auto":
+        if facts.max_position_embeddings is None:
+            raise KvspecError("max_model_len auto needs the model's max_position_embeddings, "
+                              "which config.json does not give", file=options.config_name,
+                              hint="pass --max-model-len N")
+        if options.memory is None:
+            raise KvspecError("--max-model-len auto needs --memory to fit it to",
+                              hint="pass --memory 40GiB, or a fixed --max-model-len")
+        engine["max_model_len"] = "auto"
+        engine["model_max_len"] = facts.max_position_embeddings
+    else:
+        max_len = options.max_model_len or facts.max_position_embeddings
+        if not max_len:
+            raise KvspecError("config.json gives no max_position_embeddings",
+                              file=options.config_name, hint="pass --max-model-len N")
+        engine["max_model_len"] = max_len
+        if options.max_model_len is None:
+            notes.append(f"max_model_len is the model's max_position_embeddings "
+                         f"({max_len}); serving shorter requests needs less memory.")
+    engine.update({"max_num_batched_tokens": 8192, "max_num_seqs": 256, "layout": "LBNHC",
+                   "prefix_caching": True})
+    if options.memory is not None:
+        engine["memory"] = _format_bytes(options.memory)
+    return engine
+
+
 def _runs(sequence: dict[int, str]) -> list[tuple[int, list[str]]]:
     """Contiguous runs of cache-holding decoder layers: ``(first index, types)``."""
     runs: list[tuple[int, list[str]]] = []
@@ -249,13 +257,6 @@ def _runs(sequence: dict[int, str]) -> list[tuple[int, list[str]]]:
         else:
             runs.append((index, [sequence[index]]))
     return runs
-
-
-def _format_bytes(n: int) -> str | int:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n % size == 0:
-            return f"{n // size}{unit}"
-    return n
 
 
 def _dump(source: dict[str, Any]) -> str:
@@ -279,6 +280,12 @@ def _command_line(options: InitOptions) -> str:
         parts.append(f"--dtype {options.dtype}")
     if options.block_size != 16:
         parts.append(f"--block-size {options.block_size}")
+    if options.mamba_cache_dtype != "auto":
+        parts.append(f"--mamba-cache-dtype {options.mamba_cache_dtype}")
+    if options.mamba_ssm_cache_dtype != "auto":
+        parts.append(f"--mamba-ssm-cache-dtype {options.mamba_ssm_cache_dtype}")
+    if options.model:
+        parts.append(f"--model {options.model}")
     return " ".join(parts)
 
 
@@ -363,7 +370,7 @@ def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
 def _not_compiling(err: KvspecError, messages: list[str], options: InitOptions) -> KvspecError:
     return KvspecError(
         "the source made from this config does not compile: " + "; ".join(messages),
-        file=options.config_name, found=err.found,
+        file=options.config_name, expected=err.expected, found=err.found,
         hint=err.hint or "check --tp, --max-model-len and --memory")
 
 
