@@ -187,8 +187,8 @@ def view_geometry(tensor_fields: dict, spec: LayerSpec, num_blocks: int, layout:
                 f"layout {layout.name} does not store blocks as dense, unpadded pages "
                 f"(block stride {block_stride} != page {dense}), so a block cannot be "
                 f"split into {ratio} kernel blocks of {kernel_block_size} tokens",
-                hint=f"use block_size {kernel_block_size} or a layer-compact layout "
-                     "(LBNHC)")
+                hint=f"use block_size {kernel_block_size}, or a layer-compact layout "
+                     "(LBNHC) with unpadded pages")
         block_stride //= ratio
     strides = layout_strides(spec, num_blocks, len(layers), layout, kernel_block_size,
                              fixed=(layer_stride, block_stride, None, None, None))

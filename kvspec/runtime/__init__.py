@@ -1,4 +1,8 @@
 """The serving-side half of kvspec: map an artifact onto memory, hand out blocks.
 
-``kvspec.runtime.loader`` imports torch; ``kvspec.runtime.block_pool`` does not.
+* ``loader`` — ``load(artifact, device=..., num_blocks=... | memory=...)``: one
+  allocation per pool, one ``as_strided`` view per layer (imports torch);
+* ``views`` — per-layer views, K/V splits, NHD/HND kernel conventions (torch);
+* ``distributed`` — ranks agree on one block count and one source (torch);
+* ``block_pool`` / ``hashing`` — the block pool and prefix-cache hashes (no torch).
 """

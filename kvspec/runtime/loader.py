@@ -87,6 +87,12 @@ class LoadedCache:
         self.kv = KVViews(self.views, self.metadata)
         self.layouts = LayoutViews(self.views, self.metadata, self.layout)
 
+    def __repr__(self) -> str:
+        pools = ", ".join(f"{k}: {v.numel()} B" for k, v in self.buffers.items())
+        return (f"LoadedCache({self.artifact.name!r}, stage={self.stage}, "
+                f"device={str(self.device)!r}, num_blocks={self.num_blocks}, "
+                f"layers={len(self.views)}, layout={self.layout.name}, pools={{{pools}}})")
+
     @cached_property
     def block_pool(self) -> Any:
         """A :class:`~kvspec.runtime.block_pool.BlockPool` over ``num_blocks``
@@ -155,22 +161,25 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
     - ``zero``: zero the pools (default: when the artifact needs it).
     - ``device="meta"`` builds every view with no memory behind it.
     """
-    art = _verified(artifact)
-    dev = _device(device)
-    st_index = stage if stage is not None else distributed.pipeline_rank(art)
-    st = art.stage(st_index)
-
     if distributed.is_initialized():
+        # Every rank reaches the agreement, even one that failed to read or
+        # size its cache: its problem is reported by all, so none waits.
+        art: Artifact | None = None
         try:
-            mine: int | None = resolve_num_blocks(art, dev, num_blocks=num_blocks,
-                                                  memory=memory,
-                                                  memory_fraction=memory_fraction)
+            art = _verified(artifact)
+            dev, st_index, st = _target(art, device, stage)
+            mine: int | None = resolve_num_blocks(
+                art, dev, num_blocks=num_blocks, memory=memory,
+                memory_fraction=memory_fraction)
             problem = None
         except KvspecError as err:
             mine, problem = None, err
         count = distributed.agree(art, mine, problem=problem)
+        assert art is not None
         count = art.num_blocks_for(num_blocks=count)
     else:
+        art = _verified(artifact)
+        dev, st_index, st = _target(art, device, stage)
         count = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
                                    memory_fraction=memory_fraction)
 
@@ -180,14 +189,27 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
     kernel = _kernel_block_sizes(art, st, kernel_block_size)
     views, metadata = _build_views(st, layout, buffers, count, kernel)
     missing = [n for n in st["layers"] if n not in views]
-    if missing:
-        raise ArtifactError(f"stage {st_index} places no tensor for layer(s) "
-                            f"{', '.join(missing[:5])}",
+    extra = sorted(set(views) - set(st["layers"]))
+    if missing or extra:
+        what = (f"places no tensor for layer(s) {', '.join(missing[:5])}" if missing else
+                f"places layer(s) it does not own: {', '.join(extra[:5])}")
+        raise ArtifactError(f"stage {st_index} {what}",
                             hint="recompile the artifact from its source")
+    # model order (the stage's layer list), not placement order
+    views = {n: views[n] for n in st["layers"]}
+    metadata = {n: metadata[n] for n in st["layers"]}
     return LoadedCache(artifact=art, stage=st_index, device=dev, num_blocks=count,
                        draft_num_blocks=st.get("draft_num_blocks"), layout=layout,
                        buffers=buffers, views=views, metadata=metadata,
                        zeroed=zeroed and dev.type != "meta")
+
+
+def _target(art: Artifact, device: Any, stage: int | None
+            ) -> tuple[torch.device, int, Mapping[str, Any]]:
+    """The device, and the stage: given, else this rank's pipeline stage."""
+    dev = _device(device)
+    index = stage if stage is not None else distributed.pipeline_rank(art)
+    return dev, index, art.stage(index)
 
 
 def _verified(artifact: Artifact | Mapping[str, Any] | str | Path) -> Artifact:

@@ -17,8 +17,8 @@ slots, ``N`` states)::
       L: layer_stride  (= num_blocks * page)  B: block_stride (= bytes_per_block)
 
 A view is one ``torch.as_strided`` of the pool's int8 allocation with those
-byte strides, then ``.view(dtype)``: every stride but C's and the storage
-offset divide by the dtype's size. Kernel-block splitting views a block of
+byte strides, then ``.view(dtype)``: the strides of B, H and N and the storage
+offset divide by the dtype's size (C's stays 1). Kernel-block splitting views a block of
 ``block_size`` tokens as ``ratio = block_size // kernel_block_size`` kernel
 blocks: ``B' = B * ratio``, ``N' = N / ratio`` and ``block_stride' =
 block_stride / ratio`` (only where a block is one dense page).
@@ -37,7 +37,7 @@ import torch
 from kvspec.dtypes import canonical_dtype, dtype_size
 from kvspec.errors import ArtifactError, KvspecError
 from kvspec.layouts import Layout
-from kvspec.planner.place import ViewGeometry, view_geometry
+from kvspec.planner.place import view_geometry
 from kvspec.spec import MLA, Attention, LayerSpec, SlidingWindowMLA
 
 __all__ = [
@@ -120,15 +120,10 @@ def _kv_sizes(spec: LayerSpec, cell: int) -> tuple[int | None, int | None]:
     return spec.head_size, spec.head_size_v
 
 
-def _last_byte(geom: ViewGeometry, item: int) -> int:
-    """One past the last byte ``geom`` touches."""
-    shape = (*geom.shape[:3], geom.shape[3] * item)
-    return geom.byte_offset + sum((n - 1) * s for n, s in zip(shape, geom.byte_stride)) + 1
-
-
 def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: int,
                        spec: LayerSpec, layout: Layout, num_blocks: int, pool_blocks: int,
-                       kernel_block_size: int | None, pool: str) -> list[tuple[torch.Tensor, LayerMeta]]:
+                       kernel_block_size: int | None, pool: str,
+                       ) -> list[tuple[torch.Tensor, LayerMeta]]:
     """The views of one artifact tensor's layers over ``buffer`` (int8).
 
     ``num_blocks`` evaluates the tensor's affine fields (always the main
@@ -147,33 +142,42 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: i
         geoms = view_geometry(fields, spec, pool_blocks, layout, kernel_block_size)
     except KvspecError as err:
         err.message = f"tensor {index} ({tensor['layers'][0]}, ...): {err.message}"
+        err.args = (err.message,)
         raise
     base = buffer.storage_offset()
     limit = buffer.numel()
-    out = []
+    out: list[tuple[torch.Tensor, LayerMeta]] = []
+    if not geoms:
+        return out
+    # Every layer of a tensor shares its dtype, shape and strides: only the
+    # offset moves (by layer_stride), so the per-layer work is one as_strided.
+    first = geoms[0]
+    dtype = torch_dtype(first.dtype)
+    item = dtype_size(first.dtype)
+    byte_shape = (first.shape[0], first.shape[1], first.shape[2], first.shape[3] * item)
+    extent = sum((n - 1) * s for n, s in zip(byte_shape, first.byte_stride)) + 1
+    k, v = _kv_sizes(spec, first.shape[3])
+    kernel = kernel_block_size if kernel_block_size is not None else spec.block_size
+    group = int(tensor["group"])
+    role = str(tensor.get("role", ""))
+    window = getattr(spec, "sliding_window", None)
+    chunk = getattr(spec, "attention_chunk_size", None)
     for slot, g in enumerate(geoms):
-        dtype = torch_dtype(g.dtype)
-        item = dtype_size(g.dtype)
-        if g.byte_offset < 0 or _last_byte(g, item) > limit:
+        if g.byte_offset < 0 or g.byte_offset + extent > limit:
             raise ArtifactError(
-                f"layer {g.layer}'s view reaches byte {_last_byte(g, item)} of a "
+                f"layer {g.layer}'s view reaches byte {g.byte_offset + extent} of a "
                 f"{limit}-byte {pool} pool at {num_blocks} blocks",
                 hint="the artifact is inconsistent: recompile it from its source")
-        byte_shape = (g.shape[0], g.shape[1], g.shape[2], g.shape[3] * item)
         view = torch.as_strided(buffer, byte_shape, g.byte_stride, base + g.byte_offset)
         if dtype is not torch.int8:
             view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
-        k, v = _kv_sizes(spec, g.shape[3])
-        kernel = kernel_block_size if kernel_block_size is not None else spec.block_size
         out.append((view, LayerMeta(
-            name=g.layer, group=int(tensor["group"]), kind=spec.kind,
-            block_size=spec.block_size, kernel_block_size=kernel,
-            sliding_window=getattr(spec, "sliding_window", None),
-            attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+            name=g.layer, group=group, kind=spec.kind, block_size=spec.block_size,
+            kernel_block_size=kernel, sliding_window=window, attention_chunk_size=chunk,
             pool=pool, num_blocks=pool_blocks, dtype=g.dtype, tensor=index, slot=slot,
             shape=g.shape, stride=g.stride, storage_offset=g.storage_offset,
             byte_offset=g.byte_offset, byte_stride=g.byte_stride, head_size=k,
-            head_size_v=v, role=str(tensor.get("role", "")))))
+            head_size_v=v, role=role)))
     return out
 
 

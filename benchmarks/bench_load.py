@@ -1,0 +1,123 @@
+"""Load time of 100- and 1,000-layer artifacts, against a bare loop of ``as_strided``.
+
+    python benchmarks/bench_load.py [--layers 100 1000] [--repeat R] [--num-blocks N]
+
+For each size, two sources are built in memory (``repeat: N``) and compiled:
+``uniform`` (one full-attention group) and ``hybrid`` (3 sliding-window : 1
+full-attention layers, so several groups and tensors alias slot by slot).
+Reported, best of ``--repeat`` runs, in milliseconds:
+
+- verify: ``Artifact.from_dict`` (canonical JSON of the body + sha256), which
+  every ``load()`` does first;
+- load meta / load cpu: the whole ``kvspec.load`` (verify, size, allocate one
+  int8 pool, zero it when the artifact asks, one ``as_strided`` + ``.view(dtype)``
+  per layer, metadata);
+- bare loop: ``torch.as_strided(buf, shape, stride, offset).view(dtype)`` over
+  the same, precomputed geometry on an already allocated buffer: the floor;
+- per layer: (load cpu - verify - bare allocation) / layers, in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from kvspec.artifact import Artifact  # noqa: E402
+from kvspec.compiler import compile_source  # noqa: E402
+from kvspec.runtime.loader import load  # noqa: E402
+from kvspec.runtime.views import torch_dtype  # noqa: E402
+
+SOURCE = """\
+kvspec: 1
+name: bench-{kind}-{layers}
+engine:
+  block_size: 16
+  max_model_len: 1024
+  max_num_batched_tokens: 1024
+  max_num_seqs: 4
+  layout: LBNHC
+defaults: {{num_kv_heads: 2, head_size: 64, dtype: bfloat16}}
+layer_types:
+  local: {{kind: sliding_window, sliding_window: 128}}
+  attn: {{kind: full_attention}}
+layers:
+  - {{repeat: {repeat}, pattern: {pattern}}}
+"""
+
+PATTERNS = {"uniform": ["attn"], "hybrid": ["local", "local", "local", "attn"]}
+
+
+def artifact(kind: str, layers: int) -> Artifact:
+    pattern = PATTERNS[kind]
+    text = SOURCE.format(kind=kind, layers=layers, repeat=layers // len(pattern),
+                         pattern="[" + ", ".join(pattern) + "]")
+    return compile_source(text, f"bench-{kind}-{layers}.yaml")
+
+
+def best_ms(run: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def bare_loop(buf: torch.Tensor, geometry: list[tuple]) -> list[torch.Tensor]:
+    out = []
+    for shape, stride, offset, dtype in geometry:
+        out.append(torch.as_strided(buf, shape, stride, offset).view(dtype))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--num-blocks", type=int, default=None,
+                        help="blocks per pool (default: the fewest that serve a request)")
+    args = parser.parse_args()
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
+          f"best of {args.repeat}, milliseconds")
+    head = (f"{'model':<16}{'layers':>7}{'blocks':>7}{'pool MiB':>9}{'verify':>9}"
+            f"{'load meta':>11}{'load cpu':>10}{'bare loop':>11}{'bare+alloc':>12}"
+            f"{'us/layer':>10}")
+    print(head)
+    print("-" * len(head))
+    for layers in args.layers:
+        for kind in PATTERNS:
+            art = artifact(kind, layers)
+            n = args.num_blocks or art.min_num_blocks()
+            cache = load(art, device="cpu", num_blocks=n)
+            assert len(cache.views) == layers
+            geometry = []
+            for meta in cache.metadata.values():
+                item = torch.empty((), dtype=torch_dtype(meta.dtype)).element_size()
+                geometry.append(((*meta.shape[:3], meta.shape[3] * item), meta.byte_stride,
+                                 meta.byte_offset, torch_dtype(meta.dtype)))
+            size = cache.buffers["device"].numel()
+            buf = torch.empty(size, dtype=torch.int8)
+
+            verify = best_ms(lambda: Artifact.from_dict(art.data), args.repeat)
+            meta_ms = best_ms(lambda: load(art, device="meta", num_blocks=n), args.repeat)
+            cpu_ms = best_ms(lambda: load(art, device="cpu", num_blocks=n), args.repeat)
+            bare = best_ms(lambda: bare_loop(buf, geometry), args.repeat)
+            bare_alloc = best_ms(lambda: bare_loop(torch.empty(size, dtype=torch.int8),
+                                                   geometry), args.repeat)
+            per_layer = (cpu_ms - verify - (bare_alloc - bare)) / layers * 1e3
+            print(f"{kind:<16}{layers:>7}{n:>7}{size / 2**20:>9.1f}{verify:>9.2f}"
+                  f"{meta_ms:>11.2f}{cpu_ms:>10.2f}{bare:>11.2f}{bare_alloc:>12.2f}"
+                  f"{per_layer:>10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
