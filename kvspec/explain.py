@@ -59,7 +59,8 @@ __all__ = [
 
 #: Padding above this share of a full-length request's blocks is worth a warning.
 WASTE_WARNING = 0.10
-#: A scheduler block this many times the block size is worth a warning.
+#: A scheduler block this many times the block size is worth a warning (older
+#: artifacts only: newer ones carry the compiler's early checks).
 SCHEDULER_BLOCK_WARNING = 8
 #: Points of the capacity-against-memory sweep.
 SWEEP_POINTS = 8
@@ -426,7 +427,7 @@ class PoolRow:
 @dataclass(frozen=True)
 class WasteRow:
     cause: str
-    bytes: float
+    bytes: int
     share: float
     explanation: str
 
@@ -470,9 +471,9 @@ class Report:
 
 
 def _settings(eng: dict[str, Any], body: dict[str, Any]) -> tuple[tuple[str, str], ...]:
-    par = f"TP {eng['tensor_parallel_size']}, PP {eng['pipeline_parallel_size']}"
+    par = f"tensor {eng['tensor_parallel_size']}, pipeline {eng['pipeline_parallel_size']}"
     if eng.get("decode_context_parallel_size", 1) > 1:
-        par += f", DCP {eng['decode_context_parallel_size']}"
+        par += f", decode context {eng['decode_context_parallel_size']}"
     mml = f"{eng['max_model_len']:,}"
     if eng.get("original_max_model_len") == -1:
         mml += " (auto-fit to the budget)"
@@ -483,8 +484,8 @@ def _settings(eng: dict[str, Any], body: dict[str, Any]) -> tuple[tuple[str, str
             ("prefix caching", "on" if eng["enable_prefix_caching"] else "off"),
             ("hybrid manager", "on" if eng["hybrid"] else "off"),
             ("parallel", par),
-            ("block sizes", f"scheduler {body['scheduler_block_size']}, "
-                            f"prefix hash {body['hash_block_size']} tokens")]
+            ("scheduler block", f"{body['scheduler_block_size']:,} tokens"),
+            ("prefix-hash block", f"{body['hash_block_size']:,} tokens")]
     if eng.get("mamba_cache_mode", "none") != "none":
         rows.append(("mamba_cache_mode", eng["mamba_cache_mode"]))
     if eng.get("speculative_method"):
@@ -498,7 +499,8 @@ def _slot_summary(bm: BlockMap) -> str:
     sizes = sorted({e - s for s, e in bm.slots})
     if not bm.slots:
         return "no layers in the main pool"
-    shape = (f"{len(bm.slots)} slot(s) x {human_bytes(sizes[0])}" if len(sizes) == 1
+    shape = (f"{len(bm.slots)} slot{'s' if len(bm.slots) > 1 else ''} x "
+             f"{human_bytes(sizes[0])}" if len(sizes) == 1
              else f"{len(bm.slots)} slots of {len(sizes)} sizes "
                   f"({', '.join(human_bytes(s) for s in sizes)})")
     tail = bm.bytes_per_block - bm.used
@@ -570,23 +572,36 @@ def _weighted_waste(groups: tuple[GroupRow, ...], per_block: int
         ("alignment", "alignment",
          "bytes no group uses: the block stride rounded up to an alignment"),
     )
-    rows = tuple(WasteRow(label, avg(attr), avg(attr) / per_block if per_block else 0.0, why)
-                 for label, attr, why in causes)
+    rows = tuple(WasteRow(label, round(avg(attr)), avg(attr) / per_block if per_block else 0.0,
+                          why) for label, attr, why in causes)
     share = sum(r.share for r in rows)
     return rows, share
 
 
+#: Early-check warnings (``body["warnings"]``) that depend on the budget, and
+#: padding warnings that already name the worst group.
+_STATE_SLOTS = "state layers hold"
+_GROUP_PADDING = "of a request's KV memory is padding"
+
+
 def _warnings(body: dict[str, Any], groups: tuple[GroupRow, ...], cap: Capacity | None,
               share: float, subject: Subject) -> tuple[Warning_, ...]:
+    """The planner's warnings, the compiler's early checks, and kvspec's own.
+
+    The early checks (``body["warnings"]``) were made for the budget the
+    artifact was compiled with; the state-slot check depends on it and is
+    redone here for the report's budget. Older artifacts without early checks
+    get the scheduler-block check here too.
+    """
     out = [Warning_("planner", e["message"]) for e in body.get("log", [])
            if e["level"] == "WARNING"]
+    early = body.get("warnings")
+    out += [Warning_("kvspec", w) for w in early or () if not w.startswith(_STATE_SLOTS)]
     eng = body["engine"]
     if subject.misfit is not None and subject.memory is not None:
-        hint = getattr(subject.misfit, "hint", None)
-        out.append(Warning_("kvspec", f"the budget {human_bytes(subject.memory)} cannot serve "
-                            f"one request at max_model_len {eng['max_model_len']:,}: "
-                            f"{subject.misfit.message}", hint))
-    if share > WASTE_WARNING:
+        out.append(Warning_("kvspec", f"budget {human_bytes(subject.memory)}: "
+                            f"{subject.misfit.message}", subject.misfit.hint))
+    if share > WASTE_WARNING and not any(_GROUP_PADDING in w for w in early or ()):
         worst = max((g for g in groups if not g.own_pool), key=lambda g: g.waste.total,
                     default=None)
         out.append(Warning_(
@@ -594,24 +609,25 @@ def _warnings(body: dict[str, Any], groups: tuple[GroupRow, ...], cap: Capacity 
             f"group {worst.id} ({worst.kind}) leaves {human_bytes(worst.waste.total)} of each "
             f"block it holds empty; see the waste table" if worst else None))
     sched, block = body["scheduler_block_size"], eng["block_size"]
-    if sched >= SCHEDULER_BLOCK_WARNING * block:
+    if early is None and sched >= SCHEDULER_BLOCK_WARNING * block:
         sizes = sorted({g["block_size"] for g in body["groups"]})
         out.append(Warning_(
             "kvspec", f"the scheduler block is {sched:,} tokens, {sched // block:,}x the "
                       f"block size {block} (the LCM of the group block sizes "
                       f"{', '.join(map(str, sizes))})",
-            "chunked prefill and prefix-cache hits align to the scheduler block; give "
-            "state layers a block size (engine.mamba_block_size) closer to block_size"))
+            "chunked prefill and prefix-cache hits align to the scheduler block"))
     state = [g for g in groups if g.kind == "mamba" and not g.own_pool]
     if state and cap is not None and cap.fits:
-        per_seq = sum(max(g.blocks_per_request, 1) for g in state)
-        slots = cap.num_blocks // per_seq
+        per_request = sum(g.blocks_per_request for g in state)
+        slots = (cap.num_blocks - 1) // per_request if per_request else 0
         if slots < eng["max_num_seqs"]:
             out.append(Warning_(
-                "kvspec", f"only {slots:,} sequences can hold their recurrent state at once "
-                          f"({cap.num_blocks:,} blocks / {per_seq} state blocks per sequence), "
+                "kvspec", f"state layers hold {slots:,} requests' states in "
+                          f"{cap.num_blocks:,} blocks ({per_request} state blocks per request), "
                           f"below max_num_seqs {eng['max_num_seqs']}",
-                "lower engine.max_num_seqs or give the KV cache more memory"))
+                f"lower engine.max_num_seqs to {max(slots, 1)} or give the KV cache more "
+                "memory (vLLM fails at start-up with 'max_num_seqs exceeds available Mamba "
+                "cache blocks')"))
     return tuple(out)
 
 
@@ -629,7 +645,7 @@ def build_report(subject: Subject) -> Report:
     if cap is not None and not cap.fits and subject.misfit is not None:
         cap = dataclasses.replace(cap, reason=subject.misfit.message)
     rows, share = _weighted_waste(groups, bm.bytes_per_block)
-    avg = Waste(*(int(round(r.bytes)) for r in rows)) if rows else Waste()
+    avg = Waste(*(int(r.bytes) for r in rows)) if rows else Waste()
     notes = [e["message"] for e in body.get("log", []) if e["level"] != "WARNING"]
     if len(body["stages"]) > 1:
         notes.append(f"{len(body['stages'])} pipeline stages: the block picture and the "
@@ -659,11 +675,16 @@ def build_report(subject: Subject) -> Report:
 
 
 def block_picture(report: Report, width: int = 1000) -> dict[str, Any]:
-    """Rectangles of one block's memory: a row per group, the same x for the same
-    bytes (slots alias across groups), hatched padding, a legend."""
+    """Rectangles of one block's memory for the HTML report's SVG.
+
+    A row per group over the same x axis (byte 0 to ``bytes_per_block``), so
+    the same column is the same bytes in every row: slots alias across groups.
+    Pages are filled in the group's colour (the unpadded part solid, page
+    padding hatched in the colour), empty slots hatched grey, alignment dark.
+    """
     bm = report.block
-    label_w, row_h, gap, top = 190, 30, 8, 34
-    bar_w = width - label_w - 20
+    label_w, row_h, gap, top = 170, 30, 8, 40
+    bar_w = width - label_w - 16
     per_block = bm.bytes_per_block or 1
     main = [g for g in report.groups if not g.own_pool]
     own = [g for g in report.groups if g.own_pool]
@@ -671,59 +692,75 @@ def block_picture(report: Report, width: int = 1000) -> dict[str, Any]:
     def x(byte: float) -> float:
         return round(label_w + byte * bar_w / per_block, 2)
 
-    rows, rects, marks = [], [], []
+    def rect(x0: float, x1: float, y: float, fill: str, title: str, text: str = "") -> dict:
+        return {"x": x0, "y": y, "w": round(max(x1 - x0, 0.6), 2), "h": row_h, "fill": fill,
+                "title": title, "text": text}
+
+    rows, rects = [], []
     y = top
     for g in main:
         rows.append({"y": y, "h": row_h, "label": f"group {g.id}", "sub": g.kind,
                      "color": g.color})
-        # The group's row: empty (padding slot) where other groups have pages.
-        for s, e in bm.slots:
-            rects.append({"x": x(s), "y": y, "w": max(x(e) - x(s), 0.5), "h": row_h,
-                          "fill": "url(#pad)", "cls": "empty",
-                          "title": f"group {g.id}: empty slot (padding), {human_bytes(e - s)}"})
+        for s, e in bm.slots:  # what the group leaves empty shows through its pages
+            rects.append(rect(x(s), x(e), y, "url(#empty)",
+                              f"group {g.id}: empty slot, {human_bytes(e - s)}"))
         for seg in bm.of(g.id):
-            w = x(seg.start + seg.useful) - x(seg.start)
-            rects.append({"x": x(seg.start), "y": y, "w": max(w, 0.5), "h": row_h,
-                          "fill": g.color, "cls": "page",
-                          "title": f"{seg.layer}: {human_bytes(seg.useful)} of state at "
-                                   f"byte {seg.start:,}"})
+            mid = seg.start + seg.useful
+            num = _NUMBER.match(seg.layer)
+            label = num.group(2) if num and x(mid) - x(seg.start) >= 18 else ""
+            rects.append(rect(x(seg.start), x(mid), y, g.color,
+                              f"{seg.layer}: {human_bytes(seg.useful)} of state at byte "
+                              f"{seg.start:,} of the block", label))
             if seg.page > seg.useful:
-                rects.append({"x": x(seg.start + seg.useful), "y": y,
-                              "w": max(x(seg.end) - x(seg.start + seg.useful), 0.5),
-                              "h": row_h, "fill": f"url(#padpage{g.id})", "cls": "padded",
-                              "title": f"{seg.layer}: {human_bytes(seg.page - seg.useful)} "
-                                       "of page padding"})
-        if bm.used < bm.bytes_per_block:
-            rects.append({"x": x(bm.used), "y": y, "w": x(per_block) - x(bm.used),
-                          "h": row_h, "fill": "url(#align)", "cls": "align",
-                          "title": f"alignment: {human_bytes(per_block - bm.used)}"})
+                rects.append(rect(x(mid), x(seg.end), y, f"url(#pp{g.id})",
+                                  f"{seg.layer}: {human_bytes(seg.page - seg.useful)} of "
+                                  "page padding"))
+        if bm.used < per_block:
+            rects.append(rect(x(bm.used), x(per_block), y, "url(#align)",
+                              f"alignment: {human_bytes(per_block - bm.used)} no group uses"))
         y += row_h + gap
-    # Slot boundaries span every row: the same bytes in every group.
+    bottom = y - gap
     bounds = sorted({s for s, _ in bm.slots} | {e for _, e in bm.slots} | {0, per_block})
-    ticks = bounds if len(bounds) <= 24 else [b for i, b in enumerate(bounds)
-                                                if i % math.ceil(len(bounds) / 16) == 0]
+    marks = [{"x": x(b), "y1": top - 6, "y2": bottom + 6} for b in bounds]
+    ticks, last = [], -1e9
     for b in bounds:
-        marks.append({"x": x(b), "y1": top - 6, "y2": y - gap + 6})
-    tick_labels = [{"x": x(b), "text": human_bytes(b) if b else "0"} for b in ticks]
+        if x(b) - last >= 64 and (b == per_block or x(per_block) - x(b) >= 64):
+            anchor = "start" if b == 0 else "end" if b == per_block else "middle"
+            ticks.append({"x": x(b), "text": short_bytes(b) if b else "0", "anchor": anchor})
+            last = x(b)
     own_rows = []
+    own_title_y = None
     if own:
-        y += 18
+        own_title_y = y + 14
+        y += 24
         for g in own:
             page, useful = g.pages[0] if g.pages else (0, 0)
-            scale = min(1.0, per_block / page) if page else 1.0
-            w = bar_w * page / per_block * scale
-            own_rows.append({"y": y, "h": row_h, "label": f"group {g.id}", "sub": g.kind,
+            w = bar_w * min(1.0, page / per_block) if page else 0
+            uw = w * useful / page if page else 0
+            own_rows.append({"id": g.id, "y": y, "h": row_h, "label": f"group {g.id}",
+                             "sub": g.kind,
                              "color": g.color, "x": label_w, "w": round(w, 2),
-                             "uw": round(w * useful / page, 2) if page else 0,
-                             "title": f"own pool: one page of {human_bytes(page)} per block"})
+                             "uw": round(uw, 2),
+                             "title": f"{', '.join(g.layers)}: one page of {human_bytes(page)} "
+                                      "per block of its own pool"})
             y += row_h + gap
-    legend = [{"color": g.color, "text": f"group {g.id}: {g.kind} ({g.num_layers} layers)"}
+    legend = [{"fill": g.color, "text": f"group {g.id}: {g.kind}, {g.num_layers} layers"}
               for g in report.groups]
-    return {"width": width, "height": y + 64, "rows": rows, "rects": rects, "marks": marks,
-            "ticks": tick_labels, "own": own_rows, "legend": legend, "legend_y": y + 18,
-            "label_w": label_w, "bar_w": bar_w, "top": top,
-            "caption": f"one block = {human_bytes(per_block)} ({per_block:,} B): "
-                       f"{report.slot_summary}"}
+    if any(g.padded for g in report.groups):
+        legend.append({"fill": "url(#legendpad)", "text": "page padding (hatched in the "
+                                                          "group's colour)"})
+    if any(bm.waste(g.id).padding_slots for g in main):
+        legend.append({"fill": "url(#empty)", "text": "empty slot: bytes another group uses"})
+    if bm.used < per_block:
+        legend.append({"fill": "url(#align)", "text": "alignment: no group's bytes"})
+    cols, col_w = 3, (width - 20) // 3
+    items = [{**item, "x": 10 + (i % cols) * col_w, "y": y + 14 + (i // cols) * 22}
+             for i, item in enumerate(legend)]
+    height = y + 14 + ((len(legend) + cols - 1) // cols) * 22 + 6
+    return {"width": width, "height": height, "rows": rows, "rects": rects, "marks": marks,
+            "ticks": ticks, "own": own_rows, "own_title_y": own_title_y, "legend": items,
+            "label_w": label_w, "bar_w": bar_w, "top": top, "bottom": bottom,
+            "groups": [{"id": g.id, "color": g.color} for g in report.groups]}
 
 
 def ascii_block(report: Report, width: int = 56) -> list[tuple[str, str]]:
@@ -765,7 +802,7 @@ def _short(n: float) -> str:
     return f"{n:g}"
 
 
-def capacity_chart(report: Report, width: int = 720, height: int = 340) -> dict[str, Any]:
+def capacity_chart(report: Report, width: int = 560, height: int = 320) -> dict[str, Any]:
     """A line of KV tokens against memory over the sweep, the budget marked."""
     left, right, top, bottom = 70, 20, 20, 50
     pts = [c for c in report.sweep if c.fits]
@@ -789,8 +826,13 @@ def capacity_chart(report: Report, width: int = 720, height: int = 340) -> dict[
                         f"{c.num_blocks:,} blocks, {c.max_concurrency:.2f}x"} for c in pts]
     budget = None
     if report.memory is not None:
+        cap = report.capacity
+        fits = cap is not None and cap.fits
         budget = {"x": px(report.memory / gib), "y1": top, "y2": top + ph,
-                  "text": f"budget {human_bytes(report.memory)}"}
+                  "text": f"budget {human_bytes(report.memory)}",
+                  "y": py(cap.kv_tokens) if fits else None,
+                  "title": f"{human_bytes(report.memory)}: {cap.kv_tokens:,} tokens" if fits
+                  else f"{human_bytes(report.memory)}: does not fit one request"}
     return {
         "width": width, "height": height, "left": left, "top": top, "pw": pw, "ph": ph,
         "path": " ".join(f"{'M' if i == 0 else 'L'}{p['x']},{p['y']}"
@@ -839,19 +881,36 @@ def wrap(text: str, width: int = 78, indent: str = "  ") -> str:
                          break_on_hyphens=False)
 
 
+def short_bytes(n: float) -> str:
+    """``human_bytes`` without trailing zeros: ``328 KiB``, ``16.5 KiB``, ``2.02 MiB``."""
+    text = human_bytes(n)
+    if " " not in text:
+        return text
+    value, unit = text.split(" ")
+    if "." in value:
+        value = value.rstrip("0").rstrip(".")
+    return f"{value} {unit}"
+
+
 def pages_text(pages: tuple[tuple[int, int], ...]) -> str:
-    return " / ".join(human_bytes(p) for p, _ in pages) or "-"
+    return "/".join(short_bytes(p) for p, _ in pages) or "-"
 
 
-def group_padding(g: GroupRow) -> str:
-    """``1 slot, +240.00 KiB/page``: a group's padding slots and page padding."""
+def group_padding(g: GroupRow, per_page: str = "/page") -> str:
+    """``1 slot, +240 KiB/page``: a group's padding slots and page padding."""
     parts = []
     if g.padding_slots:
         parts.append(f"{g.padding_slots} slot" + ("s" if g.padding_slots > 1 else ""))
     pads = sorted({p - u for p, u in g.pages if p != u}, reverse=True)
     if pads:
-        parts.append("/".join(f"+{human_bytes(x)}" for x in pads) + "/page")
+        parts.append("/".join(f"+{short_bytes(x)}" for x in pads) + per_page)
     return ", ".join(parts) or "-"
+
+
+def arrow(change: Any) -> str:
+    """``64 KiB -> 32 KiB (-50.0%)``: a diff's change, old to new."""
+    ratio = getattr(change, "ratio", None)
+    return f"{change.a} -> {change.b}" + (f" ({ratio:+.1%})" if ratio is not None else "")
 
 
 def pct(x: float) -> str:
@@ -870,9 +929,9 @@ def environment():
                                             default_for_string=False, default=False),
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, extensions=["jinja2.ext.do"])
-    env.filters.update(bytes=human_bytes, pct=pct, table=table, md_table=md_table,
+    env.filters.update(bytes=human_bytes, sbytes=short_bytes, pct=pct, table=table, md_table=md_table,
                        wrap=wrap, pages=pages_text, padding=group_padding,
-                       num=lambda n: f"{n:,}")
+                       num=lambda n: f"{n:,}", arrow=arrow)
     return env
 
 

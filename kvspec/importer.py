@@ -20,6 +20,7 @@ import yaml
 
 from kvspec.errors import SourceError
 from kvspec.planner.stages import layer_index
+from kvspec.source.expand import SKIP
 from kvspec.specdump import KINDS
 
 #: Short, readable type names by kind.
@@ -31,6 +32,8 @@ _TYPE_NAMES = {
 }
 _UNSPLIT = {"mla", "sliding_window_mla", "hidden_state"}
 _DEFAULT_KEYS = ("num_kv_heads", "head_size", "dtype")
+#: Decoder layers without a cache written as ``-`` items rather than a new entry.
+_MAX_SKIP = 8
 _LAYER_RE = re.compile(r"(^|\.)layers\.(\d+)(\.|$)")
 
 
@@ -168,10 +171,10 @@ def import_dump(data: dict[str, Any]) -> dict[str, Any]:
         run.clear()
 
     for idx, tnames in decoder:
-        if idx != expect and run:
+        if run and expect < idx <= expect + _MAX_SKIP:
+            run.extend((i, [SKIP]) for i in range(expect, idx))  # layers without a cache
+        elif idx != expect and run:
             flush()
-        if not run:
-            expect = idx
         run.append((idx, tnames))
         expect = idx + 1
     flush()

@@ -41,6 +41,8 @@ from typing import Any, Literal
 
 import yaml
 
+from kvspec.source.expand import SKIP
+
 from kvspec.errors import ErrorList, KvspecError
 from kvspec.hf.families import (
     LayerFacts,
@@ -202,21 +204,23 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any],
 
 
 def _layer_entries(sequence: dict[int, str], notes: list[str]) -> list[dict[str, Any]]:
-    """Decoder-layer index -> type name, as ``layers:`` entries of folded patterns."""
+    """Decoder-layer index -> type name, as ``layers:`` entries of folded patterns;
+    decoder layers without a cache (MLP/MoE only) are ``-`` items."""
+    if not sequence:
+        return []
+    first = min(sequence)
+    items = [sequence.get(i, SKIP) for i in range(first, max(sequence) + 1)]
     layers: list[dict[str, Any]] = []
-    runs = _runs(sequence)
-    for start, run in runs:
-        for i, (repeat, pattern) in enumerate(fold(run)):
-            entry: dict[str, Any] = {}
-            if i == 0 and start != 0:
-                entry["index"] = start  # continue after decoder layers without a cache
-            if repeat > 1:
-                entry["repeat"] = repeat
-            entry["pattern"] = pattern
-            layers.append(entry)
-    if len(runs) > 1:
-        notes.append("decoder layers without a cache (MLP/MoE-only) are skipped with "
-                     "`index:`; the source format has no pattern item for them.")
+    for i, (repeat, pattern) in enumerate(fold(items)):
+        entry: dict[str, Any] = {}
+        if i == 0 and first != 0:
+            entry["index"] = first
+        if repeat > 1:
+            entry["repeat"] = repeat
+        entry["pattern"] = pattern
+        layers.append(entry)
+    if SKIP in items:
+        notes.append("'-' pattern items are decoder layers without a KV cache (MLP/MoE only).")
     return layers
 
 

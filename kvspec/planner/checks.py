@@ -53,8 +53,13 @@ def early_checks(plan: Plan, resolved: Resolved | None = None) -> list[str]:
                 f"size from {engine.block_size} to {g.spec.block_size} tokens; prompts "
                 f"shorter than {g.spec.block_size} tokens never hit the prefix cache")
 
+    # With mamba_cache_mode "none" a state group's block is the whole request
+    # (max_model_len): no prefill aligns to it, so leave it out of this check.
+    considered = [g for g in st0.groups if not (
+        engine.mamba_cache_mode == "none"
+        and all(isinstance(s, MambaState) for s in layer_specs(g.spec)))]
     try:
-        sched, _ = block_sizes(engine, list(st0.groups))
+        sched, _ = block_sizes(engine, considered) if considered else (engine.block_size, 0)
     except Exception:  # a rejected prefix_match_unit is reported by the plan itself
         sched = engine.block_size
     if sched >= LCM_WARN * engine.block_size * engine.decode_context_parallel_size:

@@ -36,6 +36,9 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 
 _ATTN_COMMON = ("num_kv_heads", "head_size", "dtype")
 
+#: A pattern item for a decoder layer that holds no cache: it only takes an index.
+SKIP = "-"
+
 
 @dataclass(frozen=True, slots=True)
 class ExpandedLayer:
@@ -80,6 +83,9 @@ def expand_layers(source: Source, doc: Document) -> tuple[list[ExpandedLayer], l
             for _ in range(entry.repeat):
                 for p, item in enumerate(entry.pattern):
                     path = base_path + ("pattern", p)
+                    if item.strip() == SKIP:
+                        index += 1  # a decoder layer without a cache (MLP/MoE only)
+                        continue
                     for type_name in item.split("+"):
                         type_name = type_name.strip()
                         t = source.layer_types.get(type_name)

@@ -89,8 +89,9 @@ class LayerEntry(LayerFields):
 class PatternEntry(_Strict):
     """``repeat`` times the decoder layers of ``pattern``.
 
-    Each pattern item is a layer type name, or several joined by ``+`` for one
-    decoder layer that owns several caches (e.g. ``mla+indexer``).
+    Each pattern item is a layer type name, several joined by ``+`` for one
+    decoder layer that owns several caches (e.g. ``mla+indexer``), or ``-`` for a
+    decoder layer without a cache (it only takes an index).
     """
 
     pattern: list[str] = Field(min_length=1)
@@ -182,6 +183,7 @@ class Source(_Strict):
     @classmethod
     def _type_names(cls, value: dict[str, LayerFields]) -> dict[str, LayerFields]:
         for name in value:
-            if "+" in name or not name.strip():
-                raise ValueError(f"layer type name {name!r} must be non-empty and not contain '+'")
+            if "+" in name or not name.strip() or name.strip() == "-":
+                raise ValueError(f"layer type name {name!r} must be non-empty, not '-' and "
+                                 "not contain '+'")
         return value

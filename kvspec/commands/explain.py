@@ -1,0 +1,35 @@
+"""``kvspec explain``: a report of what a layout does with memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md"}
+
+
+@click.command("explain")
+@click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--memory", help="Memory per rank for the capacity (40GiB, 42949672960). "
+              "Default: the source's engine.memory or the artifact's budget.")
+@click.option("--format", "fmt", type=click.Choice(["text", "md", "html"]),
+              help="Output format (default: from -o's suffix, else text).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report here (atomically) instead of stdout.")
+def command(layout: Path, memory: str | None, fmt: str | None, output: Path | None) -> None:
+    """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
+    padding, pools, capacity for a budget, waste by cause and warnings."""
+    from kvspec.artifact import write_atomic
+    from kvspec.cli import parse_bytes
+    from kvspec.explain import explain, render
+
+    if fmt is None:
+        fmt = FORMAT_BY_SUFFIX.get(output.suffix.lower(), "text") if output else "text"
+    report = explain(layout, memory=parse_bytes(memory) if memory else None)
+    text = render(report, fmt)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    write_atomic(output, text)
+    click.echo(f"wrote {output}", err=True)
