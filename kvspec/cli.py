@@ -208,7 +208,7 @@ _register_commands()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turn errors into messages and exit codes."""
     try:
-        cli.main(args=argv, prog_name="kvspec", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="kvspec", standalone_mode=False)
     except KvspecError as err:
         click.echo(err.render(), err=True)
         sys.exit(err.exit_code)
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         raise
     except BrokenPipeError:
         sys.exit(0)
-    sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -245,9 +245,15 @@ def compile_unit(path: str | Path, *, memory: int | None = None,
 # ---------------------------------------------------------------------------
 
 
-def _group_entry(gid: int, group: Any, engine: Any, bytes_per_block: int) -> dict[str, Any]:
+def _group_entry(gid: int, group: Any, engine: Any, stage0: Any) -> dict[str, Any]:
+    """A group as the artifact lists it; its byte accounting is that of one
+    block on stage 0 (the block a request holds in this group)."""
     spec = group.spec
-    used = group.page_bytes()
+    local = stage0.groups[gid] if gid < len(stage0.groups) else None  # same order
+    names = local.layer_names if local is not None else ()
+    useful = sum(group.layer_spec(n).unpadded_page_size_bytes for n in names)
+    allocated = local.page_bytes() if (local is not None and group.own_pool) \
+        else stage0.bytes_per_block
     return {
         "id": gid,
         "kind": spec_kind_name(spec),
@@ -257,12 +263,8 @@ def _group_entry(gid: int, group: Any, engine: Any, bytes_per_block: int) -> dic
         "page_size_bytes": spec.page_size_bytes,
         "page_size_padded": getattr(spec, "page_size_padded", None),
         "padding_slots": group.padding_slots,
-        "useful_bytes_per_block": sum(group.layer_spec(n).unpadded_page_size_bytes
-                                      for n in group.layer_names),
-        "padding_bytes_per_block": bytes_per_block - sum(
-            group.layer_spec(n).unpadded_page_size_bytes for n in group.layer_names)
-        if not group.own_pool else used - sum(group.layer_spec(n).unpadded_page_size_bytes
-                                              for n in group.layer_names),
+        "useful_bytes_per_block": useful,
+        "padding_bytes_per_block": allocated - useful,
         "own_pool": group.own_pool,
         "is_eagle": group.is_eagle,
         "prefix_cacheable": spec.prefix_cacheable,
@@ -302,7 +304,7 @@ def artifact_body(unit: Unit) -> dict[str, Any]:
     eng["num_blocks"] = eng.pop("num_gpu_blocks_override")
     eng["pp_layer_partition"] = list(eng["pp_layer_partition"]) if eng["pp_layer_partition"] else None
     st0 = plan.stages[0]
-    groups = [_group_entry(i, g, engine, st0.bytes_per_block) for i, g in enumerate(plan.groups)]
+    groups = [_group_entry(i, g, engine, st0) for i, g in enumerate(plan.groups)]
     layers = {}
     group_of = {n: i for i, g in enumerate(plan.groups) for n in g.layer_names}
     for st in plan.stages:

@@ -59,9 +59,6 @@ __all__ = [
 
 #: Padding above this share of a full-length request's blocks is worth a warning.
 WASTE_WARNING = 0.10
-#: A scheduler block this many times the block size is worth a warning (older
-#: artifacts only: newer ones carry the compiler's early checks).
-SCHEDULER_BLOCK_WARNING = 8
 #: Points of the capacity-against-memory sweep.
 SWEEP_POINTS = 8
 #: One colour per group (Tableau 10), cycled.
@@ -97,15 +94,23 @@ class Subject:
 
 
 def is_artifact_path(path: str | Path) -> bool:
-    """``*.json`` files, or any file whose text starts with ``{``, are artifacts."""
+    """``*.json`` files are artifacts; so is any other file holding a JSON object
+    with a ``body`` (a YAML source may be a flow mapping, which JSON parsing rejects
+    or which has no ``body``)."""
     path = Path(path)
     if path.suffix == ".json":
         return True
     try:
-        with path.open("rb") as fh:
-            return fh.read(64).lstrip()[:1] == b"{"
-    except OSError:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
         return False
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "body" in data
 
 
 def load_subject(path: str | Path, memory: int | None = None) -> Subject:
@@ -146,6 +151,8 @@ def load_subject(path: str | Path, memory: int | None = None) -> Subject:
     # A budget that cannot serve one request still gets a report: plan it without one.
     frozen = freeze_pass(sized if misfit is None else dataclasses.replace(unit, memory=None))
     assert frozen.artifact is not None and frozen.plan is not None
+    if mem is None and frozen.artifact.body.get("budget"):  # a fixed block count
+        mem = frozen.artifact.body["budget"]["memory"]
     return Subject(str(path), "source", frozen.artifact, frozen.plan, mem, misfit)
 
 
@@ -590,8 +597,7 @@ def _warnings(body: dict[str, Any], groups: tuple[GroupRow, ...], cap: Capacity 
 
     The early checks (``body["warnings"]``) were made for the budget the
     artifact was compiled with; the state-slot check depends on it and is
-    redone here for the report's budget. Older artifacts without early checks
-    get the scheduler-block check here too.
+    redone here for the report's budget.
     """
     out = [Warning_("planner", e["message"]) for e in body.get("log", [])
            if e["level"] == "WARNING"]
@@ -608,14 +614,6 @@ def _warnings(body: dict[str, Any], groups: tuple[GroupRow, ...], cap: Capacity 
             "kvspec", f"padding wastes {share:.1%} of the blocks a full-length request holds",
             f"group {worst.id} ({worst.kind}) leaves {human_bytes(worst.waste.total)} of each "
             f"block it holds empty; see the waste table" if worst else None))
-    sched, block = body["scheduler_block_size"], eng["block_size"]
-    if early is None and sched >= SCHEDULER_BLOCK_WARNING * block:
-        sizes = sorted({g["block_size"] for g in body["groups"]})
-        out.append(Warning_(
-            "kvspec", f"the scheduler block is {sched:,} tokens, {sched // block:,}x the "
-                      f"block size {block} (the LCM of the group block sizes "
-                      f"{', '.join(map(str, sizes))})",
-            "chunked prefill and prefix-cache hits align to the scheduler block"))
     state = [g for g in groups if g.kind == "mamba" and not g.own_pool]
     if state and cap is not None and cap.fits:
         per_request = sum(g.blocks_per_request for g in state)

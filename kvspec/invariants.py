@@ -101,7 +101,8 @@ def check_artifact(artifact: Artifact, *, probe_blocks: tuple[int, ...] = (2, 3)
     for g in body["groups"]:
         if g["own_pool"]:
             continue
-        if g["useful_bytes_per_block"] + g["padding_bytes_per_block"] != st0["bytes_per_block"]:
+        if g["padding_bytes_per_block"] < 0 or \
+                g["useful_bytes_per_block"] + g["padding_bytes_per_block"] != st0["bytes_per_block"]:
             problems.append(f"group {g['id']}: useful {g['useful_bytes_per_block']} + padding "
                             f"{g['padding_bytes_per_block']} != {st0['bytes_per_block']} allocated")
     return problems

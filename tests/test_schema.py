@@ -34,7 +34,7 @@ ARTIFACTS = sorted((ROOT / "layouts").glob("*.kvlayout.json")) + \
 def test_committed_schemas_are_current() -> None:
     stale = check_schemas(SCHEMAS)
     assert not stale, "\n".join(
-        [f"{f.path} is stale: run `kvspec schema` and commit the result"]
+        [f"{', '.join(str(f.path) for f in stale)} stale: run `kvspec schema` and commit"]
         + [line for f in stale for line in f.diff()])
 
 
