@@ -37,6 +37,8 @@ class Location:
     path: str | None = None
 
     def prefix(self) -> str:
+        if self.file is None and self.line is None:
+            return "kvspec"
         parts = [self.file or "<input>"]
         if self.line is not None:
             parts.append(str(self.line))

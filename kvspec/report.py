@@ -10,6 +10,7 @@ from typing import Any
 from kvspec.artifact import Artifact
 from kvspec.errors import KvspecError
 from kvspec.planner.plan import Plan, Resolved
+from kvspec.planner.size import group_blocks_per_request
 from kvspec.spec import spec_kind_name
 
 
@@ -51,10 +52,10 @@ def summary(artifact: Artifact) -> str:
            f"({st0['bytes_per_block']} B)"
            + (f" + fixed {human_bytes(st0['fixed_bytes'])}" if st0["fixed_bytes"] else ""),
            f"one request at max_model_len: {human_bytes(st0['memory_per_request'])}, "
-           f"needs at least {artifact.min_num_blocks()} blocks"]
+           f"needs at least {artifact.min_num_blocks():,} blocks"]
     budget = body.get("budget")
     if budget:
-        out.append(f"for {human_bytes(budget['memory'])}: {budget['num_blocks']} blocks, "
+        out.append(f"for {human_bytes(budget['memory'])}: {budget['num_blocks']:,} blocks, "
                    f"{budget['kv_cache_size_tokens']:,} tokens, max concurrency "
                    f"{budget['max_concurrency']:.2f}x at {budget['max_model_len']:,} tokens")
     else:
@@ -73,14 +74,16 @@ def plan_table(plan: Plan, resolved: Resolved) -> str:
     rows = []
     for i, g in enumerate(plan.groups):
         spec = g.spec
-        per_req = spec.max_memory_usage_bytes(engine)
+        pages = sorted({g.layer_spec(n).page_size_bytes for n in g.layer_names}) or \
+            [spec.page_size_bytes]
         rows.append([i, spec_kind_name(spec), len(g.layer_names), spec.block_size,
-                     human_bytes(spec.page_size_bytes), g.padding_slots,
-                     human_bytes(per_req)])
+                     " / ".join(human_bytes(p) for p in pages), g.padding_slots,
+                     f"{group_blocks_per_request(engine, g):,}"])
     lines = [
         f"{len(plan.specs)} layers, {len(plan.groups)} group(s), layout {engine.layout.name}, "
         f"{len(plan.stages)} pipeline stage(s)",
-        _table(["group", "kind", "layers", "block", "page", "pad slots", "per request"], rows),
+        _table(["group", "kind", "layers", "block", "layer page", "pad slots",
+                "blocks/request"], rows),
         f"memory per rank:      {human_bytes(resolved.available)}",
         f"bytes per block:      {human_bytes(st0.bytes_per_block)} ({st0.bytes_per_block} B)",
         f"blocks:               {resolved.num_blocks:,}"

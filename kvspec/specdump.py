@@ -157,7 +157,14 @@ def read_dump(data: dict[str, Any]) -> tuple[Engine, list[dict[str, LayerSpec]]]
 
 def load_dump(path: str | Path) -> dict[str, Any]:
     try:
-        return json.loads(Path(path).read_text())
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SourceError("no such file", file=str(path),
+                          hint="give the path of a per-layer spec dump (JSON)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SourceError(f"cannot read the dump: {exc}", file=str(path)) from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise SourceError(f"not valid JSON: {exc.msg}", file=str(path), line=exc.lineno,
                           column=exc.colno) from exc

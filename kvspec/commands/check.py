@@ -80,6 +80,16 @@ def _source_for(artifact: Path) -> Path | None:
     return None
 
 
+def _is_layout_source(path: Path) -> bool:
+    """A YAML file in a directory is a layout source when it declares ``kvspec:``
+    (other YAML, e.g. ``.pre-commit-config.yaml``, is not ours to check)."""
+    try:
+        head = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("kvspec:") for line in head.splitlines())
+
+
 def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
     """``(source, artifact)`` pairs named by files or found in directories."""
     pairs: dict[Path, Path | None] = {}
@@ -87,7 +97,8 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
         path = Path(raw)
         if path.is_dir():
             for source in sorted(p for p in path.iterdir()
-                                 if p.is_file() and p.name.endswith(_SOURCE_SUFFIXES)):
+                                 if p.is_file() and p.name.endswith(_SOURCE_SUFFIXES)
+                                 and _is_layout_source(p)):
                 pairs[artifact_path(source)] = source
             for art in sorted(path.glob("*" + _ARTIFACT_SUFFIX)):
                 pairs.setdefault(art, _source_for(art))
@@ -195,6 +206,7 @@ def command(paths: tuple[Path, ...], do_fix: bool, verbose: bool) -> None:
     raise StaleArtifactError(
         f"{len(bad)} of {len(findings)} artifact(s) not current: {summary}",
         file=", ".join(str(p) for p in paths) or "layouts",
-        hint="run `kvspec check --fix` (or `kvspec compile SOURCE`) and commit the result"
+        hint=f"run `{' '.join(['kvspec check --fix', *map(str, paths)])}` (or `kvspec "
+        "compile SOURCE`) and commit the result"
         if fixable else "delete orphaned artifacts or restore their sources; fix sources "
         "that do not compile")

@@ -583,7 +583,7 @@ def family_of(config: Mapping[str, Any]) -> str:
             return family
     found = f"model_type {model_type!r}, architectures {list(architectures)!r}"
     raise UnsupportedModelError(
-        f"unsupported model ({found}); kvspec can import these families: {_supported_names()}"
+        f"unsupported model ({found}); kvspec init supports these families: {_supported_names()}"
     )
 
 

@@ -151,7 +151,8 @@ def min_blocks_to_serve(plan: Plan) -> int:
     need = 1
     for st in plan.stages:
         if st.groups:
-            usage = memory_usage(plan.engine, list(st.groups))
+            # a drafter's own pool is a fixed cost, outside the block-scaled pool
+            usage = memory_usage(plan.engine, list(st.groups)) - st.fixed_bytes
             need = max(need, -(-usage // st.bytes_per_block) + 1)
     return need
 
