@@ -17,7 +17,7 @@ def test_compile_writes_artifact_and_summary(tmp_path: Path) -> None:
     assert code == 0, stderr
     assert "32 layers in 1 group(s), layout LBNHC" in stdout
     assert "bytes per block: 2.00 MiB (2097152 B)" in stdout
-    assert "for 40.00 GiB: 20480 blocks, 327,680 tokens" in stdout
+    assert "for 40.00 GiB: 20,480 blocks, 327,680 tokens" in stdout
     art = Artifact.read(out)
     assert art.body["budget"]["num_blocks"] == 20480
 

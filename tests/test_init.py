@@ -149,7 +149,7 @@ def test_unknown_architecture_names_the_supported_families(tmp_path: Path) -> No
     assert (code, stdout) == (1, "")
     first = stderr.splitlines()[0]
     assert first.startswith(f"{config}: error: unsupported model (model_type 'falcon', "
-                            "architectures ['FalconForCausalLM']); kvspec can import these "
+                            "architectures ['FalconForCausalLM']); kvspec init supports these "
                             "families: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, gpt-oss, "
                             "Llama 4, DeepSeek V2, DeepSeek V3, Jamba, Qwen3-Next, Nemotron-H")
     assert "hint: write the source by hand" in stderr
@@ -175,7 +175,7 @@ def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     assert isinstance(result.exception, UsageError)
     assert out.read_text() == "mine"
     code, _, stderr = invoke(["init", "--from-hf", str(DATA / "qwen3-8b.json"), "-o", str(out)])
-    assert code == 2 and stderr == (f"<input>: error: {out} exists\n"
+    assert code == 2 and stderr == (f"kvspec: error: {out} exists\n"
                                     "  hint: pass --force to overwrite it\n")
     result = init("--from-hf", str(DATA / "qwen3-8b.json"), "-o", str(out), "--force")
     assert result.exit_code == 0 and out.read_text().startswith(SCHEMA_LINE)
