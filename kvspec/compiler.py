@@ -282,6 +282,29 @@ def _safe_width(spec: Any, engine: Any) -> int | None:
         return None
 
 
+def _quant_entry(spec: Any, layer: Any, source: Source) -> dict[str, Any]:
+    """The layer's quantization mode and the addressable parts of its cells."""
+    from kvspec import quantization
+    from kvspec.source.expand import layer_cache_dtype
+    from kvspec.spec import MLA, SlidingWindowMLA
+
+    if not isinstance(spec, Attention) or layer is None:
+        return {"kv_cache_dtype": None, "cell_parts": None, "per_tensor_scales": False}
+    cache = layer_cache_dtype(layer, source)
+    mla = isinstance(spec, (MLA, SlidingWindowMLA))
+    try:
+        parts = quantization.cell_parts(
+            cache, kind="mla" if mla else "attention", dtype=spec.dtype,
+            head_size=spec.head_size, head_size_v=spec.head_size_v or 0,
+            cell_bytes=spec.state_content_size_bytes)
+        per_tensor = quantization.format_for(cache).per_tensor_scales
+    except KvspecError:
+        parts, per_tensor = None, False
+    return {"kv_cache_dtype": cache,
+            "cell_parts": [p.as_dict() for p in parts] if parts else None,
+            "per_tensor_scales": per_tensor}
+
+
 def _needs_zeroing(groups: list) -> bool:
     """State layers read before fully written, or mixed precision: zero new blocks."""
     specs = [s for g in groups for s in layer_specs(g.spec)]
@@ -307,9 +330,12 @@ def artifact_body(unit: Unit) -> dict[str, Any]:
     groups = [_group_entry(i, g, engine, st0) for i, g in enumerate(plan.groups)]
     layers = {}
     group_of = {n: i for i, g in enumerate(plan.groups) for n in g.layer_names}
+    expanded = {layer.name: layer for layer in ex.layers}
     for st in plan.stages:
         for name, spec in ((n, s) for n, s in plan.specs.items() if n in st.layer_names):
-            layers[name] = {"group": group_of.get(name), "stage": st.index, "spec": spec.describe()}
+            layers[name] = {"group": group_of.get(name), "stage": st.index,
+                            "spec": spec.describe(),
+                            **_quant_entry(spec, expanded.get(name), source)}
     stages = []
     for st in plan.stages:
         stage_groups = list(st.groups)

@@ -1024,3 +1024,76 @@ def is_mixed_precision(quants: Iterable[LayerQuant]) -> bool:
     reinterpreted under another precision: new blocks must be zeroed.
     """
     return len({(q.dtype, q.mode) for q in quants}) > 1
+
+
+# ---------------------------------------------------------------------------
+# addressable parts of a cell (for the runtime's per-part views)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CellPart:
+    """One addressable run inside a (head slot, state) cell.
+
+    ``count`` elements of ``dtype`` starting ``byte_offset`` bytes into the cell;
+    the runtime views it as ``(B, H, N, count)`` without a copy.
+    """
+
+    name: str
+    dtype: str
+    byte_offset: int
+    count: int
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "dtype": self.dtype, "byte_offset": self.byte_offset,
+                "count": self.count}
+
+
+def cell_parts(kv_cache_dtype: str, *, kind: str, dtype: str, head_size: int,
+               head_size_v: int, cell_bytes: int) -> tuple[CellPart, ...] | None:
+    """The parts of one cell, in cell order, or None when the format is opaque
+    (nvfp4, turboquant: packed for one backend's kernels only).
+
+    ``kind`` is ``"attention"`` or ``"mla"``; ``dtype`` the storage dtype of the
+    view; ``cell_bytes`` the cell size the plan uses (checked against the parts).
+
+    >>> [p.name for p in cell_parts("int8_per_token_head", kind="attention", dtype="int8",
+    ...                             head_size=128, head_size_v=128, cell_bytes=264)]
+    ['k', 'k_scale', 'v', 'v_scale']
+    """
+    fmt = format_for(kv_cache_dtype)
+    size = DTYPE_SIZES[dtype]
+    parts: list[CellPart]
+    if fmt.mode in (KVQuantMode.NONE, KVQuantMode.FP8_PER_TENSOR) and fmt is not FP8_DS_MLA:
+        if kind == "mla":
+            parts = [CellPart("latent", dtype, 0, head_size)]
+        else:
+            parts = [CellPart("k", dtype, 0, head_size),
+                     CellPart("v", dtype, head_size * size, head_size_v)]
+    elif fmt is FP8_DS_MLA and kind == "mla":
+        if cell_bytes == 656:     # 512 e4m3 NoPE | 4 fp32 tile scales | 64 bf16 RoPE
+            parts = [CellPart("nope", "float8_e4m3fn", 0, 512),
+                     CellPart("scale", "float32", 512, 4),
+                     CellPart("rope", "bfloat16", 528, 64)]
+        elif cell_bytes == head_size + 4 * max(1, head_size // 128):  # indexer: e4m3 | fp32
+            parts = [CellPart("k", "float8_e4m3fn", 0, head_size),
+                     CellPart("scale", "float32", head_size, max(1, head_size // 128))]
+        else:
+            return None
+    elif fmt.mode in (KVQuantMode.INT8_PER_TOKEN_HEAD, KVQuantMode.FP8_PER_TOKEN_HEAD,
+                      KVQuantMode.INT4_PER_TOKEN_HEAD):
+        packed = fmt.mode == KVQuantMode.INT4_PER_TOKEN_HEAD
+        k = head_size // 2 if packed else head_size
+        v = head_size_v // 2 if packed else head_size_v
+        data = "uint8" if packed else dtype
+        item = DTYPE_SIZES[data]
+        parts = [CellPart("k", data, 0, k),
+                 CellPart("k_scale", "float32", k * item, 1),
+                 CellPart("v", data, k * item + 4, v),
+                 CellPart("v_scale", "float32", k * item + 4 + v * item, 1)]
+    else:
+        return None
+    end = max(p.byte_offset + p.count * DTYPE_SIZES[p.dtype] for p in parts)
+    if end != cell_bytes:
+        return None  # an explicit or unusual cell: keep it opaque rather than guess
+    return tuple(parts)

@@ -133,12 +133,27 @@ class EngineSettings(_Closed):
     total_num_hidden_layers: int | None
 
 
+class CellPartEntry(_Closed):
+    """One addressable run inside a layer's cell (a view the loader exposes)."""
+
+    name: str
+    dtype: str
+    byte_offset: int
+    count: int
+
+
 class LayerPlacement(_Closed):
     """Where one layer lives: its group (None: not grouped) and pipeline stage."""
 
     group: int | None
     stage: int
     spec: SpecDescription
+    kv_cache_dtype: str | None = Field(
+        None, description="The layer's quantization mode (None for state layers).")
+    cell_parts: list[CellPartEntry] | None = Field(
+        None, description="Addressable parts of a cell (K, V, scales, ...); None: opaque.")
+    per_tensor_scales: bool = Field(
+        False, description="The layer has per-tensor k/v scale constants outside the cache.")
 
 
 class GroupEntry(_Closed):

@@ -45,10 +45,12 @@ from kvspec.errors import ArtifactError, KvspecError
 from kvspec.layouts import Layout
 from kvspec.runtime import distributed
 from kvspec.runtime.views import (
+    CellParts,
     KVViews,
     LayerMeta,
     LayoutViews,
     build_tensor_views,
+    per_tensor_scales,
 )
 from kvspec.spec import LayerSpec, MambaState, spec_from_dict
 
@@ -82,10 +84,22 @@ class LoadedCache:
     zeroed: bool
     kv: KVViews = field(init=False)
     layouts: LayoutViews = field(init=False)
+    #: ``parts[layer][name]``: K, V, in-cell scales, MLA NoPE/RoPE... of every cell.
+    parts: CellParts = field(init=False)
+    #: ``scales[layer]``: ``{"k_scale", "v_scale"}`` per-tensor constants (fp8 per-tensor
+    #: modes), views of one float32 allocation ``buffers["scales"]``.
+    scales: dict[str, dict[str, torch.Tensor]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.kv = KVViews(self.views, self.metadata)
         self.layouts = LayoutViews(self.views, self.metadata, self.layout)
+        layers = self.artifact.body["layers"]
+        self.parts = CellParts(self.views, {n: layers[n].get("cell_parts")
+                                            for n in self.views if n in layers})
+        scaled = [n for n in self.views if layers.get(n, {}).get("per_tensor_scales")]
+        buf, self.scales = per_tensor_scales(scaled, self.device)
+        if buf is not None:
+            self.buffers["scales"] = buf
 
     def __repr__(self) -> str:
         pools = ", ".join(f"{k}: {v.numel()} B" for k, v in self.buffers.items())
@@ -135,7 +149,8 @@ class LoadedCache:
         """Bytes allocated (0 on meta)."""
         if self.device.type == "meta":
             return 0
-        return sum(b.numel() for k, b in self.buffers.items() if k != "draft")
+        return sum(b.numel() * b.element_size() for k, b in self.buffers.items()
+                   if k != "draft")
 
 
 # ---------------------------------------------------------------------------

@@ -313,3 +313,79 @@ class LayoutViews:
 
 class LayoutMismatch(KvspecError):
     """A kernel convention the artifact's layout does not store without a copy."""
+
+
+# ---------------------------------------------------------------------------
+# cell parts and per-tensor scales (quantized caches)
+# ---------------------------------------------------------------------------
+
+
+def part_view(view: torch.Tensor, part: Mapping[str, Any]) -> torch.Tensor:
+    """One part of every cell of ``view``, in the part's dtype, without a copy::
+
+        view:  (B, H, N, C)            any dtype; the cell is C * itemsize bytes
+        bytes: (B, H, N, C * itemsize) the same memory as int8
+        part:  bytes[..., off : off + count * size].view(part dtype)   # (B, H, N, count)
+
+    e.g. an ``int8_per_token_head`` cell ``[K 128 B | K scale f32 | V 128 B | V scale f32]``
+    gives ``k`` (B, H, N, 128) int8 and ``k_scale`` (B, H, N, 1) float32.
+    """
+    dtype = torch_dtype(str(part["dtype"]))
+    size = torch.empty((), dtype=dtype, device="meta").element_size()
+    raw = view.view(torch.int8)                                  # (B, H, N, C bytes)
+    start = int(part["byte_offset"])
+    piece = raw[..., start:start + int(part["count"]) * size]    # (B, H, N, count*size)
+    try:
+        return piece.view(dtype)                                 # (B, H, N, count)
+    except RuntimeError as exc:
+        raise ArtifactError(
+            f"cell part {part['name']!r} ({part['dtype']} at byte {start} of the cell) is "
+            f"not aligned for a {part['dtype']} view: {exc}",
+            hint="view the raw bytes (views[layer].view(torch.int8)) instead") from None
+
+
+class CellParts(Mapping[str, Mapping[str, torch.Tensor]]):
+    """``cache.parts[layer] -> {part name: view}`` for layers whose artifact entry
+    names the parts of its cells (K, V, in-cell scales, MLA NoPE/RoPE, ...).
+
+    Made on first access and kept; layers with opaque cells (nvfp4, turboquant,
+    state layers) are absent.
+    """
+
+    def __init__(self, views: Mapping[str, torch.Tensor],
+                 parts: Mapping[str, list[Mapping[str, Any]]]):
+        self._views = views
+        self._parts = {n: p for n, p in parts.items() if p and n in views}
+        self._made: dict[str, dict[str, torch.Tensor]] = {}
+
+    def __getitem__(self, name: str) -> dict[str, torch.Tensor]:
+        made = self._made.get(name)
+        if made is None:
+            if name not in self._parts:
+                raise KeyError(f"layer {name!r} has no addressable cell parts")
+            made = self._made[name] = {str(p["name"]): part_view(self._views[name], p)
+                                       for p in self._parts[name]}
+        return made
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._parts
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
+def per_tensor_scales(names: list[str], device: torch.device) -> tuple[torch.Tensor | None,
+                                                                       dict[str, dict[str, torch.Tensor]]]:
+    """One float32 allocation ``(layers, 2)`` of per-tensor K/V scale constants,
+    set to 1.0 (the engine's default until calibrated scales are loaded), and
+    each layer's ``{"k_scale": (), "v_scale": ()}`` views of it."""
+    if not names:
+        return None, {}
+    if device.type == "meta":
+        buf = torch.empty((len(names), 2), dtype=torch.float32, device=device)
+    else:
+        buf = torch.ones((len(names), 2), dtype=torch.float32, device=device)
+    return buf, {n: {"k_scale": buf[i, 0], "v_scale": buf[i, 1]} for i, n in enumerate(names)}

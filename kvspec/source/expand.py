@@ -238,16 +238,22 @@ def layer_to_spec(layer: ExpandedLayer, engine: Engine, source: Source,
                             path, expected=f"a divisor of {tp}", found=str(heads))
         heads = max(1, heads // tp)
     dump["num_kv_heads"] = heads
-    cache = f.get("kv_cache_dtype")
-    if cache is None:
-        skipped = layer.index is not None and layer.index in source.quantization.skip_layers
-        cache = "auto" if skipped else source.quantization.kv_cache_dtype
+    cache = layer_cache_dtype(layer, source)
     dump["cache_dtype_str"] = cache
     dump["dtype"] = model_dtype
     dump["head_size"] = f["head_size"]
     if cache != "auto" and f.get("state_content_bytes") is None:
         _apply_quant(dump, f, kind, cache, engine, doc, path)
     return _dump_spec(dump, engine)
+
+
+def layer_cache_dtype(layer: ExpandedLayer, source: Source) -> str:
+    """The layer's quantization mode: its own, ``auto`` when skipped, else the source's."""
+    cache = layer.fields.get("kv_cache_dtype")
+    if cache is None:
+        skipped = layer.index is not None and layer.index in source.quantization.skip_layers
+        cache = "auto" if skipped else source.quantization.kv_cache_dtype
+    return cache
 
 
 def _apply_quant(dump: dict, f: dict, kind: str, cache: str, engine: Engine,
