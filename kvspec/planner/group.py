@@ -326,8 +326,16 @@ def _group_packed(engine: Engine, specs: dict[str, LayerSpec]) -> list[Group] | 
             groups.append(Group(tuple(n_ for n_, _ in u.members), u))
             continue
         pattern = list(zip(*by_page.values()))
-        for i in range(n):
-            names = [name for rep in pattern[i::n] for name in rep]
+        split = [[name for rep in pattern[i::n] for name in rep] for i in range(n)]
+        if any(not names for names in split) or sum(map(len, split)) != len(u.members):
+            raise PlanError(
+                f"cannot pack {len(u.members)} {u.first.kind} layers into {n} equal groups "
+                f"of a block-outermost layout (pages of {sorted(by_page)} bytes in counts "
+                f"{[len(v) for v in by_page.values()]})",
+                path="engine.layout",
+                hint="use a layer-compact layout (LBNHC), or give the layers of one kind "
+                     "one page size")
+        for names in split:
             sub = UniformType.of({name: u.specs[name] for name in names})
             assert sub is not None
             groups.append(Group(tuple(names), sub))

@@ -134,8 +134,12 @@ def place(engine: Engine, groups: list) -> list[Tensor]:
     for g in groups:
         by_spec: dict[LayerSpec, list[str]] = {}
         if isinstance(g.spec, UniformType):
+            # A stage that owns none of a group's layers keeps the global spec
+            # (as the reference projects it); place only this stage's layers.
+            owned = set(g.layer_names)
             for name, spec in g.spec.members:
-                by_spec.setdefault(spec, []).append(name)
+                if name in owned:
+                    by_spec.setdefault(spec, []).append(name)
         elif g.layer_names:
             by_spec[g.spec] = list(g.layer_names)
         byte_offset = 0

@@ -87,6 +87,14 @@ def plan_layers(engine: Engine, stage_specs: list[dict[str, LayerSpec]],
                   if isinstance(s, SlidingWindow) else s for n, s in merged.items()}
 
     groups = group_layers(engine, dict(merged), log)
+    for g in groups:
+        try:
+            g.spec.max_memory_usage_bytes(engine)
+        except ValueError as exc:  # e.g. sliding windows under decode-context parallelism
+            raise PlanError(f"group of {g.layer_names[0]}...: {exc}",
+                            path="parallel.decode_context",
+                            hint="decode-context parallelism shards full attention only; "
+                                 "set parallel.decode_context: 1 for this model") from exc
     stages = []
     for index, stage in enumerate(stage_specs):
         projected = project_groups(groups, stage) if len(stage_specs) > 1 else list(groups)
