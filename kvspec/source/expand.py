@@ -36,6 +36,9 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 
 _ATTN_COMMON = ("num_kv_heads", "head_size", "dtype")
 
+#: More layers than any model has: a typo in a repeat count, not a model.
+MAX_LAYERS = 100_000
+
 #: A pattern item for a decoder layer that holds no cache: it only takes an index.
 SKIP = "-"
 
@@ -75,8 +78,18 @@ def expand_layers(source: Source, doc: Document) -> tuple[list[ExpandedLayer], l
     layers: list[ExpandedLayer] = []
     errors: list[KvspecError] = []
     index = 0
+    total = 0
     for e, entry in enumerate(source.layers):
         base_path: tuple[str | int, ...] = ("layers", e)
+        per_repeat = sum(len(item.split("+")) for item in entry.pattern) \
+            if isinstance(entry, PatternEntry) else 1
+        total += entry.repeat * per_repeat
+        if total > MAX_LAYERS:
+            errors.append(doc.error(
+                f"the model would have more than {MAX_LAYERS:,} layers", base_path + ("repeat",),
+                expected=f"at most {MAX_LAYERS:,} layers in all", found=f"{total:,} so far",
+                hint="check the repeat counts"))
+            break
         if entry.index is not None:
             index = entry.index
         if isinstance(entry, PatternEntry):

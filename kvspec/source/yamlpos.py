@@ -62,8 +62,16 @@ class Document:
                    path=format_path(path), **kw)
 
 
-def _walk(node: yaml.Node, path: Path_, doc: Document, file: str) -> None:
+def _walk(node: yaml.Node, path: Path_, doc: Document, file: str,
+          seen_nodes: set[int] | None = None) -> None:
     doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    # An alias repeats a node already walked: do not descend again (a document of
+    # nested aliases would otherwise take exponential time).
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        if id(node) in seen_nodes:
+            return
+        seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
@@ -77,10 +85,10 @@ def _walk(node: yaml.Node, path: Path_, doc: Document, file: str) -> None:
             seen[key] = key_node.start_mark.line + 1
             doc.key_positions[path + (key,)] = (key_node.start_mark.line + 1,
                                                 key_node.start_mark.column + 1)
-            _walk(value_node, path + (key,), doc, file)
+            _walk(value_node, path + (key,), doc, file, seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _walk(item, path + (i,), doc, file)
+            _walk(item, path + (i,), doc, file, seen_nodes)
 
 
 def parse_yaml(text: str, file: str = "<input>") -> Document:
