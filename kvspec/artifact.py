@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,9 @@ from typing import Any
 from kvspec import __version__
 from kvspec.affine import Affine
 from kvspec.errors import ArtifactError, PlanError
+from kvspec.files import read_json, write_atomic
+
+__all__ = ["FORMAT", "Artifact", "canonical_json", "freeze", "sha256_text", "write_atomic"]
 
 FORMAT = "kvspec.layout/1"
 
@@ -49,24 +50,6 @@ def freeze(body: dict[str, Any], *, source_sha256: str) -> dict[str, Any]:
         "body_sha256": sha256_text(canonical_json(body)),
         "body": body,
     }
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader never sees a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        # mkstemp creates 0600; give the file the mode a plain open() would
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True)
@@ -97,16 +80,8 @@ class Artifact:
 
     @classmethod
     def read(cls, path: str | Path) -> Artifact:
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ArtifactError(f"cannot read artifact: {exc.strerror}", file=str(path)) from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"not valid JSON: {exc.msg}", file=str(path),
-                                line=exc.lineno, column=exc.colno) from exc
+        data = read_json(path, what="an artifact", error=ArtifactError,
+                         hint="compile a source with `kvspec compile model.yaml`")
         return cls.from_dict(data, origin=str(path))
 
     # -- writing ------------------------------------------------------------

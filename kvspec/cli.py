@@ -13,22 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import click
-from pydantic import ByteSize, TypeAdapter, ValidationError
 
 from kvspec import __version__
 from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError, UsageError
 
-_BYTES = TypeAdapter(ByteSize)
-
-
 def parse_bytes(text: str, *, option: str = "--memory") -> int:
-    """``40GiB``, ``40 GB``, ``42949672960`` -> bytes."""
-    try:
-        return int(_BYTES.validate_python(text.strip()))
-    except ValidationError:
-        raise UsageError(f"{option}: cannot read {text!r} as a size",
-                         expected="bytes or a size like 40GiB, 512MiB, 80GB",
-                         found=text) from None
+    """``40GiB``, ``40 GB``, ``42949672960`` -> bytes (a usage error otherwise)."""
+    from kvspec.files import parse_size
+    return parse_size(text, what=option, error=UsageError)
 
 
 def parse_memory_range(text: str) -> list[int]:
@@ -158,7 +150,7 @@ def plan(source: Path, memory: str | None, num_blocks: int | None, as_json: bool
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 def import_(dump: Path, output: Path | None, force: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
-    from kvspec.artifact import write_atomic
+    from kvspec.files import write_atomic
     from kvspec.compiler import compile_source
     from kvspec.importer import dump_to_yaml
     from kvspec.specdump import load_dump

@@ -33,7 +33,6 @@ from kvspec.source.yamlpos import Document, format_path, parse_yaml
 from kvspec.spec import (
     Attention,
     MambaState,
-    UniformType,
     layer_specs,
     spec_kind_name,
 )
@@ -219,15 +218,9 @@ def compile_source(text: str, file: str = "<input>", *, memory: int | None = Non
 
 
 def read_source(path: str | Path) -> str:
-    path = Path(path)
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SourceError("no such file", file=str(path),
-                          hint="give the path of a layout source, e.g. layouts/llama-3.1-8b.yaml"
-                          ) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"cannot read the source: {exc}", file=str(path)) from None
+    from kvspec.files import read_text
+    return read_text(path, what="the source",
+                     hint="give the path of a layout source, e.g. layouts/llama-3.1-8b.yaml")
 
 
 def compile(path: str | Path, *, memory: int | None = None) -> Artifact:  # noqa: A001

@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 
 from kvspec.errors import SourceError
-from kvspec.planner.stages import layer_index
 from kvspec.source.expand import SKIP
 from kvspec.specdump import KINDS
 

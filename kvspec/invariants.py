@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.affine import Affine
 from kvspec.artifact import Artifact
 from kvspec.layouts import Layout
 from kvspec.planner.place import view_geometry

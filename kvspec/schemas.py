@@ -31,7 +31,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvspec.artifact import FORMAT, write_atomic
+from kvspec.artifact import FORMAT
+from kvspec.files import write_atomic
 from kvspec.errors import ArtifactError, KvspecError
 from kvspec.source.model import LayoutName, Source
 

@@ -7,7 +7,6 @@ directly (conformance) and to import a deployment into a source file.
 
 from __future__ import annotations
 
-import json
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -156,15 +155,6 @@ def read_dump(data: dict[str, Any]) -> tuple[Engine, list[dict[str, LayerSpec]]]
 
 
 def load_dump(path: str | Path) -> dict[str, Any]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SourceError("no such file", file=str(path),
-                          hint="give the path of a per-layer spec dump (JSON)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"cannot read the dump: {exc}", file=str(path)) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SourceError(f"not valid JSON: {exc.msg}", file=str(path), line=exc.lineno,
-                          column=exc.colno) from exc
+    from kvspec.files import read_json
+    return read_json(path, what="the dump",
+                     hint="give the path of a per-layer spec dump (JSON)")

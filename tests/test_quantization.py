@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from enum import IntEnum
 from fractions import Fraction
 from pathlib import Path
 

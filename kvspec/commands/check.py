@@ -28,7 +28,8 @@ from typing import Literal
 import click
 
 from kvspec import __version__
-from kvspec.artifact import sha256_text, write_atomic
+from kvspec.artifact import sha256_text
+from kvspec.files import write_atomic
 from kvspec.errors import ArtifactError, KvspecError, UsageError
 
 Status = Literal["current", "stale", "missing", "orphaned", "invalid", "fixed"]

@@ -20,7 +20,7 @@ FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "
 def command(layout: Path, memory: str | None, fmt: str | None, output: Path | None) -> None:
     """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
     padding, pools, capacity for a budget, waste by cause and warnings."""
-    from kvspec.artifact import write_atomic
+    from kvspec.files import write_atomic
     from kvspec.cli import parse_bytes
     from kvspec.explain import explain, render
 

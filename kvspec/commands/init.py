@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
+from kvspec.files import read_json
 from kvspec.errors import KvspecError, UsageError
 
 
@@ -25,18 +25,8 @@ def _max_model_len(text: str | None) -> int | str | None:
 
 def read_config(path: Path) -> dict:
     """A parsed ``config.json``, with errors placed at the file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise KvspecError("no such file", file=str(path),
-                          hint="give the model's Hugging Face config.json") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KvspecError(f"cannot read config.json: {exc}", file=str(path)) from None
-    try:
-        data = json.loads(text)  # accepts Infinity/NaN, as the Hub files use them
-    except json.JSONDecodeError as exc:
-        raise KvspecError(f"not valid JSON: {exc.msg}", file=str(path), line=exc.lineno,
-                          column=exc.colno) from None
+    data = read_json(path, what="config.json", error=KvspecError,
+                     hint="give the model's Hugging Face config.json")
     if not isinstance(data, dict):
         raise KvspecError("config.json must hold a JSON object", file=str(path),
                           found=type(data).__name__)
@@ -89,7 +79,7 @@ def command(config_path: Path, tp: int, pp: int, max_model_len: str | None,
     gpt-oss, Llama 4, DeepSeek V2/V3, Jamba, Qwen3-Next, Nemotron-H. The
     result compiles; review it before committing it.
     """
-    from kvspec.artifact import write_atomic
+    from kvspec.files import write_atomic
     from kvspec.cli import parse_bytes
     from kvspec.hf.init import InitOptions, init_source
 

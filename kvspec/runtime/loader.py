@@ -44,6 +44,7 @@ from kvspec.artifact import Artifact
 from kvspec.errors import ArtifactError, KvspecError
 from kvspec.layouts import Layout
 from kvspec.runtime import distributed
+from kvspec.files import parse_size
 from kvspec.runtime.views import (
     CellParts,
     KVViews,
@@ -259,15 +260,7 @@ def _device(device: Any) -> torch.device:
 
 
 def _bytes(memory: int | str) -> int:
-    if isinstance(memory, int):
-        return memory
-    from pydantic import ByteSize, TypeAdapter, ValidationError
-
-    try:
-        return int(TypeAdapter(ByteSize).validate_python(memory))
-    except ValidationError as exc:
-        raise LoadError(f"not a memory size: {memory!r}", expected="bytes or e.g. '40GiB'",
-                        found=repr(memory)) from exc
+    return parse_size(memory, what="memory", error=LoadError)
 
 
 def free_memory(device: torch.device) -> int:
