@@ -24,16 +24,31 @@ def human_bytes(n: float) -> str:
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
     cells = [headers] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    last = len(headers) - 1
+
+    def cell(i: int, c: str, w: int) -> str:
+        # the first column and a trailing text column read left to right; numbers align right
+        left = i == 0 or (i == last and not c[:1].isdigit())
+        return c.ljust(w) if left else c.rjust(w)
+
+    lines = ["  ".join(cell(i, c, w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def _layers_brief(names: list[str]) -> str:
-    if len(names) <= 2:
-        return ", ".join(names)
-    return f"{names[0]} ... {names[-1]} ({len(names)})"
+    """``model.layers.{0..40 step 2}.self_attn.attn`` rather than 21 names."""
+    from kvspec.explain import compact_layers
+    return ", ".join(compact_layers(names))
+
+
+def _layer_pages(group: dict[str, Any]) -> list[int]:
+    """The distinct per-layer page sizes of an artifact group."""
+    members = group["spec"].get("kv_cache_specs")
+    if members:
+        return sorted({m["page_size_bytes"] for m in members.values()})
+    return [group["page_size_bytes"]]
 
 
 def summary(artifact: Artifact) -> str:
@@ -42,12 +57,13 @@ def summary(artifact: Artifact) -> str:
     eng = body["engine"]
     st0 = body["stages"][0]
     rows = [[g["id"], g["kind"], len(g["layers"]), g["block_size"],
-             human_bytes(g["page_size_bytes"]), g["padding_slots"],
+             " / ".join(human_bytes(p) for p in _layer_pages(g)), g["padding_slots"],
              _layers_brief(g["layers"])] for g in body["groups"]]
     out = [f"{body['name']}: {len(body['layers'])} layers in {len(body['groups'])} group(s), "
            f"layout {eng['layout']}, block_size {eng['block_size']}, "
            f"max_model_len {eng['max_model_len']}",
-           _table(["group", "kind", "layers", "block", "page", "pad slots", "members"], rows),
+           _table(["group", "kind", "layers", "block", "layer page", "pad slots", "members"],
+                  rows),
            f"bytes per block: {human_bytes(st0['bytes_per_block'])} "
            f"({st0['bytes_per_block']} B)"
            + (f" + fixed {human_bytes(st0['fixed_bytes'])}" if st0["fixed_bytes"] else ""),
