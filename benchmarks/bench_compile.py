@@ -29,9 +29,9 @@ def cold_cli(runs: int = 7) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(runs):
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "kvspec.cli", "compile", "-q",
+            subprocess.run([sys.executable, "-m", "kvspec.cli", "compile",
                             "layouts/llama-3.1-8b.yaml", "-o", f"{tmp}/out.json"],
-                           check=True, cwd=ROOT)
+                           check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
             times.append(time.perf_counter() - t)
     return times
 
