@@ -101,6 +101,10 @@ def plan_table(plan: Plan, resolved: Resolved) -> str:
         _table(["group", "kind", "layers", "block", "layer page", "pad slots",
                 "blocks/request"], rows),
         f"memory per rank:      {human_bytes(resolved.available)}",
+        f"one request:          {human_bytes(resolved.stages[0].memory_usage)} at "
+        f"{engine.max_model_len:,} tokens ("
+        f"{sum(group_blocks_per_request(engine, g) for g in st0.groups if not g.own_pool):,} "
+        "blocks + the null block)",
         f"bytes per block:      {human_bytes(st0.bytes_per_block)} ({st0.bytes_per_block} B)",
         f"blocks:               {resolved.num_blocks:,}"
         + (f" (+ drafter pool {st0.draft_num_blocks:,})" if st0.draft_num_blocks else ""),
