@@ -150,7 +150,7 @@ def plan(source: Path, memory: str | None, num_blocks: int | None, as_json: bool
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 def import_(dump: Path, output: Path | None, force: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
-    from kvspec.files import write_atomic
+    from kvspec.files import emit, refuse_overwrite
     from kvspec.compiler import compile_source
     from kvspec.importer import dump_to_yaml
     from kvspec.specdump import load_dump
@@ -165,13 +165,8 @@ def import_(dump: Path, output: Path | None, force: bool) -> None:
                           file=str(dump), hint="see docs/format.md, 'Importing a deployment'"
                           ) from None
     compile_source(text, str(output or "<imported>"))  # what we write must compile
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    if output.exists() and not force:
-        raise UsageError(f"{output} exists", hint="pass --force to overwrite it")
-    write_atomic(output, text)
-    click.echo(f"wrote {output}", err=True)
+    refuse_overwrite(output, force)
+    emit(text, output)
 
 
 def _file_location(path: Path):

@@ -78,3 +78,23 @@ def parse_size(value: int | str, *, what: str = "memory",
         raise error(f"{what}: cannot read {value!r} as a size",
                     expected="bytes or a size like 40GiB, 512MiB, 80GB",
                     found=str(value)) from None
+
+
+def refuse_overwrite(output: str | Path | None, force: bool) -> None:
+    """A usage error when ``output`` exists and ``--force`` was not given."""
+    from kvspec.errors import UsageError
+
+    if output is not None and Path(output).exists() and not force:
+        raise UsageError(f"{output} exists", hint="pass --force to overwrite it")
+
+
+def emit(text: str, output: str | Path | None) -> None:
+    """A command's result: to stdout, or written atomically to ``output``
+    (saying so on stderr, so stdout stays clean for pipes)."""
+    import click
+
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    write_atomic(output, text)
+    click.echo(f"wrote {output}", err=True)

@@ -20,7 +20,7 @@ FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "
 def command(layout: Path, memory: str | None, fmt: str | None, output: Path | None) -> None:
     """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
     padding, pools, capacity for a budget, waste by cause and warnings."""
-    from kvspec.files import write_atomic
+    from kvspec.files import emit
     from kvspec.cli import parse_bytes
     from kvspec.explain import explain, render
 
@@ -28,8 +28,4 @@ def command(layout: Path, memory: str | None, fmt: str | None, output: Path | No
         fmt = FORMAT_BY_SUFFIX.get(output.suffix.lower(), "text") if output else "text"
     report = explain(layout, memory=parse_bytes(memory) if memory else None)
     text = render(report, fmt)
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    write_atomic(output, text)
-    click.echo(f"wrote {output}", err=True)
+    emit(text, output)

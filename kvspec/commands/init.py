@@ -79,12 +79,11 @@ def command(config_path: Path, tp: int, pp: int, max_model_len: str | None,
     gpt-oss, Llama 4, DeepSeek V2/V3, Jamba, Qwen3-Next, Nemotron-H. The
     result compiles; review it before committing it.
     """
-    from kvspec.files import write_atomic
+    from kvspec.files import emit, refuse_overwrite
     from kvspec.cli import parse_bytes
     from kvspec.hf.init import InitOptions, init_source
 
-    if output is not None and output.exists() and not force:
-        raise UsageError(f"{output} exists", hint="pass --force to overwrite it")
+    refuse_overwrite(output, force)
     config = read_config(config_path)
     options = InitOptions(
         name=name or _default_name(config_path, output, config),
@@ -93,8 +92,4 @@ def command(config_path: Path, tp: int, pp: int, max_model_len: str | None,
         dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=str(config_path))
     text = init_source(config, options)
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    write_atomic(output, text)
-    click.echo(f"wrote {output}", err=True)
+    emit(text, output)
