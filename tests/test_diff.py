@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -35,12 +36,25 @@ def _variant(tmp_path: Path, source: Path | str, old: str, new: str, name: str) 
     return out
 
 
-def diff(runner, *args):
-    return runner.invoke(cli, ["diff", *map(str, args)])
+@dataclass(frozen=True)
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
 
 
-def test_identical_source_and_artifact(runner) -> None:
-    res = diff(runner, LLAMA, LLAMA_ART)
+def diff(*args) -> Run:
+    """``kvspec diff ARGS`` through ``kvspec.cli.main``, which turns the command's
+    code (1: the plans differ) into the exit status, as CI runs it."""
+    return Run(*invoke(["diff", *map(str, args)]))
+
+
+def test_identical_source_and_artifact() -> None:
+    res = diff(LLAMA, LLAMA_ART)
     assert res.exit_code == 0, res.output
     assert res.stdout.splitlines() == [
         "a: layouts/llama-3.1-8b.yaml (source, llama-3.1-8b)",
@@ -52,18 +66,18 @@ def test_identical_source_and_artifact(runner) -> None:
     ]
 
 
-def test_same_plan_other_budget_is_identical(runner, tmp_path) -> None:
+def test_same_plan_other_budget_is_identical(tmp_path) -> None:
     """An artifact compiled for another budget is the same plan."""
     other = _variant(tmp_path, LLAMA, "memory: 40GiB", "memory: 80GiB", "llama-80.yaml")
-    res = diff(runner, LLAMA, other)
+    res = diff(LLAMA, other)
     assert res.exit_code == 0
     assert res.stdout.splitlines()[-1] == "the plans are identical"
 
 
-def test_quantized_kv_cache(runner, tmp_path) -> None:
+def test_quantized_kv_cache(tmp_path) -> None:
     fp8 = _variant(tmp_path, LLAMA, "defaults:", "quantization: {kv_cache_dtype: fp8}\ndefaults:",
                    "llama-fp8.yaml")
-    res = diff(runner, LLAMA, fp8)
+    res = diff(LLAMA, fp8)
     assert res.exit_code == 1
     assert res.stdout.splitlines()[2:] == [
         "",
@@ -102,20 +116,20 @@ def test_differ_exits_1_without_an_error_message(tmp_path) -> None:
     assert (code, err) == (0, "")
 
 
-def test_memory_option_sets_the_budget(runner, tmp_path) -> None:
+def test_memory_option_sets_the_budget(tmp_path) -> None:
     fp8 = _variant(tmp_path, LLAMA, "defaults:", "quantization: {kv_cache_dtype: fp8}\ndefaults:",
                    "llama-fp8.yaml")
-    res = diff(runner, LLAMA_ART, fp8, "--memory", "80GiB")
+    res = diff(LLAMA_ART, fp8, "--memory", "80GiB")
     assert res.exit_code == 1
     lines = res.stdout.splitlines()
     assert "capacity at 80.00 GiB per rank" in lines
     assert "  KV tokens: 655,360 -> 1,310,720 (+100.0%)" in lines
 
 
-def test_hybrid_off_merges_groups(runner, gemma, tmp_path) -> None:
+def test_hybrid_off_merges_groups(gemma, tmp_path) -> None:
     off = _variant(tmp_path, gemma, "  memory: 40GiB", "  memory: 40GiB\n  hybrid: false",
                    "gemma-off.yaml")
-    res = diff(runner, gemma, off)
+    res = diff(gemma, off)
     assert res.exit_code == 1
     lines = res.stdout.splitlines()
     for line in (
@@ -131,9 +145,9 @@ def test_hybrid_off_merges_groups(runner, gemma, tmp_path) -> None:
         assert line in lines, line
 
 
-def test_block_size_change(runner, gemma, tmp_path) -> None:
+def test_block_size_change(gemma, tmp_path) -> None:
     b32 = _variant(tmp_path, gemma, "block_size: 16", "block_size: 32", "gemma-b32.yaml")
-    res = diff(runner, gemma, b32, "--format", "json")
+    res = diff(gemma, b32, "--format", "json")
     assert res.exit_code == 1
     data = json.loads(res.stdout)
     assert data["identical"] is False
@@ -146,7 +160,7 @@ def test_block_size_change(runner, gemma, tmp_path) -> None:
     assert data["capacity"]["b"]["num_blocks"] == 7801
 
 
-def test_groups_added_and_removed(runner, gemma, tmp_path) -> None:
+def test_groups_added_and_removed(gemma, tmp_path) -> None:
     """Adding state layers adds groups; the artifact side can be mixed with a source."""
     text = gemma.read_text()
     text = text.replace("  full: {kind: full_attention}",
@@ -157,23 +171,23 @@ def test_groups_added_and_removed(runner, gemma, tmp_path) -> None:
                         "- {repeat: 21, pattern: [sliding, full]}\n- {pattern: [ssm, ssm]}")
     hybrid = tmp_path / "gemma-ssm.yaml"
     hybrid.write_text(text)
-    res = diff(runner, gemma, hybrid, "--format", "json")
+    res = diff(gemma, hybrid, "--format", "json")
     assert res.exit_code == 1, res.output
     data = json.loads(res.stdout)
     assert data["layers"]["added"] == ["model.layers.{42,43}.self_attn.attn"]
     assert "added" in {g["status"] for g in data["groups"]}
 
 
-def test_markdown(runner, gemma, tmp_path) -> None:
+def test_markdown(gemma, tmp_path) -> None:
     off = _variant(tmp_path, gemma, "  memory: 40GiB", "  memory: 40GiB\n  hybrid: false",
                    "gemma-off.yaml")
-    res = diff(runner, gemma, off, "--format", "md")
+    res = diff(gemma, off, "--format", "md")
     assert res.exit_code == 1
     lines = res.stdout.splitlines()
     assert lines[0] == "### kvspec diff: the plans differ (7 changes)"
     assert "| engine | `hybrid` | true | false |  |" in lines
     assert "| blocks | bytes per block | 2.62 MiB | 5.25 MiB | +100.0% |" in lines
-    same = diff(runner, LLAMA, LLAMA_ART, "--format", "md")
+    same = diff(LLAMA, LLAMA_ART, "--format", "md")
     assert same.exit_code == 0
     assert same.stdout.splitlines()[0] == "### kvspec diff: identical plans"
 
@@ -190,6 +204,25 @@ def test_errors_exit_2() -> None:
     assert code == 2
 
 
+def test_corrupt_artifact_exits_2(tmp_path) -> None:
+    """An artifact that fails verification on reading is an error (2), not a change (1)."""
+    from kvspec.artifact import envelope_hash
+
+    data = json.loads((ROOT / LLAMA_ART).read_text())
+    data["body"]["name"] = "edited"
+    bad = tmp_path / "bad.kvlayout.json"
+    bad.write_text(json.dumps(data))
+    code, out, err = invoke(["diff", LLAMA, str(bad)])
+    assert (code, out) == (2, "")
+    assert err.startswith(f"{bad}: error: ") and "does not match its sha256" in err
+    data["body"]["groups"][0]["padding_slots"] = 1
+    data["sha256"] = envelope_hash(data)
+    bad.write_text(json.dumps(data))
+    code, out, err = invoke(["diff", str(bad), LLAMA])
+    assert (code, out) == (2, "")
+    assert "not what kvspec plans from its own layers" in err
+
+
 def test_invalid_source_exits_2(tmp_path) -> None:
     bad = _variant(tmp_path, LLAMA, "block_size: 16", "block_size: sixteen", "bad.yaml")
     code, out, err = invoke(["diff", LLAMA, str(bad)])
@@ -198,19 +231,23 @@ def test_invalid_source_exits_2(tmp_path) -> None:
 
 
 def test_match_groups() -> None:
-    from kvspec.diff import match_groups
+    from kvspec.model.plan import Group
+    from kvspec.model.specs import FullAttention, MambaState, SlidingWindow
+    from kvspec.reports.diff import match_groups
 
-    a = [{"kind": "sliding_window", "layers": ["l0", "l2"]},
-         {"kind": "full_attention", "layers": ["l1", "l3"]},
-         {"kind": "mamba", "layers": ["l4"]}]
-    b = [{"kind": "full_attention", "layers": ["l1", "l3", "l5"]},
-         {"kind": "sliding_window", "layers": ["l0", "l2"]},
-         {"kind": "full_attention", "layers": ["l9"]}]
+    attn = {"block_size": 16, "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16"}
+    full = FullAttention(**attn)
+    sliding = SlidingWindow(**attn, sliding_window=1024)
+    mamba = MambaState(block_size=16, shapes=((3, 4096),), dtypes=("bfloat16",))
+
+    def groups(*pairs):
+        return [Group(tuple(layers), spec) for spec, layers in pairs]
+
+    a = groups((sliding, ["l0", "l2"]), (full, ["l1", "l3"]), (mamba, ["l4"]))
+    b = groups((full, ["l1", "l3", "l5"]), (sliding, ["l0", "l2"]), (full, ["l9"]))
     # l0/l2 identical; l1/l3 overlap within a kind; mamba gone; l9 new
     assert match_groups(a, b) == ([(0, 1), (1, 0)], [2], [2])
     # the same layers pair whatever their kind (a kind change); a partial
     # overlap across kinds does not pair
-    assert match_groups([{"kind": "mamba", "layers": ["x"]}],
-                        [{"kind": "full_attention", "layers": ["x"]}]) == ([(0, 0)], [], [])
-    assert match_groups([{"kind": "mamba", "layers": ["x", "y"]}],
-                        [{"kind": "full_attention", "layers": ["x"]}]) == ([], [0], [0])
+    assert match_groups(groups((mamba, ["x"])), groups((full, ["x"]))) == ([(0, 0)], [], [])
+    assert match_groups(groups((mamba, ["x", "y"])), groups((full, ["x"]))) == ([], [0], [0])

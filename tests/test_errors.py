@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REGEN, ROOT, invoke
+from tests.conftest import ROOT, check_golden, invoke
 
 ERRORS = ROOT / "tests" / "errors"
 CASES = sorted(ERRORS.glob("*.yaml"))
@@ -19,10 +19,7 @@ def test_error_golden(source: Path) -> None:
     rel = str(source.relative_to(ROOT))
     code, out, err = invoke(["validate", rel])
     got = f"{code}\n{err}"
-    expected = source.with_suffix(".expected")
-    if REGEN or not expected.exists():
-        expected.write_text(got)
-    assert got == expected.read_text()
+    check_golden(source.with_suffix(".expected"), got)
     assert code == 1
     assert "Traceback" not in err
     assert err.startswith(f"{rel}:"), "every error names the file first"

@@ -149,7 +149,7 @@ def _waste(report) -> dict[str, str]:
 
 
 def test_waste_padding_slots(cases) -> None:
-    from kvspec.explain import explain
+    from kvspec.reports.explain import explain
 
     rep = explain(cases["padslots"])
     assert [g.padding_slots for g in rep.groups] == [1, 1, 0]
@@ -162,7 +162,7 @@ def test_waste_padding_slots(cases) -> None:
 
 
 def test_waste_padded_pages(runner, cases) -> None:
-    from kvspec.explain import explain as build
+    from kvspec.reports.explain import explain as build
 
     rep = build(cases["jamba-v0.1-tp1"])
     assert _waste(rep) == {"padding slots": "0.0%", "padded pages": "78.9%", "alignment": "0.0%"}
@@ -179,7 +179,7 @@ def test_waste_padded_pages(runner, cases) -> None:
 
 
 def test_waste_alignment(cases) -> None:
-    from kvspec.explain import explain
+    from kvspec.reports.explain import explain
 
     rep = explain(cases["syn-stride-alignment"])
     assert rep.waste.alignment == 3072
@@ -188,10 +188,10 @@ def test_waste_alignment(cases) -> None:
 
 
 def test_packed_groups_leave_slots_empty(cases) -> None:
-    from kvspec.explain import explain
+    from kvspec.reports.explain import explain
 
     rep = explain(cases["syn-packed-blhnc"])
-    assert rep.engine["layout"] == "BLHNC"
+    assert rep.engine.axis_order.name == "BLHNC"
     assert [g.waste.padding_slots for g in rep.groups] == [131072, 131072, 131072, 0]
     assert rep.groups[3].pages == ((65536, 65536), (32768, 32768))
 
@@ -214,24 +214,23 @@ def test_aliasing_layout_with_a_drafter_pool(runner, cases) -> None:
 def test_block_accounting(cases, case) -> None:
     """useful + padded pages + padding slots + alignment = bytes per block, per
     group; the per-layer pages agree with the compiler's useful bytes."""
-    from kvspec.explain import block_map, load_subject
+    from kvspec.reports.explain import block_map, load_subject
 
-    sub = load_subject(cases[case])
-    body = sub.body
-    bm = block_map(body, 0)
+    layout = load_subject(cases[case]).layout
+    bm = block_map(layout, 0)
     assert bm.used <= bm.bytes_per_block
-    single_stage = len(body["stages"]) == 1
-    for g in body["groups"]:
-        segs = bm.of(g["id"])
-        if g["own_pool"]:
+    single_stage = len(layout.stages) == 1
+    for gid, g in enumerate(layout.groups):
+        segs = bm.of(gid)
+        if g.own_pool:
             assert segs == ()
             continue
         useful = sum(s.useful for s in segs)
-        w = bm.waste(g["id"])
+        w = bm.waste(gid)
         assert useful + w.total == bm.bytes_per_block
         assert min(w.padding_slots, w.padded_pages, w.alignment) >= 0
         if single_stage:
-            assert useful == g["useful_bytes_per_block"]
+            assert useful == layout.group_figures[gid].useful_bytes_per_block
         # no two layers of one group share bytes
         spans = sorted((s.start, s.end) for s in segs)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
@@ -240,7 +239,7 @@ def test_block_accounting(cases, case) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_artifact_capacity_matches_the_planner(cases, case) -> None:
     """Re-sizing an artifact gives what re-planning its source gives."""
-    from kvspec.explain import capacity, load_subject
+    from kvspec.reports.explain import capacity, load_subject
 
     src = load_subject(cases[case])
     art = load_subject(_art(cases[case]))
@@ -257,8 +256,10 @@ def test_state_slots_below_max_num_seqs(runner, cases, tmp_path) -> None:
     src.write_text(text)
     res = explain(runner, src)
     assert res.exit_code == 0
-    assert "  - state layers hold 1,333 requests' states in 4,002 blocks (3 state blocks" \
+    # the planner's early check, made for the report's budget
+    assert "  - state layers hold 1333 requests' states in 4002 blocks (3 state blocks per" \
         in res.stdout.splitlines()
+    assert res.stdout.count("state layers hold") == 1
     # a larger budget has the slots
     res = explain(runner, src, "--memory", "32GiB")
     assert "state layers hold" not in res.stdout
@@ -273,7 +274,7 @@ def test_pipeline_stages_are_noted(runner, cases) -> None:
 
 
 def test_compact_layers() -> None:
-    from kvspec.explain import compact_layers
+    from kvspec.reports.explain import compact_layers
 
     assert compact_layers([f"l.{i}.a" for i in (0, 1, 2, 3, 5, 7, 9, 12)]) == \
         ("l.{0..3,5..9 step 2,12}.a",)
@@ -308,7 +309,8 @@ def test_html_is_self_contained_and_escaped(runner, tmp_path) -> None:
     assert set(re.findall(r"https?://[^\s\"')]+", html)) == {"http://www.w3.org/2000/svg"}
     assert not re.search(r"<(script|link|img|iframe)\b|@import|src=", html)
 
-    from kvspec.explain import explain as build, render
+    from kvspec.reports.explain import explain as build
+    from kvspec.reports.explain import render
 
     rep = dataclasses.replace(build(LLAMA), name="<script>alert(1)</script>")
     page = render(rep, "html")
@@ -318,7 +320,7 @@ def test_html_is_self_contained_and_escaped(runner, tmp_path) -> None:
 def test_templates_reject_undefined_names() -> None:
     import jinja2
 
-    from kvspec.explain import environment
+    from kvspec.reports.explain import environment
 
     with pytest.raises(jinja2.UndefinedError):
         environment().from_string("{{ nope }}").render()
@@ -345,12 +347,24 @@ def test_errors_exit_codes() -> None:
 
 
 def test_corrupt_artifact(tmp_path) -> None:
+    """An edited artifact fails verification when it is read: a clean error, exit 1."""
+    from kvspec.artifact import envelope_hash
+
     data = json.loads((ROOT / LLAMA_ART).read_text())
     data["body"]["name"] = "edited"
     bad = tmp_path / "bad.kvlayout.json"
     bad.write_text(json.dumps(data))
-    code, _, err = invoke(["explain", str(bad)])
-    assert code == 1 and "does not match its body_sha256" in err
+    code, out, err = invoke(["explain", str(bad)])
+    assert (code, out) == (1, "")
+    assert err.startswith(f"{bad}: error: ") and "does not match its sha256" in err
+    # the hash recomputed: the body is not what its own layers plan to
+    data["body"]["stages"][0]["bytes_per_block"] *= 2
+    data["sha256"] = envelope_hash(data)
+    bad.write_text(json.dumps(data))
+    code, out, err = invoke(["explain", str(bad)])
+    assert (code, out) == (1, "")
+    assert "not what kvspec plans from its own layers" in err
+    assert "Traceback" not in err
 
 
 # ---------------------------------------------------------------------------

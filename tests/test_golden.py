@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from kvspec.artifact.invariants import check_artifact
 from kvspec.compiler import compile
-from kvspec.invariants import check_artifact
-from tests.conftest import REGEN, ROOT
+from tests.conftest import ROOT, check_golden
 
 GOLDEN = ROOT / "tests" / "golden"
 SOURCES = sorted(GOLDEN.glob("*.yaml"))
@@ -24,10 +24,7 @@ def _artifact_path(source: Path) -> Path:
 def test_golden(source: Path) -> None:
     artifact = compile(source.relative_to(ROOT))
     text = artifact.text()
-    golden = _artifact_path(source)
-    if REGEN or not golden.exists():
-        golden.write_text(text)
-    assert text == golden.read_text(), f"{golden.name} is stale: KVSPEC_REGEN=1 to rewrite"
+    check_golden(_artifact_path(source), text)
     assert check_artifact(artifact) == []
 
 

@@ -1,4 +1,4 @@
-"""kvspec.hf: per-family layer facts from real config.json files, and the
+"""kvspec.integrations.hf: per-family layer facts from real config.json files, and the
 torch-free re-derivation of vLLM's Mamba state-shape/dtype calculators.
 
 The configs under tests/data/hf/ are copies of public models' config.json;
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.hf import state_shapes as ss
-from kvspec.hf.families import (
+from kvspec.integrations.hf import state_shapes as ss
+from kvspec.integrations.hf.families import (
     SUPPORTED_FAMILIES,
     LayerFacts,
     ModelFacts,

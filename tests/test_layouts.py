@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvspec.commands.check import artifact_path, check_pair, check_paths
+from kvspec.artifact.invariants import check_artifact
+from kvspec.cli.check import artifact_path, check_pair, check_paths
 from kvspec.compiler import compile as compile_file
-from kvspec.invariants import check_artifact
 from tests.conftest import ROOT
 
 LAYOUTS = ROOT / "layouts"

@@ -5,14 +5,23 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from kvspec.compiler import compile_source
+from kvspec.artifact import Artifact
+from kvspec.artifact.invariants import check_artifact
+from kvspec.compiler import (
+    Unit,
+    compile_source,
+    expand_pass,
+    load,
+    parse,
+    plan_pass,
+    run,
+)
 from kvspec.errors import KvspecError
-from kvspec.invariants import check_artifact
-from kvspec.planner.plan import resolve
-from kvspec.compiler import Unit, expand_pass, load, parse, plan_pass, run
+from kvspec.planner import resolve
 
 KINDS = {
     "full": lambda d: {"kind": "full_attention"},
@@ -80,10 +89,28 @@ def test_compile_is_sound_or_rejects_clearly(text: str) -> None:
     except KvspecError as err:
         assert err.message and err.file == "prop.yaml" and "Traceback" not in err.render()
         return
-    assert check_artifact(art) == []
-    from kvspec.report import summary
+    assert check_artifact(art) == []  # block ids never share bytes, every view in its pool
+    from kvspec.reports.summary import summary
     assert summary(art)
     assert compile_source(text, "prop.yaml").text() == art.text(), "deterministic"
+    assert Artifact.from_text(art.text()).text() == art.text(), "it reads back verified"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sources())
+def test_every_plan_that_compiles_loads(text: str) -> None:
+    """On meta, for its smallest block count and several larger ones."""
+    pytest.importorskip("torch")
+    from kvspec.runtime.loader import load
+
+    try:
+        art = compile_source(text, "prop.yaml")
+    except KvspecError:
+        return
+    need = art.min_num_blocks()
+    for n in (need, need + 1, 3 * need + 5):
+        cache = load(art, device="meta", num_blocks=n)
+        assert set(cache.views) == set(art.layout.stage(0).layer_names)
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec import quantization as q
+from kvspec.artifact.invariants import check_artifact
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
-from kvspec.invariants import check_artifact
+from kvspec.model import quant as q
+from kvspec.model.specs import MLA, FullAttention
 
 LLAMA = """kvspec: 1
 name: llama-quant
@@ -41,8 +42,10 @@ def _expected_page(mode: str, *, mla: bool) -> int:
     lq = q.resolve_layer_quant(mode, model_dtype="bfloat16", kind="mla" if mla else "attention",
                                head_size=head, head_size_v=head_v, num_kv_heads=heads,
                                block_size=block)
-    return q.page_size_bytes(lq, num_kv_heads=heads, head_size=head, head_size_v=head_v,
-                             block_size=block)
+    cls = MLA if mla else FullAttention
+    return cls(block_size=block, num_kv_heads=heads, head_size=head, head_size_v=head_v,
+               dtype=lq.dtype, state_content_bytes=lq.state_content_bytes,
+               num_head_slots=lq.num_head_slots).page_size_bytes
 
 
 def _applies(mode: str, *, mla: bool) -> bool:

@@ -34,7 +34,7 @@ def _scenarios(rank: int, tmp: Path) -> dict[str, Any]:
     tiny = compile(DATA / "tiny.yaml")
     other = compile(DATA / "tiny-other.yaml")
     pp3 = compile(DATA / "tiny-pp3.yaml")
-    per_block = tiny.stage(0)["bytes_per_block"]
+    per_block = tiny.layout.stage(0).bytes_per_block
     out: dict[str, Any] = {}
 
     def attempt(key: str, fn) -> None:
@@ -158,7 +158,7 @@ def test_a_rank_with_a_tampered_artifact_stops_them_all(
     messages = [r["tampered"].get("mismatch") for r in results]
     assert all(messages) and len(set(messages)) == 1, messages
     assert messages[0].startswith("not every rank can load its KV cache: rank 0: the "
-                                  "artifact's body does not match its body_sha256")
+                                  "artifact does not match its sha256")
 
 
 def test_each_rank_loads_its_pipeline_stage(results: list[dict[str, Any]]) -> None:

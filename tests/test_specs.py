@@ -7,13 +7,29 @@ from fractions import Fraction
 
 import pytest
 
-from kvspec.engine import Engine
+from kvspec.model.engine import Engine
+from kvspec.model.kinds import describe, spec_from_dict
+from kvspec.model.specs import (
+    MLA,
+    RSWA,
+    ChunkedLocal,
+    CircularBuffer,
+    CrossAttention,
+    EncoderOnly,
+    FullAttention,
+    KpoolTail,
+    MambaState,
+    MergeConflict,
+    SinkFullAttention,
+    SlidingWindow,
+    SlidingWindowMLA,
+    UniformType,
+)
+from kvspec.model.specs.state import (
+    mamba_prefill_checkpoint_position,
+    mamba_prefill_checkpoint_valid,
+)
 from kvspec.planner.group import group_layers
-from kvspec.spec import (
-    MLA, RSWA, ChunkedLocal, CircularBuffer, CrossAttention, EncoderOnly, FullAttention,
-    KpoolTail, MambaState, MergeConflict, SinkFullAttention, SlidingWindow, SlidingWindowMLA,
-    UniformType, mamba_prefill_checkpoint_position, mamba_prefill_checkpoint_valid,
-    spec_from_dict)
 
 # 2048 batched tokens x 2 batches (async scheduling on one stage) = 4096 in flight
 E = Engine(block_size=16, max_model_len=8192, max_num_batched_tokens=2048,
@@ -77,7 +93,7 @@ def test_mla_alignment_pads_the_page() -> None:
 def test_fractional_tokens_per_state() -> None:
     s = FullAttention(**ATTN, tokens_per_state=Fraction(1, 2))
     assert s.num_states == 32 and s.page_size_bytes == 2 * PAGE
-    assert spec_from_dict(s.describe()) == s
+    assert spec_from_dict(describe(s)) == s
 
 
 def test_sink_and_rswa_merge() -> None:

@@ -14,76 +14,100 @@ only find these out after a model load, or never say them at all.
 
 from __future__ import annotations
 
-from kvspec.planner.plan import Plan, Resolved
+from kvspec.errors import KvspecError
+from kvspec.model.engine import Engine
+from kvspec.model.plan import Plan, Stage
+from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.size import block_sizes, group_blocks_per_request
-from kvspec.spec import Attention, MambaState, layer_specs
 
 #: Share of a request's KV memory spent on one group's padding that is flagged.
 PADDING_WARN = 0.10
 #: Scheduler block (LCM over groups) over the configured block size to flag.
 LCM_WARN = 8
+#: The start of the state-slot warning (it depends on the budget).
+STATE_SLOTS = "state layers hold"
 
 
-def early_checks(plan: Plan, resolved: Resolved | None = None) -> list[str]:
-    engine = resolved.engine if resolved is not None else plan.engine
-    warnings: list[str] = []
-    if not plan.groups:
-        return warnings
-    st0 = plan.stages[0]
+def state_slot_warning(engine: Engine, stage: Stage, num_blocks: int) -> str | None:
+    """State slots for ``num_blocks`` below ``max_num_seqs``, or None."""
+    groups = [g for g in stage.groups if g.layer_names
+              and all(isinstance(s, MambaState) for s in layer_specs(g.spec))]
+    if not groups:
+        return None
+    per_request = sum(group_blocks_per_request(engine, g) for g in groups)
+    slots = (num_blocks - 1) // per_request if per_request else 0
+    if slots >= engine.max_num_seqs:
+        return None
+    return (f"{STATE_SLOTS} {slots} requests' states in {num_blocks} blocks "
+            f"({per_request} state blocks per request), below max_num_seqs "
+            f"{engine.max_num_seqs}: lower max_num_seqs to {max(slots, 1)} or give the KV "
+            "cache more memory (vLLM fails at start-up with 'max_num_seqs exceeds "
+            "available Mamba cache blocks')")
 
-    state_groups = [g for g in st0.groups
-                    if g.layer_names and all(isinstance(s, MambaState) for s in layer_specs(g.spec))]
-    if resolved is not None and state_groups:
-        per_request = sum(group_blocks_per_request(engine, g) for g in state_groups)
-        slots = (resolved.num_blocks - 1) // per_request if per_request else 0
-        if slots < engine.max_num_seqs:
-            warnings.append(
-                f"state layers hold {slots} requests' states in {resolved.num_blocks} blocks "
-                f"({per_request} state blocks per request), below max_num_seqs "
-                f"{engine.max_num_seqs}: lower max_num_seqs to {max(slots, 1)} or give the KV "
-                "cache more memory (vLLM fails at start-up with 'max_num_seqs exceeds "
-                "available Mamba cache blocks')")
 
+def _inflated_blocks(engine: Engine, plan: Plan) -> list[str]:
+    out = []
     for i, g in enumerate(plan.groups):
         specs = layer_specs(g.spec)
         if specs and all(isinstance(s, Attention) for s in specs) and \
                 g.spec.prefix_cacheable and g.spec.block_size > engine.block_size:
-            warnings.append(
+            out.append(
                 f"group {i} ({len(g.layer_names)} layers): page unification raised its block "
                 f"size from {engine.block_size} to {g.spec.block_size} tokens; prompts "
                 f"shorter than {g.spec.block_size} tokens never hit the prefix cache")
+    return out
 
+
+def _scheduler_block(engine: Engine, stage: Stage) -> list[str]:
     # With mamba_cache_mode "none" a state group's block is the whole request
     # (max_model_len): no prefill aligns to it, so leave it out of this check.
-    considered = [g for g in st0.groups if not (
+    considered = [g for g in stage.groups if not (
         engine.mamba_cache_mode == "none"
         and all(isinstance(s, MambaState) for s in layer_specs(g.spec)))]
     try:
         sched, _ = block_sizes(engine, considered) if considered else (engine.block_size, 0)
-    except Exception:  # a rejected prefix_match_unit is reported by the plan itself
+    except KvspecError:  # a rejected prefix_match_unit is reported by the plan itself
         sched = engine.block_size
-    if sched >= LCM_WARN * engine.block_size * engine.decode_context_parallel_size:
-        warnings.append(
-            f"the scheduler block (LCM of the groups' block sizes) is {sched} tokens, "
+    if sched < LCM_WARN * engine.block_size * engine.decode_context_parallel_size:
+        return []
+    return [f"the scheduler block (LCM of the groups' block sizes) is {sched} tokens, "
             f"{sched // engine.block_size}x the configured block_size {engine.block_size}: "
-            "chunked prefill and prefix-cache hits align to it")
+            "chunked prefill and prefix-cache hits align to it"]
 
-    # Padding that costs capacity: a group's unused bytes in every block it
-    # holds, weighed by how many blocks a request holds in that group.
-    per_block = st0.bytes_per_block
-    groups = [g for g in st0.groups if g.layer_names and not g.own_pool]
-    held = {id(g): group_blocks_per_request(engine, g) for g in groups}
+
+def _padding(engine: Engine, stage: Stage) -> list[str]:
+    """A group's unused bytes in every block it holds, weighed by how many
+    blocks a request holds in that group."""
+    per_block = stage.bytes_per_block
+    held = {i: group_blocks_per_request(engine, g) for i, g in enumerate(stage.groups)
+            if g.layer_names and not g.own_pool}
     total = per_block * sum(held.values())
-    if per_block and total:
-        for i, g in enumerate(st0.groups):
-            if id(g) not in held:
-                continue
-            useful = sum(g.layer_spec(n).unpadded_page_size_bytes for n in g.layer_names)
-            waste = (per_block - useful) * held[id(g)]
-            if waste / total > PADDING_WARN:
-                warnings.append(
-                    f"group {i} ({g.spec.ref_class}, {len(g.layer_names)} layers) leaves "
-                    f"{(per_block - useful) / per_block:.0%} of each block it holds unused "
-                    f"({useful} of {per_block} bytes; {g.padding_slots} padding slots): "
-                    f"{waste / total:.0%} of a request's KV memory is padding")
-    return warnings
+    if not (per_block and total):
+        return []
+    out = []
+    for i, blocks in held.items():
+        g = stage.groups[i]
+        useful = sum(g.layer_spec(n).unpadded_page_size_bytes for n in g.layer_names)
+        waste = (per_block - useful) * blocks
+        if waste / total > PADDING_WARN:
+            out.append(
+                f"group {i} ({g.spec.ref_class}, {len(g.layer_names)} layers) leaves "
+                f"{(per_block - useful) / per_block:.0%} of each block it holds unused "
+                f"({useful} of {per_block} bytes; {g.padding_slots} padding slots): "
+                f"{waste / total:.0%} of a request's KV memory is padding")
+    return out
+
+
+def early_checks(plan: Plan, engine: Engine, num_blocks: int | None = None) -> list[str]:
+    """Every early-check warning for ``plan`` (sized for ``engine``; the state-slot
+    check needs the budget's ``num_blocks``)."""
+    if not plan.groups:
+        return []
+    st0 = plan.stages[0]
+    warnings = []
+    if num_blocks is not None:
+        slot = state_slot_warning(engine, st0, num_blocks)
+        if slot is not None:
+            warnings.append(slot)
+    return warnings + _inflated_blocks(engine, plan) + _scheduler_block(engine, st0) \
+        + _padding(engine, st0)

@@ -1,4 +1,4 @@
-"""The place pass: groups + layout order -> tensors in one pool.
+"""The place pass: groups + axis order -> tensors in one pool.
 
 A tensor places same-shaped layers: layer ``layers[l]``'s page for block ``b``
 starts ``offset + l * layer_stride + b * block_stride`` bytes into the pool.
@@ -16,90 +16,29 @@ Block-outermost (``BLHNC``; pages of different sizes packed per block)::
     group 1: | blk 0 [  C  |   D   ] | blk 1 [  C  |   D   ] | ...
              |<-- bytes_per_block -->|
 
-Every quantity that depends on the block count is an :class:`~kvspec.affine.Affine`.
+Aliasing rests on one property: the bytes of block id *b* never overlap those
+of another block id in any layer of any group. With heads outside blocks
+(``LHBNC``) a page is one run per head slot, ``num_blocks`` runs apart, so two
+layers sharing a slot keep that property only when they split their pages
+alike; :func:`check_slot_aliasing` refuses the others at compile time.
+Every quantity that depends on the block count is an :class:`~kvspec.model.affine.Affine`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from math import prod
+from collections.abc import Sequence
 
-from kvspec.affine import Affine
-from kvspec.engine import Engine
 from kvspec.errors import PlanError
-from kvspec.layouts import DIM_B, DIM_L, Layout
-from kvspec.spec import LayerSpec, UniformType, round_up
+from kvspec.model.affine import Affine
+from kvspec.model.axes import DIM_B, DIM_H, DIM_L, AxisOrder
+from kvspec.model.engine import Engine
+from kvspec.model.geometry import layout_strides
+from kvspec.model.plan import Group, Tensor
+from kvspec.model.specs import LayerSpec, UniformType, round_up
 
 
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """Placement of same-shaped layers in a pool, affine in the block count."""
-
-    size: Affine
-    layers: tuple[str, ...]
-    layer_stride: Affine
-    block_stride: Affine
-    offset: Affine
-    host_resident: bool = False
-    #: "device" (the main pool) or "draft" (a drafter's own pool, same allocation).
-    pool: str = "device"
-    role: str = ""
-
-    def at(self, num_blocks: int) -> dict[str, object]:
-        """The reference's ``KVCacheTensor`` fields for ``num_blocks``."""
-        return {"size": self.size.at(num_blocks), "layers": list(self.layers),
-                "layer_stride": self.layer_stride.at(num_blocks),
-                "block_stride": self.block_stride.at(num_blocks),
-                "offset": self.offset.at(num_blocks), "host_resident": self.host_resident}
-
-
-def page_shape(spec: LayerSpec, num_blocks: int | Affine,
-               kernel_block_size: int | None = None) -> tuple:
-    """``(B, H, N, C)`` of one layer, C in bytes; kernel blocks split B."""
-    block = kernel_block_size if kernel_block_size is not None else spec.block_size
-    if spec.block_size % block:
-        raise PlanError(f"kernel block size {block} must divide the KV cache block size "
-                        f"{spec.block_size}")
-    per_page = spec.block_size // block
-    return (num_blocks * per_page, spec.num_heads, spec.kernel_states(block),
-            spec.state_content_size_bytes)
-
-
-def layout_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
-                   layout: Layout, kernel_block_size: int | None = None,
-                   fixed: tuple[int | Affine | None, ...] = (None,) * 5) -> list[Affine]:
-    """Byte strides of ``[L, B, H, N, C]`` for ``layout``, innermost axis first
-    in the walk; ``fixed`` pins strides the caller already knows (e.g. the
-    packed block stride). A padded page widens the stride of the innermost of
-    L and B to the padded page size, so padding sits at each page's end."""
-    shape = (num_layers, *page_shape(spec, num_blocks, kernel_block_size))
-    order = layout.stride_order
-    padded = getattr(spec, "page_size_padded", None)
-    grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
-    if padded is not None:
-        if kernel_block_size is not None and kernel_block_size != spec.block_size:
-            raise PlanError("padded KV pages cannot be split into kernel blocks")
-        grid = [shape[d] for d in order[:grid_end]]
-        extra = [g for d, g in zip(order[:grid_end], grid) if d not in (DIM_L, DIM_B)]
-        if any(e != 1 for e in extra):
-            raise PlanError(
-                f"layout {layout.name} puts head slots outside a padded page",
-                hint="padded pages need L and B as the outermost axes (e.g. LBNHC, BLHNC)")
-    strides: list[Affine] = [Affine()] * 5
-    current = Affine(0, 1)
-    for phys, dim in reversed(list(enumerate(order))):
-        if padded is not None and phys == grid_end - 1:
-            current = Affine.max(current, padded)
-            if current.a == 0 and current.b % padded:
-                raise PlanError("a padded page does not tile its stride")
-        pinned = fixed[dim]
-        strides[dim] = Affine.of(pinned) if pinned is not None else current
-        current = strides[dim] * Affine.of(shape[dim])
-    return strides
-
-
-def bytes_per_block(groups: list) -> int:
+def bytes_per_block(groups: Sequence[Group]) -> int:
     """Bytes one block costs in the pool: the widest group, aligned."""
     widest = max(g.page_bytes() for g in groups)
     if widest <= 0:
@@ -109,109 +48,87 @@ def bytes_per_block(groups: list) -> int:
     return round_up(widest, math.lcm(*aligns) if aligns else 1)
 
 
-def validate_layout(layout: Layout, groups: list) -> None:
-    """Reject a layout that cannot express mixed page sizes."""
+def validate_axis_order(order: AxisOrder, groups: Sequence[Group]) -> None:
+    """Reject an axis order that cannot express mixed page sizes."""
     pages = {g.layer_spec(n).page_size_bytes for g in groups for n in g.layer_names}
     if len(pages) <= 1:
         return
-    if not layout.is_block_compact or (len(groups) > 1 and layout.is_layer_compact):
+    if not order.is_block_compact or (len(groups) > 1 and order.is_layer_compact):
         raise PlanError(
-            f"layout {layout.name} cannot express this model's mixed page sizes "
+            f"layout {order.name} cannot express this model's mixed page sizes "
             f"({sorted(pages)})",
-            path="engine.layout", found=layout.name, expected="a block-outermost layout",
+            path="engine.layout", found=order.name, expected="a block-outermost layout",
             hint="set engine.layout to BLHNC (pages packed side by side in each block)")
 
 
-def place(engine: Engine, groups: list) -> list[Tensor]:
-    """Tensors for ``groups`` in ``engine.layout``, affine in the block count."""
-    layout = engine.layout
-    validate_layout(layout, groups)
+def _buckets(group: Group) -> dict[LayerSpec, list[str]]:
+    """This stage's layers of ``group`` by spec, in order."""
+    by_spec: dict[LayerSpec, list[str]] = {}
+    if isinstance(group.spec, UniformType):
+        # A stage that owns none of a group's layers keeps the global spec
+        # (as the reference projects it); place only this stage's layers.
+        owned = set(group.layer_names)
+        for name, spec in group.spec.members:
+            if name in owned:
+                by_spec.setdefault(spec, []).append(name)
+    elif group.layer_names:
+        by_spec[group.spec] = list(group.layer_names)
+    return by_spec
+
+
+def place(engine: Engine, groups: Sequence[Group], group_ids: Sequence[int]) -> list[Tensor]:
+    """Tensors for ``groups`` (global ids ``group_ids``) in the engine's axis order."""
+    order = engine.axis_order
+    validate_axis_order(order, groups)
     per_block = bytes_per_block(groups)
     n = Affine(1, 0)
-    packed_stride = Affine.of(per_block) if layout.is_block_outermost else None
+    packed_stride = Affine.of(per_block) if order.is_block_outermost else None
     size = n * per_block
     tensors: list[Tensor] = []
-    for g in groups:
-        by_spec: dict[LayerSpec, list[str]] = {}
-        if isinstance(g.spec, UniformType):
-            # A stage that owns none of a group's layers keeps the global spec
-            # (as the reference projects it); place only this stage's layers.
-            owned = set(g.layer_names)
-            for name, spec in g.spec.members:
-                if name in owned:
-                    by_spec.setdefault(spec, []).append(name)
-        elif g.layer_names:
-            by_spec[g.spec] = list(g.layer_names)
+    for gid, g in zip(group_ids, groups):
         byte_offset = 0
-        for spec, names in by_spec.items():
-            strides = layout_strides(spec, n, len(names), layout,
+        for spec, names in _buckets(g).items():
+            strides = layout_strides(spec, n, len(names), order,
                                      fixed=(None, packed_stride, None, None, None))
             page = spec.page_size_bytes
             offset = (Affine.max(strides[DIM_L], page) * byte_offset).exact_div(page)
             tensors.append(Tensor(size=size, layers=tuple(names), layer_stride=strides[DIM_L],
-                                  block_stride=strides[DIM_B], offset=offset))
+                                  block_stride=strides[DIM_B], offset=offset, group=gid))
             byte_offset += len(names) * page
+    if order.heads_outside_blocks:
+        check_slot_aliasing(order, dict(zip(group_ids, groups)), tensors)
     return tensors
 
 
-@dataclass(frozen=True, slots=True)
-class ViewGeometry:
-    """One layer's ``[B, H, N, C]`` view: shape/strides in elements of ``dtype``."""
-
-    layer: str
-    dtype: str
-    shape: tuple[int, int, int, int]
-    stride: tuple[int, int, int, int]
-    storage_offset: int
-    #: Same view in bytes (int8), before reinterpreting as ``dtype``.
-    byte_stride: tuple[int, int, int, int]
-    byte_offset: int
+def _head_split(spec: LayerSpec, order: AxisOrder) -> tuple[int, Affine, Affine]:
+    """``(head slots, head stride, block stride)`` of one layer's page."""
+    strides = layout_strides(spec, Affine(1, 0), 1, order)
+    return spec.num_heads, strides[DIM_H], strides[DIM_B]
 
 
-def view_geometry(tensor_fields: dict, spec: LayerSpec, num_blocks: int, layout: Layout,
-                  kernel_block_size: int | None = None) -> list[ViewGeometry]:
-    """The views ``create_kv_cache_views`` makes for one tensor at ``num_blocks``.
+def check_slot_aliasing(order: AxisOrder, groups: dict[int, Group],
+                        tensors: Sequence[Tensor]) -> None:
+    """Refuse layers of different groups that share a slot but split their
+    pages differently when heads lie outside blocks: block *b* of one would
+    write the bytes of other blocks of the other."""
+    seen: dict[Affine, tuple[str, int, tuple[int, Affine, Affine]]] = {}
+    for t in tensors:
+        split = _head_split(groups[t.group].layer_spec(t.layers[0]), order)
+        for i, name in enumerate(t.layers):
+            other = seen.setdefault(t.offset + t.layer_stride * i, (name, t.group, split))
+            if other[1] != t.group and other[2] != split and max(split[0], other[2][0]) > 1:
+                raise _aliasing_error(order, other, (name, t.group, split))
 
-    ``tensor_fields`` holds concrete ``layer_stride``, ``block_stride``,
-    ``offset`` and ``layers``. With kernel blocks, a manager block of
-    ``block_size`` tokens is viewed as ``ratio`` kernel blocks a constant stride
-    apart, which needs each block to be one dense page.
-    """
-    from kvspec.dtypes import dtype_size
 
-    layers = list(tensor_fields["layers"])
-    layer_stride = int(tensor_fields["layer_stride"])
-    block_stride = int(tensor_fields["block_stride"])
-    shape = page_shape(spec, num_blocks, kernel_block_size)
-    ratio = shape[0] // num_blocks
-    if ratio > 1:
-        dense = prod(page_shape(spec, 1)[1:])
-        if block_stride != dense:
-            raise PlanError(
-                f"layout {layout.name} does not store blocks as dense, unpadded pages "
-                f"(block stride {block_stride} != page {dense}), so a block cannot be "
-                f"split into {ratio} kernel blocks of {kernel_block_size} tokens",
-                hint=f"use block_size {kernel_block_size}, or a layer-compact layout "
-                     "(LBNHC) with unpadded pages")
-        block_stride //= ratio
-    strides = layout_strides(spec, num_blocks, len(layers), layout, kernel_block_size,
-                             fixed=(layer_stride, block_stride, None, None, None))
-    byte_strides = [s.at(num_blocks) for s in strides]
-    dtype = getattr(spec, "dtype", None) or "int8"
-    size = dtype_size(dtype)
-    c_bytes = shape[3]
-    if c_bytes % size or any(s % size for s in byte_strides[1:4]):
-        raise PlanError(f"a {dtype} view does not tile the page's {c_bytes}-byte cells")
-    out = []
-    base = int(tensor_fields["offset"])
-    for i, name in enumerate(layers):
-        off = base + i * byte_strides[0]
-        if off % size:
-            raise PlanError(f"layer {name} starts at byte {off}, not aligned to {dtype}")
-        bs = (byte_strides[1], byte_strides[2], byte_strides[3], byte_strides[4])
-        out.append(ViewGeometry(
-            layer=name, dtype=dtype,
-            shape=(shape[0], shape[1], shape[2], c_bytes // size),
-            stride=(bs[0] // size, bs[1] // size, bs[2] // size, 1 if bs[3] == 1 else bs[3]),
-            storage_offset=off // size, byte_stride=bs, byte_offset=off))
-    return out
+def _aliasing_error(order: AxisOrder, a: tuple, b: tuple) -> PlanError:
+    (na, ga, (ha, _, ba)), (nb, gb, (hb, _, bb)) = a, b
+    return PlanError(
+        f"layers {na} (group {ga}: {ha} head slot(s), {ba} bytes per block and head) and "
+        f"{nb} (group {gb}: {hb} head slot(s), {bb} bytes per block and head) share a "
+        f"slot under layout {order.name}, where head slots lie outside blocks: block ids "
+        f"of one group would write the bytes of other block ids of the other",
+        path="engine.layout", found=order.name,
+        expected="a layout with heads inside blocks, or aliased layers with the same "
+                 "heads and page split",
+        hint="use LBNHC or LBHNC (heads inside each block), or a block-outermost layout "
+             "(BLHNC)")

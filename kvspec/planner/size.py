@@ -1,58 +1,55 @@
 """The size pass: what one request costs, what fits a budget, block sizes.
 
-Per-request memory is counted in whole blocks of the shared pool: a request
-at ``max_model_len`` takes ``cdiv(per-request bytes, page)`` blocks from every
-group's table, and all groups draw ids from one pool, so the bytes it needs are
-``bytes_per_block * sum(blocks per group)``.
+Per-request memory is counted in whole blocks of the shared pool: a request at
+``max_model_len`` takes ``cdiv(per-request bytes, page)`` blocks from every
+group's table, and all groups draw ids from one pool, so the bytes it needs
+are ``bytes_per_block * sum(blocks per group)``. The state-slot layout sizes
+its own pools (:mod:`.strategies.state_slots_pool`), read from the groups'
+recorded strategy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
-from kvspec.engine import Engine
 from kvspec.errors import NotEnoughMemoryError, PlanError
-from kvspec.planner import glm5
+from kvspec.model.engine import Engine
+from kvspec.model.plan import Group
+from kvspec.model.specs import Attention, MambaState, UniformType, cdiv, layer_specs
 from kvspec.planner.place import bytes_per_block
-from kvspec.spec import (
-    Attention,
-    FullAttention,
-    MambaState,
-    UniformType,
-    cdiv,
-    layer_specs,
-)
+from kvspec.planner.strategies import state_slots_pool as slots
 
 
-def pool_bytes_per_block(engine: Engine, groups: list) -> int:
+def pool_bytes_per_block(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes one block of the main pool costs."""
-    alias = glm5.recognise(groups)
-    if alias is not None:
-        return glm5.bytes_per_block(engine, alias)
+    layout = slots.layout_of(groups)
+    if layout is not None:
+        return slots.bytes_per_block(engine, layout)
     return bytes_per_block(groups)
 
 
-def fixed_pool_bytes(engine: Engine, groups: list) -> int:
+def fixed_pool_bytes(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes that do not scale with the block count (a drafter's own pool)."""
-    alias = glm5.recognise(groups)
-    return glm5.draft_pool_bytes(engine, alias) if alias is not None else 0
+    layout = slots.layout_of(groups)
+    return slots.draft_pool_bytes(engine, layout) if layout is not None else 0
 
 
-def group_blocks_per_request(engine: Engine, group) -> int:
+def group_blocks_per_request(engine: Engine, group: Group) -> int:
     spec = group.spec
     if isinstance(spec, UniformType):
         return spec.max_memory_usage_pages(engine)
     return cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
 
 
-def memory_usage(engine: Engine, groups: list) -> int:
+def memory_usage(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes one request at ``engine.max_model_len`` needs, padding included."""
     if not groups:
         return 0
-    alias = glm5.recognise(groups)
-    if alias is not None:
-        return glm5.memory_usage(engine, alias)
+    layout = slots.layout_of(groups)
+    if layout is not None:
+        return slots.memory_usage(engine, layout)
     try:
         blocks = sum(group_blocks_per_request(engine, g) for g in groups)
     except ValueError as exc:
@@ -60,11 +57,12 @@ def memory_usage(engine: Engine, groups: list) -> int:
     return bytes_per_block(groups) * blocks
 
 
-def estimate_max_model_len(engine: Engine, groups: list, available: int) -> int:
+def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: int) -> int:
     """The longest ``max_model_len`` (up to the configured one) whose request
     fits ``available`` bytes; 0 when not even one token fits (binary search)."""
     def fits(length: int) -> bool:
-        return memory_usage(dataclasses.replace(engine, max_model_len=length), groups) <= available
+        return memory_usage(dataclasses.replace(engine, max_model_len=length),
+                            groups) <= available
 
     lo, hi = 1, engine.max_model_len
     if not fits(lo):
@@ -79,11 +77,12 @@ def estimate_max_model_len(engine: Engine, groups: list, available: int) -> int:
     return best
 
 
-def format_gib(n: int) -> str:
+def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def check_fits(engine: Engine, groups: list, available: int, *, stage: int = 0) -> None:
+def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
+               stage: int = 0) -> None:
     """Raise when one request at ``max_model_len`` does not fit ``available``
     (the pool less its null block), with the reference's numbers."""
     if available <= 0:
@@ -102,8 +101,8 @@ def check_fits(engine: Engine, groups: list, available: int, *, stage: int = 0) 
     where = f" on pipeline stage {stage}" if stage else ""
     raise NotEnoughMemoryError(
         f"To serve at least one request with the model's max seq len "
-        f"({engine.max_model_len}), {format_gib(needed)} GiB KV cache is needed, which is "
-        f"larger than the available KV cache memory ({format_gib(available)} GiB){where}."
+        f"({engine.max_model_len}), {_gib(needed)} GiB KV cache is needed, which is "
+        f"larger than the available KV cache memory ({_gib(available)} GiB){where}."
         f"{est}",
         needed_bytes=needed, available_bytes=available,
         max_model_len=engine.max_model_len, estimated_max_model_len=estimate,
@@ -114,7 +113,8 @@ def check_fits(engine: Engine, groups: list, available: int, *, stage: int = 0) 
               "memory" if estimate > 0 else "give the KV cache more memory"))
 
 
-def blocks_per_request(engine: Engine, groups: list, draft_layers: frozenset[str]) -> int:
+def blocks_per_request(engine: Engine, groups: Sequence[Group],
+                       draft_layers: frozenset[str]) -> int:
     """Main-pool blocks one request at ``max_model_len`` takes (host and own-pool
     drafter groups excluded)."""
     total = 0
@@ -125,14 +125,27 @@ def blocks_per_request(engine: Engine, groups: list, draft_layers: frozenset[str
     return total
 
 
-def _dcp_block(spec, dcp: int) -> int:
-    specs = layer_specs(spec)
+def _dcp_block(group: Group, dcp: int) -> int:
+    specs = layer_specs(group.spec)
     if specs and all(isinstance(s, Attention) for s in specs):
-        return spec.block_size * dcp
-    return spec.block_size
+        return group.spec.block_size * dcp
+    return group.spec.block_size
 
 
-def block_sizes(engine: Engine, groups: list) -> tuple[int, int]:
+def _hash_block_size(engine: Engine, groups: Sequence[Group], sizes: list[int]) -> int:
+    hashing = [b for g, b in zip(groups, sizes) if g.spec.prefix_cacheable] or sizes
+    unit = engine.prefix_match_unit
+    hash_size = unit if unit is not None else math.gcd(*hashing)
+    if any(b % hash_size for b in hashing):
+        raise PlanError(
+            f"prefix_match_unit {hash_size} must divide every prefix-cacheable group's "
+            f"block size; group block sizes {sizes}, prefix-cacheable {hashing}",
+            path="engine.prefix_match_unit", found=str(hash_size),
+            expected=f"a divisor of {math.gcd(*hashing)}")
+    return hash_size
+
+
+def block_sizes(engine: Engine, groups: Sequence[Group]) -> tuple[int, int]:
     """``(scheduler_block_size, hash_block_size)``.
 
     The scheduler aligns to the LCM of the groups' block sizes (attention
@@ -143,29 +156,20 @@ def block_sizes(engine: Engine, groups: list) -> tuple[int, int]:
     if len(groups) <= 1:
         size = engine.block_size * dcp
         return size, size
-    sizes = [_dcp_block(g.spec, dcp) for g in groups]
+    sizes = [_dcp_block(g, dcp) for g in groups]
     scheduler = math.lcm(*sizes)
     if not engine.enable_prefix_caching:
         return scheduler, scheduler
-    if any(isinstance(s, MambaState) and s.mamba_cache_mode != "align"
-           for g in groups for s in layer_specs(g.spec)):
+    specs = [(s, b) for g, b in zip(groups, sizes) for s in layer_specs(g.spec)]
+    if any(isinstance(s, MambaState) and s.mamba_cache_mode != "align" for s, _ in specs):
         return scheduler, scheduler
-    hashing = [b for g, b in zip(groups, sizes) if g.spec.prefix_cacheable] or sizes
-    unit = engine.prefix_match_unit
-    hash_size = unit if unit is not None else math.gcd(*hashing)
-    if any(b % hash_size for b in hashing):
-        raise PlanError(
-            f"prefix_match_unit {hash_size} must divide every prefix-cacheable group's "
-            f"block size; group block sizes {sizes}, prefix-cacheable {hashing}",
-            path="engine.prefix_match_unit", found=str(hash_size),
-            expected=f"a divisor of {math.gcd(*hashing)}")
-    alignments = {s.tokens_per_state for g in groups for s in layer_specs(g.spec)
+    hash_size = _hash_block_size(engine, groups, sizes)
+    alignments = {s.tokens_per_state for s, _ in specs
                   if s.prefix_cacheable and isinstance(getattr(s, "tokens_per_state", None), int)
-                  and s.tokens_per_state > 1}
+                  and s.tokens_per_state > 1}  # type: ignore[attr-defined]
     partial_state = any(
         isinstance(s, MambaState) and s.mamba_cache_mode == "align"
-        and ((dcp == 1 and b > hash_size) or (dcp > 1 and b >= hash_size))
-        for g, b in zip(groups, sizes) for s in layer_specs(g.spec))
+        and ((dcp == 1 and b > hash_size) or (dcp > 1 and b >= hash_size)) for s, b in specs)
     hit_alignment = hash_size if partial_state else scheduler
     if any(hit_alignment % a for a in alignments):
         raise PlanError(
@@ -173,11 +177,3 @@ def block_sizes(engine: Engine, groups: list) -> tuple[int, int]:
             f"layer's per-state compression {sorted(alignments)}",
             path="engine.prefix_match_unit")
     return scheduler, hash_size
-
-
-def dcp_size_for(spec, dcp: int) -> int:
-    """The decode-context-parallel size that owns a group's block geometry."""
-    if dcp <= 1:
-        return 1
-    inner = spec.first if isinstance(spec, UniformType) else spec
-    return dcp if isinstance(inner, FullAttention) else 1

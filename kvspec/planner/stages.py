@@ -63,6 +63,8 @@ def split_stages(names: list[str], pp_size: int, num_layers: int | None,
     """Layer names of every stage, in model order."""
     if pp_size == 1:
         return [list(names)]
+    if not names:
+        return [[] for _ in range(pp_size)]
     indices = {}
     for name in names:
         idx = layer_index(name)

@@ -7,7 +7,7 @@ loaded an artifact compiled from another source would lay its cache out
 differently from its peers, silently. :func:`agree` settles both with two
 collectives, on any ``torch.distributed`` backend:
 
-1. an all-gather of each rank's (source_sha256, body_sha256, count or the
+1. an all-gather of each rank's (source_sha256, sha256, count or the
    problem that kept it from one), as JSON bytes in tensors (nothing is
    unpickled); a rank that could not read its artifact or size its pool, or
    ranks with different artifacts, raise the same :class:`RankMismatchError`
@@ -44,9 +44,8 @@ def pipeline_rank(artifact: Artifact, group: Any = None) -> int:
     0 when ``torch.distributed`` is not initialised."""
     if not is_initialized():
         return 0
-    engine = artifact.body["engine"]
-    tp = int(engine.get("tensor_parallel_size") or 1)
-    pp = int(engine.get("pipeline_parallel_size") or 1)
+    engine = artifact.layout.engine
+    tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     return (torch.distributed.get_rank(group) // tp) % pp
 
 
@@ -96,7 +95,7 @@ def agree(artifact: Artifact | None, num_blocks: int | None, *, group: Any = Non
     dist = torch.distributed
     world = dist.get_world_size(group)
     mine = {"source": artifact.source_sha256 if artifact is not None else None,
-            "body": artifact.body_sha256 if artifact is not None else None,
+            "body": artifact.sha256 if artifact is not None else None,
             "name": artifact.name if artifact is not None else None,
             "num_blocks": num_blocks,
             "problem": problem.message if problem is not None else None}

@@ -16,8 +16,10 @@ random bytes for non-cryptographic ones (so nobody can precompute collisions).
 Here the seed is injectable: :meth:`BlockHasher.create` takes it as an argument
 and reads the environment only when told to (the default).
 
-A pool keys cached blocks by ``(block hash, group id)`` packed into one
-``bytes`` value: the hash followed by the group id as 4 big-endian bytes.
+This module holds the hash functions, the seeding and :class:`BlockHasher`;
+``hashing_keys`` the types, errors and (hash, group id) keys, ``hashing_request``
+a request's extra keys and :class:`RequestBlockHasher`, ``hashing_views`` the
+coarser-group views. Every name is importable from here.
 
 >>> hasher = BlockHasher.create("sha256_cbor", seed="0")
 >>> hasher.none_hash.hex()[:16]
@@ -30,20 +32,46 @@ This module does not import torch.
 
 from __future__ import annotations
 
-import bisect
 import enum
 import hashlib
 import logging
 import os
 import pickle
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeAlias, overload
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import cbor2
 
-from kvspec.errors import KvspecError
+from kvspec.runtime.hashing_keys import (
+    BlockHash,
+    BlockHashKey,
+    HashFunction,
+    HashFunctionUnavailableError,
+    HashingError,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+    split_block_hash_with_group_id,
+    to_external_block_hash,
+)
+from kvspec.runtime.hashing_keys import check_block_size as _check_block_size
+from kvspec.runtime.hashing_request import (
+    MultiModalFeature,
+    RequestBlockHasher,
+    RequestTokens,
+    cache_salt_extra_keys,
+    generate_block_hash_extra_keys,
+    get_mm_features_in_window,
+    lora_extra_keys,
+    mm_extra_keys,
+    prompt_embeds_extra_keys,
+)
+from kvspec.runtime.hashing_views import (
+    BlockHashList,
+    BlockHashListWithBlockSize,
+    resolve_block_hashes,
+)
 
 try:  # optional: only the non-cryptographic hash functions need it
     import xxhash as _xxhash
@@ -54,66 +82,22 @@ except ImportError:  # pragma: no cover - depends on the environment
     _xxhash = None
 
 __all__ = [
-    "DEFAULT_NONE_HASH_SEED",
-    "FROM_ENV",
-    "HASH_FUNCTIONS",
-    "NON_CRYPTO_HASH_FUNCTIONS",
-    "BlockHash",
-    "BlockHashKey",
-    "BlockHashList",
-    "BlockHashListWithBlockSize",
-    "BlockHasher",
-    "HashFunction",
-    "HashingError",
-    "HashFunctionUnavailableError",
-    "MultiModalFeature",
-    "RequestBlockHasher",
-    "RequestTokens",
-    "cache_salt_extra_keys",
-    "generate_block_hash_extra_keys",
-    "get_block_hash",
-    "get_group_id",
-    "get_hash_fn",
-    "get_mm_features_in_window",
-    "get_none_hash_seed",
-    "get_request_block_hasher",
-    "hash_block_tokens",
-    "init_none_hash",
-    "lora_extra_keys",
-    "make_block_hash_with_group_id",
-    "mm_extra_keys",
-    "prompt_embeds_extra_keys",
-    "resolve_block_hashes",
-    "resolve_none_hash_seed",
-    "sha256",
-    "sha256_cbor",
-    "split_block_hash_with_group_id",
-    "to_external_block_hash",
-    "xxhash",
-    "xxhash_cbor",
+    "DEFAULT_NONE_HASH_SEED", "FROM_ENV", "HASH_FUNCTIONS", "NON_CRYPTO_HASH_FUNCTIONS",
+    "BlockHash", "BlockHashKey", "BlockHashList", "BlockHashListWithBlockSize", "BlockHasher",
+    "HashFunction", "HashingError", "HashFunctionUnavailableError", "MultiModalFeature",
+    "RequestBlockHasher", "RequestTokens", "cache_salt_extra_keys",
+    "generate_block_hash_extra_keys", "get_block_hash", "get_group_id", "get_hash_fn",
+    "get_mm_features_in_window", "get_none_hash_seed", "get_request_block_hasher",
+    "hash_block_tokens", "init_none_hash", "lora_extra_keys", "make_block_hash_with_group_id",
+    "mm_extra_keys", "prompt_embeds_extra_keys", "resolve_block_hashes",
+    "resolve_none_hash_seed", "sha256", "sha256_cbor", "split_block_hash_with_group_id",
+    "to_external_block_hash", "xxhash", "xxhash_cbor",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: The digest of one block (32 bytes for sha256, 16 for xxhash).
-BlockHash: TypeAlias = bytes
-#: A block hash followed by its group id as 4 big-endian bytes.
-BlockHashKey: TypeAlias = bytes
-#: Any callable that turns a Python object into a digest.
-HashFunction: TypeAlias = Callable[[Any], bytes]
-
 #: Seed of NONE_HASH for cryptographic hash functions when PYTHONHASHSEED is unset.
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
-
-_GROUP_ID_BYTES = 4
-
-
-class HashingError(KvspecError):
-    """A prefix-hashing input is invalid (group id out of range, bad block sizes)."""
-
-
-class HashFunctionUnavailableError(HashingError, ImportError):
-    """A hash function needs an optional package that is not installed."""
 
 
 class _FromEnv(enum.Enum):
@@ -390,300 +374,6 @@ def get_none_hash_seed(hash_fn: HashFunction | str) -> str:
     return DEFAULT_NONE_HASH_SEED if hasher is None else hasher.seed
 
 
-# --------------------------------------------------------------------------
-# (hash, group id) keys
-# --------------------------------------------------------------------------
-
-
-def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashKey:
-    """Pack a block hash and a group id: the hash, then the id as 4 big-endian bytes.
-
-    >>> make_block_hash_with_group_id(b"\\xab\\xcd", 3).hex()
-    'abcd00000003'
-    """
-    if not 0 <= group_id < 1 << (8 * _GROUP_ID_BYTES):
-        raise HashingError(
-            f"group id {group_id} does not fit the block hash key",
-            expected=f"0 <= group id < 2**{8 * _GROUP_ID_BYTES}",
-            found=str(group_id),
-        )
-    return block_hash + group_id.to_bytes(_GROUP_ID_BYTES, "big")
-
-
-def get_block_hash(key: BlockHashKey) -> BlockHash:
-    """The block hash part of a (hash, group id) key.
-
-    >>> get_block_hash(bytes.fromhex("abcd00000003")).hex()
-    'abcd'
-    """
-    return key[:-_GROUP_ID_BYTES]
-
-
-def get_group_id(key: BlockHashKey) -> int:
-    """The group id part of a (hash, group id) key.
-
-    >>> get_group_id(bytes.fromhex("abcd00000003"))
-    3
-    """
-    return int.from_bytes(key[-_GROUP_ID_BYTES:], "big")
-
-
-def split_block_hash_with_group_id(key: BlockHashKey) -> tuple[BlockHash, int]:
-    """Both parts of a (hash, group id) key.
-
-    >>> split_block_hash_with_group_id(bytes.fromhex("abcd00000003"))
-    (b'\\xab\\xcd', 3)
-    """
-    return get_block_hash(key), get_group_id(key)
-
-
-def to_external_block_hash(block_hash: BlockHash, *, as_int: bool = False) -> bytes | int:
-    """The hash as published in KV events: the bytes, or their low 64 bits as an int.
-
-    >>> to_external_block_hash(bytes.fromhex("ff" + "00" * 7 + "01"), as_int=True)
-    1
-    """
-    if not as_int:
-        return block_hash
-    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
-
-
-# --------------------------------------------------------------------------
-# Request data and extra keys
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MultiModalFeature:
-    """A multimodal item placed in the prompt: its identifier (content hash) and
-    the token range ``[offset, offset + length)`` its placeholders occupy."""
-
-    identifier: str
-    offset: int
-    length: int
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-
-@dataclass(frozen=True, slots=True)
-class RequestTokens:
-    """The fields of a request that its block hashes depend on.
-
-    ``mm_features`` must be sorted by offset and must not overlap.
-    ``prompt_embeds`` holds one ``bytes`` row per prompt token (the raw bytes of
-    that token's embedding), or a torch tensor ``[num_tokens, hidden]`` (read
-    without this module importing torch); a block's extra key is the SHA-256 of
-    its rows' bytes, row after row.
-
-    >>> RequestTokens(range(3), lora_name="sql").token_ids
-    (0, 1, 2)
-    """
-
-    token_ids: Sequence[int]
-    lora_name: str | None = None
-    cache_salt: str | None = None
-    mm_features: Sequence[MultiModalFeature] = ()
-    prompt_embeds: Any = None
-    _embeds_hashes: dict[tuple[int, int], bytes] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "token_ids", tuple(self.token_ids))
-        object.__setattr__(self, "mm_features", tuple(self.mm_features))
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
-
-
-def get_mm_features_in_window(
-    mm_features: Sequence[MultiModalFeature], start: int, end: int
-) -> tuple[int, int]:
-    """Index range ``[lo, hi)`` of the (sorted) features overlapping tokens ``[start, end)``.
-
-    >>> feats = [MultiModalFeature("a", 2, 4), MultiModalFeature("b", 10, 4)]
-    >>> get_mm_features_in_window(feats, 4, 12)
-    (0, 2)
-    >>> get_mm_features_in_window(feats, 6, 10)
-    (1, 1)
-    """
-    lo = bisect.bisect_right(mm_features, start, key=lambda f: f.offset + f.length)
-    hi = bisect.bisect_left(mm_features, end, key=lambda f: f.offset)
-    return lo, hi
-
-
-def mm_extra_keys(
-    request: RequestTokens, start_token_idx: int, end_token_idx: int, start_mm_idx: int
-) -> tuple[list[Any], int]:
-    """Extra keys of the multimodal items in block ``[start, end)``, and the next item index.
-
-    Each item the block touches adds ``(identifier, offset - start)``: its start
-    relative to the block, so the same item at another position hashes apart.
-    ``start_mm_idx`` may be negative (counted from the end).
-
-    >>> req = RequestTokens(range(32), mm_features=[MultiModalFeature("img", 4, 20)])
-    >>> mm_extra_keys(req, 0, 16, 0)
-    ([('img', 4)], 0)
-    >>> mm_extra_keys(req, 16, 32, 0)
-    ([('img', -12)], 1)
-    """
-    keys: list[Any] = []
-    features = request.mm_features
-    if not features or features[-1].end <= start_token_idx:
-        return keys, start_mm_idx
-    if start_mm_idx < 0:
-        if -start_mm_idx > len(features):
-            raise HashingError(
-                f"multimodal index {start_mm_idx} is out of range",
-                expected=f">= {-len(features)}",
-                found=str(start_mm_idx),
-            )
-        start_mm_idx += len(features)
-    idx = start_mm_idx
-    while idx < len(features):
-        feature = features[idx]
-        if end_token_idx <= feature.offset:
-            break  # the block ends before this item starts
-        if start_token_idx >= feature.end:
-            idx += 1  # the block starts after this item
-            continue
-        keys.append((feature.identifier, feature.offset - start_token_idx))
-        if end_token_idx >= feature.end:
-            idx += 1  # the item ends here; the block may hold the next one too
-        else:
-            break  # the item goes on past this block
-    return keys, idx
-
-
-def lora_extra_keys(request: RequestTokens) -> list[str]:
-    """``[lora_name]`` for a LoRA request, else ``[]``.
-
-    >>> lora_extra_keys(RequestTokens([], lora_name="sql")), lora_extra_keys(RequestTokens([]))
-    (['sql'], [])
-    """
-    return [] if request.lora_name is None else [request.lora_name]
-
-
-def cache_salt_extra_keys(request: RequestTokens, start_token_idx: int) -> list[str]:
-    """``[cache_salt]`` for the first block of a salted request, else ``[]``.
-
-    >>> req = RequestTokens([], cache_salt="s")
-    >>> cache_salt_extra_keys(req, 0), cache_salt_extra_keys(req, 16)
-    (['s'], [])
-    """
-    if start_token_idx == 0 and request.cache_salt:
-        return [request.cache_salt]
-    return []
-
-
-def _embed_rows_bytes(prompt_embeds: Any, start: int, end: int) -> bytes:
-    rows = prompt_embeds[start:end]
-    module = type(rows).__module__ or ""
-    if module.startswith("torch"):
-        torch = sys.modules["torch"]  # a tensor exists, so torch is imported
-        flat = rows.flatten().cpu().contiguous().view(torch.uint8)  # (rows * hidden * itemsize,)
-        try:
-            return bytes(flat.numpy().data)
-        except (RuntimeError, ImportError):  # torch built without numpy
-            return bytes(flat.tolist())
-    return b"".join(bytes(row) for row in rows)
-
-
-def prompt_embeds_extra_keys(
-    request: RequestTokens, start_token_idx: int, end_token_idx: int
-) -> list[bytes]:
-    """``[sha256(bytes of the block's prompt-embedding rows)]``, or ``[]`` without embeds.
-
-    >>> req = RequestTokens(range(2), prompt_embeds=[b"\\x00\\x01", b"\\x02\\x03"])
-    >>> prompt_embeds_extra_keys(req, 0, 2) == [hashlib.sha256(bytes(range(4))).digest()]
-    True
-    """
-    if request.prompt_embeds is None:
-        return []
-    span = (start_token_idx, end_token_idx)
-    digest = request._embeds_hashes.get(span)
-    if digest is None:
-        data = _embed_rows_bytes(request.prompt_embeds, start_token_idx, end_token_idx)
-        digest = hashlib.sha256(data).digest()
-        request._embeds_hashes[span] = digest
-    return [digest]
-
-
-def generate_block_hash_extra_keys(
-    request: RequestTokens, start_token_idx: int, end_token_idx: int, start_mm_idx: int
-) -> tuple[tuple[Any, ...] | None, int]:
-    """All extra keys of block ``[start, end)`` and the next multimodal index.
-
-    The order is LoRA name, multimodal items, cache salt, prompt-embedding
-    digest; no keys at all gives ``None`` (not an empty tuple).
-
-    >>> req = RequestTokens(range(32), lora_name="sql", cache_salt="s")
-    >>> generate_block_hash_extra_keys(req, 0, 16, 0)
-    (('sql', 's'), 0)
-    >>> generate_block_hash_extra_keys(RequestTokens(range(32)), 0, 16, 0)
-    (None, 0)
-    """
-    mm_keys, next_mm_idx = mm_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx)
-    keys = (
-        lora_extra_keys(request)
-        + mm_keys
-        + cache_salt_extra_keys(request, start_token_idx)
-        + prompt_embeds_extra_keys(request, start_token_idx, end_token_idx)
-    )
-    return (tuple(keys) if keys else None), next_mm_idx
-
-
-@dataclass(frozen=True, slots=True)
-class RequestBlockHasher:
-    """Hashes the new full blocks of a request at ``hash_block_size``.
-
-    Call it with the request and the hashes already computed for it; it returns
-    the hashes of the full blocks after those (a partial tail is not hashed).
-
-    >>> hasher = RequestBlockHasher(16, BlockHasher.create("sha256_cbor", seed="0"))
-    >>> req = RequestTokens(range(100, 140))
-    >>> first = hasher(req)
-    >>> [h.hex()[:8] for h in first]
-    ['ab58392d', 'cd789950']
-    >>> hasher(RequestTokens(range(100, 148)), first)[0].hex()[:8]
-    'fa7257ce'
-    """
-
-    hash_block_size: int
-    hasher: BlockHasher
-
-    def __post_init__(self) -> None:
-        _check_block_size(self.hash_block_size, "hash_block_size")
-
-    def __call__(
-        self, request: RequestTokens, block_hashes: Sequence[BlockHash] = ()
-    ) -> list[BlockHash]:
-        size = self.hash_block_size
-        start = len(block_hashes) * size
-        num_tokens = request.num_tokens
-        if start + size > num_tokens:
-            return []
-
-        mm_idx = 0
-        features = request.mm_features
-        if start > 0 and features and features[-1].end > start:
-            mm_idx, _ = get_mm_features_in_window(features, start, start + size)
-
-        parent = block_hashes[-1] if block_hashes else None
-        tokens = request.token_ids
-        hash_block = self.hasher.hash_block
-        new_hashes: list[BlockHash] = []
-        for start in range(start, num_tokens - size + 1, size):
-            end = start + size
-            extra_keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-            parent = hash_block(parent, tokens[start:end], extra_keys)
-            new_hashes.append(parent)
-        return new_hashes
-
-
 def get_request_block_hasher(
     hash_block_size: int, hash_fn: HashFunction | str = sha256, *, seed: Seed = FROM_ENV
 ) -> RequestBlockHasher:
@@ -694,123 +384,3 @@ def get_request_block_hasher(
     'ab58392d'
     """
     return RequestBlockHasher(hash_block_size, BlockHasher.create(hash_fn, seed))
-
-
-# --------------------------------------------------------------------------
-# Coarser-group views of a hash list
-# --------------------------------------------------------------------------
-
-
-def _check_block_size(value: int, name: str) -> None:
-    if not isinstance(value, int) or value <= 0:
-        raise HashingError(f"{name} must be a positive integer", found=repr(value))
-
-
-class BlockHashListWithBlockSize(Sequence[BlockHash]):
-    """A hash list computed at ``hash_block_size``, seen at ``target_block_size``.
-
-    The target size must be a multiple of the hash size. Every fine hash
-    already chains over its whole prefix, so the hash of coarse block *i* is the
-    fine hash at the last fine boundary inside it: ``hashes[(i + 1) * scale - 1]``.
-    Nothing is copied; a trailing partial coarse block is not part of the view.
-
-    >>> view = BlockHashListWithBlockSize([b"A", b"B", b"C", b"D", b"E"], 16, 32)
-    >>> len(view), list(view), view[-1], view[0:2]
-    (2, [b'B', b'D'], b'D', [b'B', b'D'])
-    """
-
-    __slots__ = ("block_hashes", "scale_factor")
-
-    def __init__(
-        self, block_hashes: Sequence[BlockHash], hash_block_size: int, target_block_size: int
-    ) -> None:
-        _check_block_size(hash_block_size, "hash_block_size")
-        _check_block_size(target_block_size, "target_block_size")
-        if target_block_size % hash_block_size:
-            raise HashingError(
-                f"block size {target_block_size} is not a multiple of the hash block "
-                f"size {hash_block_size}",
-                expected=f"a multiple of {hash_block_size}",
-                found=str(target_block_size),
-            )
-        self.block_hashes = block_hashes
-        self.scale_factor = target_block_size // hash_block_size
-
-    def __len__(self) -> int:
-        return len(self.block_hashes) // self.scale_factor
-
-    @overload
-    def __getitem__(self, idx: int) -> BlockHash: ...
-
-    @overload
-    def __getitem__(self, idx: slice) -> list[BlockHash]: ...
-
-    def __getitem__(self, idx: int | slice) -> BlockHash | list[BlockHash]:
-        if isinstance(idx, slice):
-            return [self._at(i) for i in range(*idx.indices(len(self)))]
-        if not isinstance(idx, int):
-            raise TypeError(f"block hash list indices must be int or slice, not {type(idx).__name__}")
-        n = len(self)
-        if idx < 0:
-            idx += n
-        if not 0 <= idx < n:
-            raise IndexError("block hash index out of range")
-        return self._at(idx)
-
-    def __iter__(self) -> Iterator[BlockHash]:
-        hashes, scale = self.block_hashes, self.scale_factor
-        for i in range(scale - 1, len(hashes) // scale * scale, scale):
-            yield hashes[i]
-
-    def _at(self, idx: int) -> BlockHash:
-        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
-
-    def __repr__(self) -> str:
-        return f"BlockHashListWithBlockSize(<{len(self)} blocks>, scale_factor={self.scale_factor})"
-
-
-BlockHashList: TypeAlias = list[BlockHash] | BlockHashListWithBlockSize
-
-
-def resolve_block_hashes(
-    block_hashes: Sequence[BlockHash],
-    hash_block_size: int,
-    block_size: int,
-    *,
-    supports_fine_grained_hash_lookup: bool = False,
-    alignment_tokens: int | None = None,
-) -> Sequence[BlockHash]:
-    """The hash list a group of ``block_size`` looks blocks up with.
-
-    Same size: the list itself. An existing view is returned as it is (its scale
-    must match). Fine-grained lookup (partial hits at ``alignment_tokens`` below
-    ``block_size`` that divides it) keeps the fine hashes. Otherwise a
-    :class:`BlockHashListWithBlockSize` view.
-
-    >>> hashes = [b"A", b"B", b"C", b"D"]
-    >>> resolve_block_hashes(hashes, 16, 16) is hashes
-    True
-    >>> list(resolve_block_hashes(hashes, 16, 32))
-    [b'B', b'D']
-    >>> resolve_block_hashes(hashes, 16, 32, supports_fine_grained_hash_lookup=True,
-    ...                      alignment_tokens=16) is hashes
-    True
-    """
-    if block_size == hash_block_size:
-        return block_hashes
-    if isinstance(block_hashes, BlockHashListWithBlockSize):
-        if block_hashes.scale_factor * hash_block_size != block_size:
-            raise HashingError(
-                "the block hash view was made for another block size",
-                expected=str(block_size),
-                found=str(block_hashes.scale_factor * hash_block_size),
-            )
-        return block_hashes
-    if (
-        supports_fine_grained_hash_lookup
-        and alignment_tokens is not None
-        and alignment_tokens < block_size
-        and block_size % alignment_tokens == 0
-    ):
-        return block_hashes
-    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)

@@ -30,7 +30,6 @@ their own in host memory, pinned when CUDA is available.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,12 +38,13 @@ from typing import Any
 
 import torch
 
-from kvspec.affine import Affine
 from kvspec.artifact import Artifact
-from kvspec.errors import ArtifactError, KvspecError
-from kvspec.layouts import Layout
+from kvspec.errors import KvspecError
+from kvspec.model.axes import AxisOrder
+from kvspec.model.plan import Stage
+from kvspec.model.specs import LayerSpec, MambaState
 from kvspec.runtime import distributed
-from kvspec.files import parse_size
+from kvspec.runtime.budget import LoadError, free_memory, resolve_num_blocks
 from kvspec.runtime.views import (
     CellParts,
     KVViews,
@@ -53,13 +53,8 @@ from kvspec.runtime.views import (
     build_tensor_views,
     per_tensor_scales,
 )
-from kvspec.spec import LayerSpec, MambaState, spec_from_dict
 
-__all__ = ["LoadError", "LoadedCache", "load", "resolve_num_blocks"]
-
-
-class LoadError(KvspecError):
-    """The cache cannot be loaded as asked (device, budget or stage)."""
+__all__ = ["LoadError", "LoadedCache", "free_memory", "load", "resolve_num_blocks"]
 
 
 @dataclass(eq=False)
@@ -78,7 +73,7 @@ class LoadedCache:
     device: torch.device
     num_blocks: int
     draft_num_blocks: int | None
-    layout: Layout
+    axis_order: AxisOrder
     buffers: dict[str, torch.Tensor]
     views: dict[str, torch.Tensor]
     metadata: dict[str, LayerMeta]
@@ -93,11 +88,11 @@ class LoadedCache:
 
     def __post_init__(self) -> None:
         self.kv = KVViews(self.views, self.metadata)
-        self.layouts = LayoutViews(self.views, self.metadata, self.layout)
-        layers = self.artifact.body["layers"]
-        self.parts = CellParts(self.views, {n: layers[n].get("cell_parts")
+        self.layouts = LayoutViews(self.views, self.metadata, self.axis_order)
+        layers = self.artifact.layout.layers
+        self.parts = CellParts(self.views, {n: layers[n].cell_parts
                                             for n in self.views if n in layers})
-        scaled = [n for n in self.views if layers.get(n, {}).get("per_tensor_scales")]
+        scaled = [n for n in self.views if n in layers and layers[n].per_tensor_scales]
         buf, self.scales = per_tensor_scales(scaled, self.device)
         if buf is not None:
             self.buffers["scales"] = buf
@@ -106,7 +101,7 @@ class LoadedCache:
         pools = ", ".join(f"{k}: {v.numel()} B" for k, v in self.buffers.items())
         return (f"LoadedCache({self.artifact.name!r}, stage={self.stage}, "
                 f"device={str(self.device)!r}, num_blocks={self.num_blocks}, "
-                f"layers={len(self.views)}, layout={self.layout.name}, pools={{{pools}}})")
+                f"layers={len(self.views)}, layout={self.axis_order.name}, pools={{{pools}}})")
 
     @cached_property
     def block_pool(self) -> Any:
@@ -126,15 +121,14 @@ class LoadedCache:
             from kvspec.runtime.block_pool import BlockPool
         except ImportError:  # pragma: no cover - the module ships with kvspec
             return None
-        body = self.artifact.body
-        draft_layers = set(self.artifact.stage(self.stage)["draft_layers"])
-        groups = [g for g in body["groups"]
-                  if bool(set(g["layers"]) & draft_layers) == draft]
-        caching = bool(body["engine"].get("enable_prefix_caching", True)) and any(
-            g.get("prefix_cacheable", True) for g in groups)
+        layout = self.artifact.layout
+        draft_layers = set(layout.stage(self.stage).draft_layer_names)
+        groups = [g for g in layout.groups if bool(set(g.layer_names) & draft_layers) == draft]
+        caching = layout.engine.enable_prefix_caching and any(
+            g.spec.prefix_cacheable for g in groups)
         return BlockPool(num_blocks, enable_caching=caching,
-                         hash_block_size=body.get("hash_block_size"),
-                         num_groups=len(body["groups"]) or None)
+                         hash_block_size=layout.hash_block_size,
+                         num_groups=len(layout.groups) or None)
 
     def block_view(self, name: str) -> torch.Tensor:
         """``views[name]`` with manager blocks as dim 0 (the reference's
@@ -176,62 +170,66 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
       attention group (an int) or per group id (a mapping).
     - ``zero``: zero the pools (default: when the artifact needs it).
     - ``device="meta"`` builds every view with no memory behind it.
+
+    An :class:`~kvspec.artifact.Artifact` was verified when it was made and
+    never changes, so it is not verified again; a path or a dict is.
     """
     if distributed.is_initialized():
-        # Every rank reaches the agreement, even one that failed to read or
-        # size its cache: its problem is reported by all, so none waits.
-        art: Artifact | None = None
-        try:
-            art = _verified(artifact)
-            dev, st_index, st = _target(art, device, stage)
-            mine: int | None = resolve_num_blocks(
-                art, dev, num_blocks=num_blocks, memory=memory,
-                memory_fraction=memory_fraction)
-            problem = None
-        except KvspecError as err:
-            mine, problem = None, err
-        count = distributed.agree(art, mine, problem=problem)
-        assert art is not None
-        count = art.num_blocks_for(num_blocks=count)
+        art, dev, st_index, count = _agreed(artifact, device, stage, num_blocks, memory,
+                                            memory_fraction)
     else:
         art = _verified(artifact)
-        dev, st_index, st = _target(art, device, stage)
+        dev, st_index = _target(art, device, stage)
         count = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
                                    memory_fraction=memory_fraction)
-
-    zeroed = bool(art.body.get("needs_zeroing")) if zero is None else bool(zero)
+    st = art.layout.stage(st_index)
+    zeroed = art.layout.needs_zeroing if zero is None else bool(zero)
     buffers = _allocate(st, count, dev, zero=zeroed)
-    layout = Layout.parse(art.layout)
     kernel = _kernel_block_sizes(art, st, kernel_block_size)
-    views, metadata = _build_views(st, layout, buffers, count, kernel)
-    missing = [n for n in st["layers"] if n not in views]
-    extra = sorted(set(views) - set(st["layers"]))
-    if missing or extra:
-        what = (f"places no tensor for layer(s) {', '.join(missing[:5])}" if missing else
-                f"places layer(s) it does not own: {', '.join(extra[:5])}")
-        raise ArtifactError(f"stage {st_index} {what}",
-                            hint="recompile the artifact from its source")
+    views, metadata = _build_views(st, art.layout.engine.axis_order, buffers, count, kernel)
     # model order (the stage's layer list), not placement order
-    views = {n: views[n] for n in st["layers"]}
-    metadata = {n: metadata[n] for n in st["layers"]}
+    views = {n: views[n] for n in st.layer_names}
+    metadata = {n: metadata[n] for n in st.layer_names}
     return LoadedCache(artifact=art, stage=st_index, device=dev, num_blocks=count,
-                       draft_num_blocks=st.get("draft_num_blocks"), layout=layout,
+                       draft_num_blocks=st.draft_num_blocks, axis_order=art.layout.engine.axis_order,
                        buffers=buffers, views=views, metadata=metadata,
                        zeroed=zeroed and dev.type != "meta")
 
 
-def _target(art: Artifact, device: Any, stage: int | None
-            ) -> tuple[torch.device, int, Mapping[str, Any]]:
+def _agreed(artifact: Any, device: Any, stage: int | None, num_blocks: int | None,
+            memory: int | str | None, memory_fraction: float | None
+            ) -> tuple[Artifact, torch.device, int, int]:
+    """Every rank reaches the agreement, even one that failed to read or size
+    its cache: its problem is reported by all, so none waits."""
+    art: Artifact | None = None
+    dev, st_index, mine, problem = None, 0, None, None
+    try:
+        art = _verified(artifact)
+        dev, st_index = _target(art, device, stage)
+        mine = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
+                                  memory_fraction=memory_fraction)
+    except KvspecError as err:
+        problem = err
+    count = distributed.agree(art, mine, problem=problem)
+    assert art is not None and dev is not None
+    return art, dev, st_index, art.num_blocks_for(num_blocks=count)
+
+
+def _target(art: Artifact, device: Any, stage: int | None) -> tuple[torch.device, int]:
     """The device, and the stage: given, else this rank's pipeline stage."""
     dev = _device(device)
     index = stage if stage is not None else distributed.pipeline_rank(art)
-    return dev, index, art.stage(index)
+    stages = art.layout.stages
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(stages):
+        raise LoadError(f"the artifact has {len(stages)} pipeline stage(s), not stage {index!r}",
+                        expected=f"a stage in 0..{len(stages) - 1}", found=repr(index))
+    return dev, index
 
 
 def _verified(artifact: Artifact | Mapping[str, Any] | str | Path) -> Artifact:
-    """Re-check format and body hash, whatever form the artifact came in."""
+    """The artifact, verified: an Artifact as it is, a path or dict read and checked."""
     if isinstance(artifact, Artifact):
-        return Artifact.from_dict(artifact.data)
+        return artifact
     if isinstance(artifact, (str, Path)):
         return Artifact.read(artifact)
     if isinstance(artifact, Mapping):
@@ -255,93 +253,29 @@ def _device(device: Any) -> torch.device:
 
 
 # ---------------------------------------------------------------------------
-# sizing
-# ---------------------------------------------------------------------------
-
-
-def _bytes(memory: int | str) -> int:
-    return parse_size(memory, what="memory", error=LoadError)
-
-
-def free_memory(device: torch.device) -> int:
-    """Free bytes of ``device``: ``torch.cuda.mem_get_info`` on CUDA, the
-    available physical pages on a CPU (Linux ``sysconf``)."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    if device.type == "cpu":
-        try:
-            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError) as exc:
-            raise LoadError("cannot tell this machine's free memory",
-                            hint="give memory=... or num_blocks=... instead") from exc
-    raise LoadError(f"memory_fraction needs a device with memory, not {device.type!r}",
-                    hint="give memory=... or num_blocks=... to size a meta load")
-
-
-def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
-                       num_blocks: int | None = None, memory: int | str | None = None,
-                       memory_fraction: float | None = None) -> int:
-    """This rank's block count, checked to serve one request.
-
-    Precedence: the argument given (at most one of the three); else the
-    artifact's own ``num_blocks`` override; else the budget it was compiled
-    for. The source's ``num_blocks`` override wins over a memory budget, as in
-    the reference.
-    """
-    given = [k for k, v in (("num_blocks", num_blocks), ("memory", memory),
-                            ("memory_fraction", memory_fraction)) if v is not None]
-    if len(given) > 1:
-        raise LoadError("give one of num_blocks, memory and memory_fraction",
-                        found=", ".join(given))
-    budget: int | None = None
-    if memory_fraction is not None:
-        if not 0 < memory_fraction <= 1:
-            raise LoadError("memory_fraction must be in (0, 1]",
-                            found=repr(memory_fraction))
-        budget = int(free_memory(device) * memory_fraction)
-    elif memory is not None:
-        budget = _bytes(memory)
-    if num_blocks is not None and (not isinstance(num_blocks, int) or num_blocks < 1):
-        raise LoadError("num_blocks must be a positive integer", found=repr(num_blocks))
-    if num_blocks is None and budget is None and artifact.body["engine"].get("num_blocks") is None:
-        own = artifact.body.get("budget") or {}
-        if own.get("memory") is None:
-            raise LoadError("the artifact has no memory budget of its own",
-                            hint="give num_blocks=..., memory=... or memory_fraction=...")
-        budget = int(own["memory"])
-    return artifact.num_blocks_for(memory=budget, num_blocks=num_blocks)
-
-
-# ---------------------------------------------------------------------------
 # pools
 # ---------------------------------------------------------------------------
 
 
-def _pool_of(tensor: Mapping[str, Any]) -> str:
-    """The allocation a tensor lives in: ``host`` or ``device`` (a drafter's
-    region is part of the device allocation)."""
-    return "host" if tensor.get("host_resident") else "device"
-
-
-def _allocate(stage: Mapping[str, Any], num_blocks: int, device: torch.device, *,
+def _allocate(stage: Stage, num_blocks: int, device: torch.device, *,
               zero: bool) -> dict[str, torch.Tensor]:
+    """One int8 allocation per pool: ``device`` (the main pool and, beyond it,
+    a drafter's own region) and ``host`` for host-resident tensors."""
     sizes: dict[str, int] = {}
-    for t in stage["tensors"]:
-        pool = _pool_of(t)
-        sizes[pool] = max(sizes.get(pool, 0), Affine.from_json(t["size"]).at(num_blocks))
+    for t in stage.tensors:
+        pool = "host" if t.host_resident else "device"
+        sizes[pool] = max(sizes.get(pool, 0), t.size.at(num_blocks))
     buffers: dict[str, torch.Tensor] = {}
     for pool, size in sizes.items():
         if pool == "host" and device.type != "meta":
-            pin = torch.cuda.is_available()
-            buf = torch.empty(size, dtype=torch.int8, device="cpu", pin_memory=pin)
+            buf = torch.empty(size, dtype=torch.int8, device="cpu",
+                              pin_memory=torch.cuda.is_available())
         else:
             buf = torch.empty(size, dtype=torch.int8, device=device)
         if zero and device.type != "meta":
             buf.zero_()
         buffers[pool] = buf  # (size,) int8: the pool's bytes
-    drafts = [Affine.from_json(t["offset"]).at(num_blocks) for t in stage["tensors"]
-              if t.get("pool") == "draft"]
+    drafts = [t.offset.at(num_blocks) for t in stage.tensors if t.pool == "draft"]
     if drafts and "device" in buffers:
         buffers["draft"] = buffers["device"][min(drafts):]  # the drafter's region, no copy
     return buffers
@@ -357,51 +291,41 @@ def _takes_kernel_blocks(spec: LayerSpec) -> bool:
     return not isinstance(spec, MambaState)
 
 
-def _kernel_block_sizes(artifact: Artifact, stage: Mapping[str, Any],
+def _kernel_block_sizes(artifact: Artifact, stage: Stage,
                         kernel: int | Mapping[int, int] | None) -> dict[int, int]:
     """Group id -> kernel block size, for the groups that split."""
     if kernel is None:
         return {}
     if isinstance(kernel, Mapping):
-        known = {g["id"] for g in artifact.body["groups"]}
+        known = set(range(len(artifact.layout.groups)))
         unknown = sorted(set(kernel) - known)
         if unknown:
             raise LoadError(f"kernel_block_size names unknown group(s) {unknown}",
                             expected=f"group ids {sorted(known)}")
         return {int(g): int(k) for g, k in kernel.items()}
-    if not isinstance(kernel, int) or kernel < 1:
-        raise LoadError("kernel_block_size must be a positive integer",
-                        found=repr(kernel))
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
+        raise LoadError("kernel_block_size must be a positive integer", found=repr(kernel))
     out: dict[int, int] = {}
-    for t in stage["tensors"]:
-        spec = spec_from_dict(t["spec"])
+    for t in stage.tensors:
+        spec = stage.groups[t.group].layer_spec(t.layers[0])
         if _takes_kernel_blocks(spec) and spec.block_size != kernel:
-            out[int(t["group"])] = kernel
+            out[t.group] = kernel
     return out
 
 
-def _build_views(stage: Mapping[str, Any], layout: Layout, buffers: dict[str, torch.Tensor],
+def _build_views(stage: Stage, order: AxisOrder, buffers: dict[str, torch.Tensor],
                  num_blocks: int, kernel: dict[int, int],
                  ) -> tuple[dict[str, torch.Tensor], dict[str, LayerMeta]]:
     views: dict[str, torch.Tensor] = {}
     metadata: dict[str, LayerMeta] = {}
-    draft_blocks = stage.get("draft_num_blocks")
-    for index, t in enumerate(stage["tensors"]):
-        spec = spec_from_dict(t["spec"])
-        draft = t.get("pool") == "draft"
-        if draft and draft_blocks is None:
-            raise ArtifactError(f"tensor {index} is in a drafter pool, but the stage "
-                                "has no draft_num_blocks",
-                                hint="recompile the artifact from its source")
-        pool_blocks = draft_blocks if draft else num_blocks
-        alloc = _pool_of(t)
-        pool = "draft" if draft else alloc
-        made = build_tensor_views(buffers[alloc], t, index, spec, layout, num_blocks,
-                                  pool_blocks, kernel.get(int(t["group"])), pool)
+    for index, t in enumerate(stage.tensors):
+        spec = stage.groups[t.group].layer_spec(t.layers[0])
+        draft = t.pool == "draft"
+        pool_blocks = stage.draft_num_blocks if draft and stage.draft_num_blocks else num_blocks
+        alloc = "host" if t.host_resident else "device"
+        made = build_tensor_views(buffers[alloc], t, index, spec, order, num_blocks,
+                                  pool_blocks, kernel.get(t.group), "draft" if draft else alloc)
         for view, meta in made:
-            if meta.name in views:
-                raise ArtifactError(f"layer {meta.name} is placed twice in one stage",
-                                    hint="recompile the artifact from its source")
             views[meta.name] = view  # (B, H, N, C) in meta.dtype
             metadata[meta.name] = meta
     return views, metadata

@@ -23,22 +23,26 @@ offset divide by the dtype's size (C's stays 1). Kernel-block splitting views a 
 blocks: ``B' = B * ratio``, ``N' = N / ratio`` and ``block_stride' =
 block_stride / ratio`` (only where a block is one dense page).
 
-This module imports torch; :func:`view_geometry` (torch-free) does the arithmetic.
+This module imports torch; :func:`kvspec.model.geometry.view_geometry` (torch-free)
+does the arithmetic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from kvspec.dtypes import canonical_dtype, dtype_size
 from kvspec.errors import ArtifactError, KvspecError
-from kvspec.layouts import Layout
-from kvspec.planner.place import view_geometry
-from kvspec.spec import MLA, Attention, LayerSpec, SlidingWindowMLA
+from kvspec.model import kinds
+from kvspec.model.axes import AxisOrder
+from kvspec.model.dtypes import canonical_dtype, dtype_size
+from kvspec.model.geometry import view_geometry
+from kvspec.model.plan import Tensor
+from kvspec.model.quant import CellPart
+from kvspec.model.specs import Attention, LayerSpec
+from kvspec.model.specs.attention import windows_of
 
 __all__ = [
     "KVViews",
@@ -111,7 +115,7 @@ class LayerMeta:
 
 def _kv_sizes(spec: LayerSpec, cell: int) -> tuple[int | None, int | None]:
     """K and V head sizes when ``spec``'s cell of ``cell`` elements is K||V."""
-    if not isinstance(spec, Attention) or isinstance(spec, (MLA, SlidingWindowMLA)):
+    if not isinstance(spec, Attention) or kinds.of(spec).latent:
         return None, None
     if spec.state_content_bytes is not None or not spec.head_size_v:
         return None, None
@@ -120,8 +124,8 @@ def _kv_sizes(spec: LayerSpec, cell: int) -> tuple[int | None, int | None]:
     return spec.head_size, spec.head_size_v
 
 
-def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: int,
-                       spec: LayerSpec, layout: Layout, num_blocks: int, pool_blocks: int,
+def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, spec: LayerSpec,
+                       order: AxisOrder, num_blocks: int, pool_blocks: int,
                        kernel_block_size: int | None, pool: str,
                        ) -> list[tuple[torch.Tensor, LayerMeta]]:
     """The views of one artifact tensor's layers over ``buffer`` (int8).
@@ -134,21 +138,15 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: i
                           buffer.storage_offset() + byte_offset).view(dtype)
         # (B, H, N, C) in dtype: storage_offset = byte_offset / itemsize
     """
-    fields = {"layers": tensor["layers"],
-              "layer_stride": _at(tensor["layer_stride"], num_blocks),
-              "block_stride": _at(tensor["block_stride"], num_blocks),
-              "offset": _at(tensor["offset"], num_blocks)}
     try:
-        geoms = view_geometry(fields, spec, pool_blocks, layout, kernel_block_size)
+        geoms = view_geometry(tensor.layers, tensor.layer_stride.at(num_blocks),
+                              tensor.block_stride.at(num_blocks), tensor.offset.at(num_blocks),
+                              spec, pool_blocks, order, kernel_block_size)
     except KvspecError as err:
-        err.message = f"tensor {index} ({tensor['layers'][0]}, ...): {err.message}"
-        err.args = (err.message,)
-        raise
-    base = buffer.storage_offset()
-    limit = buffer.numel()
-    out: list[tuple[torch.Tensor, LayerMeta]] = []
+        raise err.replace(message=f"tensor {index} ({tensor.layers[0]}, ...): {err.message}"
+                          ) from None
     if not geoms:
-        return out
+        return []
     # Every layer of a tensor shares its dtype, shape and strides: only the
     # offset moves (by layer_stride), so the per-layer work is one as_strided.
     first = geoms[0]
@@ -158,10 +156,9 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: i
     extent = sum((n - 1) * s for n, s in zip(byte_shape, first.byte_stride)) + 1
     k, v = _kv_sizes(spec, first.shape[3])
     kernel = kernel_block_size if kernel_block_size is not None else spec.block_size
-    group = int(tensor["group"])
-    role = str(tensor.get("role", ""))
-    window = getattr(spec, "sliding_window", None)
-    chunk = getattr(spec, "attention_chunk_size", None)
+    window, chunk = windows_of(spec)
+    base, limit = buffer.storage_offset(), buffer.numel()
+    out: list[tuple[torch.Tensor, LayerMeta]] = []
     for slot, g in enumerate(geoms):
         if g.byte_offset < 0 or g.byte_offset + extent > limit:
             raise ArtifactError(
@@ -172,19 +169,13 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Mapping[str, Any], index: i
         if dtype is not torch.int8:
             view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
         out.append((view, LayerMeta(
-            name=g.layer, group=group, kind=spec.kind, block_size=spec.block_size,
+            name=g.layer, group=tensor.group, kind=spec.kind, block_size=spec.block_size,
             kernel_block_size=kernel, sliding_window=window, attention_chunk_size=chunk,
             pool=pool, num_blocks=pool_blocks, dtype=g.dtype, tensor=index, slot=slot,
             shape=g.shape, stride=g.stride, storage_offset=g.storage_offset,
             byte_offset=g.byte_offset, byte_stride=g.byte_stride, head_size=k,
-            head_size_v=v, role=role)))
+            head_size_v=v, role=tensor.role)))
     return out
-
-
-def _at(value: Any, num_blocks: int) -> int:
-    from kvspec.affine import Affine
-
-    return Affine.from_json(value).at(num_blocks)
 
 
 # ---------------------------------------------------------------------------
@@ -277,10 +268,10 @@ class LayoutViews:
     """
 
     def __init__(self, views: Mapping[str, torch.Tensor], metadata: Mapping[str, LayerMeta],
-                 layout: Layout):
+                 axis_order: AxisOrder):
         self._views = views
         self._meta = metadata
-        self.layout = layout
+        self.axis_order = axis_order
 
     def supports(self, name: str) -> tuple[str, ...]:
         """The conventions ``name``'s view yields, e.g. ``("NHD",)``."""
@@ -290,7 +281,7 @@ class LayoutViews:
         view = self._views[name]
         if convention not in conventions(view):
             raise LayoutMismatch(
-                f"layer {name}: layout {self.layout.name} does not store its pages as "
+                f"layer {name}: layout {self.axis_order.name} does not store its pages as "
                 f"{convention} (strides {tuple(view.stride())} of (B, H, N, C))",
                 expected=convention, found=", ".join(conventions(view)) or "neither",
                 hint="compile with layout LBNHC for NHD kernels, LBHNC or BLHNC for HND")
@@ -320,7 +311,7 @@ class LayoutMismatch(KvspecError):
 # ---------------------------------------------------------------------------
 
 
-def part_view(view: torch.Tensor, part: Mapping[str, Any]) -> torch.Tensor:
+def part_view(view: torch.Tensor, part: CellPart) -> torch.Tensor:
     """One part of every cell of ``view``, in the part's dtype, without a copy::
 
         view:  (B, H, N, C)            any dtype; the cell is C * itemsize bytes
@@ -330,17 +321,17 @@ def part_view(view: torch.Tensor, part: Mapping[str, Any]) -> torch.Tensor:
     e.g. an ``int8_per_token_head`` cell ``[K 128 B | K scale f32 | V 128 B | V scale f32]``
     gives ``k`` (B, H, N, 128) int8 and ``k_scale`` (B, H, N, 1) float32.
     """
-    dtype = torch_dtype(str(part["dtype"]))
-    size = torch.empty((), dtype=dtype, device="meta").element_size()
+    dtype = torch_dtype(part.dtype)
+    size = dtype_size(part.dtype)
     raw = view.view(torch.int8)                                  # (B, H, N, C bytes)
-    start = int(part["byte_offset"])
-    piece = raw[..., start:start + int(part["count"]) * size]    # (B, H, N, count*size)
+    start = part.byte_offset
+    piece = raw[..., start:start + part.count * size]            # (B, H, N, count*size)
     try:
         return piece.view(dtype)                                 # (B, H, N, count)
     except RuntimeError as exc:
         raise ArtifactError(
-            f"cell part {part['name']!r} ({part['dtype']} at byte {start} of the cell) is "
-            f"not aligned for a {part['dtype']} view: {exc}",
+            f"cell part {part.name!r} ({part.dtype} at byte {start} of the cell) is "
+            f"not aligned for a {part.dtype} view: {exc}",
             hint="view the raw bytes (views[layer].view(torch.int8)) instead") from None
 
 
@@ -353,7 +344,7 @@ class CellParts(Mapping[str, Mapping[str, torch.Tensor]]):
     """
 
     def __init__(self, views: Mapping[str, torch.Tensor],
-                 parts: Mapping[str, list[Mapping[str, Any]]]):
+                 parts: Mapping[str, tuple[CellPart, ...] | None]):
         self._views = views
         self._parts = {n: p for n, p in parts.items() if p and n in views}
         self._made: dict[str, dict[str, torch.Tensor]] = {}
@@ -363,8 +354,8 @@ class CellParts(Mapping[str, Mapping[str, torch.Tensor]]):
         if made is None:
             if name not in self._parts:
                 raise KeyError(f"layer {name!r} has no addressable cell parts")
-            made = self._made[name] = {str(p["name"]): part_view(self._views[name], p)
-                                       for p in self._parts[name]}
+            made = self._made[name] = {p.name: part_view(self._views[name], p)
+                                       for p in self._parts[name] or ()}
         return made
 
     def __contains__(self, name: object) -> bool:

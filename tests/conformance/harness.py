@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from kvspec.errors import KvspecError
-from kvspec.planner.plan import plan_layers, resolve
-from kvspec.refview import reference_view, views_of
-from kvspec.specdump import read_dump
+from kvspec.integrations.dump.read import read_dump
+from kvspec.planner import plan_layers, resolve
+from kvspec.reports.refview import reference_view, views_of
 
 SHARED = Path(__file__).resolve().parents[3] / "shared"
 CONFORMANCE = SHARED / "conformance"

@@ -1,0 +1,134 @@
+"""Reading an artifact: refuse anything no compiler could have written.
+
+1. the envelope: a JSON object of this format, whose ``sha256`` matches;
+2. the body's inputs decode (engine, each layer's spec, stage, quantization);
+3. planning those inputs again gives exactly this body -- so an edited body
+   with a recomputed hash (``layer_stride: 0``, a removed group, a changed
+   page) is refused, naming the first field that differs.
+
+When 2 or 3 fail, the artifact schema (:mod:`.schema`) names what is
+malformed; an artifact that matches it but not the plan gets the difference.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kvspec.artifact import COMPILER, FORMAT, Artifact, envelope_hash
+from kvspec.artifact.codec import decode_inputs, encode
+from kvspec.errors import ArtifactError, KvspecError
+
+_RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
+
+
+def parse_text(text: str, origin: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = None
+        if text.lstrip().startswith(("kvspec:", "#", "name:")) or origin.endswith((".yaml",
+                                                                                   ".yml")):
+            hint = f"{origin} looks like a layout source: compile it with `kvspec compile " \
+                   f"{origin}` and use the .kvlayout.json it writes"
+        raise ArtifactError(f"not valid JSON: {exc.msg}", file=origin, line=exc.lineno,
+                            column=exc.colno,
+                            hint=hint or "compile a source with `kvspec compile model.yaml`"
+                            ) from None
+
+
+def first_difference(a: Any, b: Any, path: str = "body") -> tuple[str, Any, Any] | None:
+    """The first path where ``a`` and ``b`` differ, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                return f"{path}.{key}", a.get(key, "<absent>"), b.get(key, "<absent>")
+            found = first_difference(a[key], b[key], f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        if len(a) != len(b):
+            return f"{path} (length)", len(a), len(b)
+        return None
+    if a != b or type(a) is not type(b):
+        return path, a, b
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _envelope(data: Any, origin: str) -> None:
+    if not isinstance(data, dict) or "body" not in data:
+        raise ArtifactError("not a kvspec layout artifact", file=origin,
+                            expected="a JSON object with format, compiler, source_sha256, "
+                                     "sha256 and body",
+                            hint="compile a source with `kvspec compile model.yaml`")
+    fmt = data.get("format")
+    if fmt != FORMAT:
+        raise ArtifactError(f"unsupported artifact format {fmt!r}", file=origin,
+                            expected=FORMAT, found=str(fmt),
+                            hint="recompile the source with this kvspec version")
+    want, got = data.get("sha256"), envelope_hash(data)
+    if want != got:
+        raise ArtifactError("the artifact does not match its sha256: it was edited or "
+                            "corrupted", file=origin, expected=str(want), found=got,
+                            hint=_RECOMPILE)
+
+
+def _schema_problem(data: dict[str, Any], origin: str, cause: str) -> ArtifactError:
+    from kvspec.artifact.schema import schema_problems
+    problems = schema_problems(data)
+    if problems:
+        return ArtifactError(
+            f"does not match the artifact schema ({len(problems)} problem(s))", file=origin,
+            found="; ".join(problems[:5]) + ("; ..." if len(problems) > 5 else ""),
+            hint=_RECOMPILE)
+    return ArtifactError(f"its body cannot be read back: {cause}", file=origin, hint=_RECOMPILE)
+
+
+def replan(data: dict[str, Any], origin: str = "<artifact>"):
+    """The Layout this compiler plans from the body's inputs."""
+    from kvspec.planner import layout_of, plan_layers, resolve
+
+    try:
+        inputs = decode_inputs(data["body"])
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise _schema_problem(data, origin, f"{type(exc).__name__}: {exc}") from None
+    try:
+        plan = plan_layers(inputs.engine, inputs.stage_specs)
+        resolved = resolve(plan, memory=inputs.memory) \
+            if inputs.memory is not None else None
+        return layout_of(inputs.name, inputs.model, plan, resolved, inputs.kv_cache_dtypes)
+    except KvspecError as err:
+        raise ArtifactError(f"its layers do not plan: {err.message}", file=origin,
+                            hint=_RECOMPILE) from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:
+        raise _schema_problem(data, origin, f"{type(exc).__name__}: {exc}") from None
+
+
+def verified(data: Any, *, origin: str = "<artifact>") -> Artifact:
+    """``data`` (a parsed artifact) as a verified :class:`Artifact`."""
+    _envelope(data, origin)
+    layout = replan(data, origin)
+    diff = first_difference(data["body"], encode(layout))
+    if diff is not None:
+        err = _schema_problem(data, origin, "")
+        if "schema" in err.message:
+            raise err
+        path, stored, planned = diff
+        newer = data.get("compiler") != COMPILER
+        raise ArtifactError(
+            "the artifact is not what kvspec plans from its own layers and engine: it was "
+            "edited, or written by another compiler", file=origin, path=path,
+            expected=f"{_short(planned)} (as {COMPILER} plans it)", found=_short(stored),
+            hint=f"it says it was compiled by {data.get('compiler')}; " + _RECOMPILE
+            if newer else _RECOMPILE)
+    return Artifact(data, layout)

@@ -1,0 +1,5 @@
+"""``python -m kvspec.cli``: the command line."""
+
+from kvspec.cli import main
+
+main()

@@ -1,0 +1,123 @@
+"""``kvspec init --from-hf config.json``: start a layout source from a model config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from kvspec.cli.common import USAGE
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
+from kvspec.files import read_json
+
+
+def _max_model_len(text: str | None) -> int | str | None:
+    if text is None or text == "auto":
+        return text
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise UsageError(f"--max-model-len: cannot read {text!r}",
+                         expected="a positive number of tokens, or auto", found=text) from None
+    if value <= 0:
+        raise UsageError("--max-model-len must be positive", found=text)
+    return value
+
+
+def read_config(path: Path) -> dict:
+    """A parsed ``config.json``, with errors placed at the file."""
+    data = read_json(path, what="config.json", error=KvspecError,
+                     hint="give the model's Hugging Face config.json")
+    if not isinstance(data, dict):
+        raise KvspecError("config.json must hold a JSON object", file=str(path),
+                          found=type(data).__name__)
+    return data
+
+
+def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
+    if output is not None:
+        return output.name.removesuffix(".yaml").removesuffix(".yml")
+    if config_path.stem != "config":
+        return config_path.stem
+    name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
+    return name.lower() or str(config.get("model_type") or "model")
+
+
+@click.command("init")
+@click.option("--from-hf", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="The model's Hugging Face config.json.")
+@click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),
+              help="A model directory holding config.json (or the file): build it with "
+              "vLLM's own model code on the meta device (needs kvspec[vllm]).")
+@click.option("--target", help="The GPU class or attention backend the deployment runs "
+              "on, where an engine choice depends on it (e.g. hopper, ampere).")
+@click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Tensor-parallel size (splits KV heads; state shapes are per rank).")
+@click.option("--pp", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Pipeline-parallel size.")
+@click.option("--max-model-len", "max_model_len",
+              help="Longest request in tokens, or auto to fit it to --memory "
+              "(default: the model's max_position_embeddings).")
+@click.option("--memory", help="KV cache memory per rank, e.g. 40GiB (default: none; "
+              "the loader decides).")
+@click.option("--kv-cache-dtype", default="auto", show_default=True,
+              help="KV cache quantization: auto, fp8, fp8_e5m2, ...")
+@click.option("--dtype", help="Model dtype (default: the config's torch_dtype).")
+@click.option("--block-size", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Attention block size (models with state layers may need more).")
+@click.option("--mamba-cache-dtype", default="auto", show_default=True,
+              help="Dtype of state-layer caches (vLLM's --mamba-cache-dtype).")
+@click.option("--mamba-ssm-cache-dtype", default="auto", show_default=True,
+              help="Dtype of SSM states (vLLM's --mamba-ssm-cache-dtype).")
+@click.option("--name", help="The layout's name (default: from -o or the config file).")
+@click.option("--model", "model_id", help="The model's id, e.g. meta-llama/Llama-3.1-8B.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the source (default: stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+def command(config_path: Path | None, vllm_model: Path | None, target: str | None, tp: int,
+            pp: int, max_model_len: str | None, memory: str | None, kv_cache_dtype: str,
+            dtype: str | None, block_size: int, mamba_cache_dtype: str,
+            mamba_ssm_cache_dtype: str, name: str | None, model_id: str | None,
+            output: Path | None, force: bool) -> None:
+    """Write a layout source for a model: from its Hugging Face config.json, or
+    from vLLM's own model code.
+
+    Supported families: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3,
+    gpt-oss, Llama 4, DeepSeek V2/V3, Jamba, Qwen3-Next, Nemotron-H. The
+    result compiles; review it before committing it.
+    """
+    from kvspec.cli.common import parse_bytes
+    from kvspec.files import emit, refuse_overwrite
+    from kvspec.integrations.options import InitOptions
+
+    if (config_path is None) == (vllm_model is None):
+        raise UsageError("give one of --from-hf config.json and --from-vllm MODEL",
+                         hint="e.g. kvspec init --from-hf config.json -o layouts/m.yaml")
+    refuse_overwrite(output, force)
+    source = config_path if config_path is not None else vllm_model
+    assert source is not None
+    config = read_config(config_path) if config_path is not None else {}
+    options = InitOptions(
+        name=name or _default_name(source, output, config),
+        model=model_id, tp=tp, pp=pp, max_model_len=_max_model_len(max_model_len),
+        memory=parse_bytes(memory) if memory else None, kv_cache_dtype=kv_cache_dtype,
+        dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
+        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=str(source), target=target)
+    if vllm_model is not None:
+        from kvspec.integrations.vllm.init import init_source as from_vllm
+        text = from_vllm(vllm_model, options)
+    else:
+        from kvspec.integrations.hf.init import init_source
+        text = init_source(config, options)
+    emit(text, output)
+
+
+#: ``kvspec init``'s exit codes and what each means (docs/cli.md).
+EXITS = (
+    (EXIT_OK, "the source was written (or printed)"),
+    (EXIT_INVALID, "the config.json cannot be read, or its architecture is not "
+                   "a supported family (the message lists them)"),
+    (EXIT_USAGE, USAGE + "; the output file exists and `--force` was not given"),
+)
+#: Pages to read next (docs/cli.md).
+SEE_ALSO = ("getting-started.md", "format.md")

@@ -1,1 +1,0 @@
-"""CLI commands beyond compile/validate/plan/import, one module each (``command``)."""

@@ -1,0 +1,161 @@
+"""Families of attention-only models: Llama, Mistral, Qwen, Gemma, gpt-oss, Llama 4, DeepSeek."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.integrations.hf.families.facts import (
+    Ctx,
+    LayerFacts,
+    attention_layer,
+    cfg_get,
+    cfg_int,
+    from_layer_types,
+    layer_types,
+)
+
+
+def _llama_like(ctx: Ctx) -> list[LayerFacts]:
+    """Llama and Mistral (vLLM ``llama.py``).
+
+    ``layer_types`` wins when present.  Otherwise a non-null ``sliding_window``
+    (Mistral 7B v0.1: 4096) slides on every layer -- vLLM passes the model-level
+    window to every ``Attention`` layer -- and a null one means full attention.
+    """
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    window = cfg_get(cfg, "sliding_window")
+    return [attention_layer(i, cfg, sliding_window=window) for i in range(n)]
+
+
+def _qwen(ctx: Ctx) -> list[LayerFacts]:
+    """Qwen2 / Qwen3 (vLLM ``qwen2.py``, ``qwen3.py``).
+
+    ``layer_types`` when present.  Otherwise the window applies only when
+    ``use_sliding_window`` is true (vLLM's ``get_hf_config_sliding_window``
+    drops it otherwise -- Qwen2.5 ships ``sliding_window: 131072`` with
+    ``use_sliding_window: false``), and then only to layers
+    ``i >= max_window_layers`` (``Qwen2Config.layer_types``; default 28).
+    """
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    window = cfg_get(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
+    first_sliding = cfg_int(cfg, "max_window_layers", 28)
+    return [
+        attention_layer(i, cfg, sliding_window=window if i >= first_sliding else None)
+        for i in range(n)
+    ]
+
+
+def _gemma2(ctx: Ctx) -> list[LayerFacts]:
+    """Gemma 2 (vLLM ``gemma2.py``): even layers use the sliding window.
+
+    ``Gemma2Config`` derives ``layer_types`` as sliding for even ``i``;
+    ``sliding_window`` defaults to 4096 there.
+    """
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    window = cfg_int(cfg, "sliding_window", 4096)
+    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None) for i in range(n)]
+
+
+# transformers ``Gemma3TextConfig`` defaults used when ``text_config`` omits a
+# field (google/gemma-3-27b-it's config.json only lists non-default values).
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "head_dim": 256,
+    "num_key_value_heads": 4,
+    "num_attention_heads": 8,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
+    "max_position_embeddings": 131072,
+}
+
+
+def _gemma3(ctx: Ctx) -> list[LayerFacts]:
+    """Gemma 3 (vLLM ``gemma3.py``; the multimodal checkpoint nests ``text_config``).
+
+    ``layer_types`` when present; otherwise layer ``i`` is global when
+    ``(i + 1) % sliding_window_pattern == 0`` (``Gemma3TextConfig``), i.e. five
+    sliding layers then one global layer.  Missing fields take the
+    ``Gemma3TextConfig`` defaults in ``GEMMA3_TEXT_DEFAULTS``.
+    """
+    cfg = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in ctx.text.items() if v is not None}}
+    n = cfg_int(cfg, "num_hidden_layers")
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    pattern = cfg_int(cfg, "sliding_window_pattern")
+    if "_sliding_window_pattern" in cfg:
+        pattern = cfg_int(cfg, "_sliding_window_pattern")
+    window = cfg_int(cfg, "sliding_window")
+    return [
+        attention_layer(i, cfg, sliding_window=None if (i + 1) % pattern == 0 else window)
+        for i in range(n)
+    ]
+
+
+def _gpt_oss(ctx: Ctx) -> list[LayerFacts]:
+    """gpt-oss (vLLM ``gpt_oss.py``): ``layer_types``; without it, even layers slide."""
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    window = cfg_int(cfg, "sliding_window", 128)
+    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None) for i in range(n)]
+
+
+def _llama4(ctx: Ctx) -> list[LayerFacts]:
+    """Llama 4 (vLLM ``llama4.py``, ``Llama4Attention``).
+
+    ``nope = no_rope_layers[i] == 0``; NoPE layers are plain (global)
+    ``Attention``, the rest ``ChunkedLocalAttention(attention_chunk_size)``
+    when ``attention_chunk_size`` is set.  ``Llama4TextConfig`` replaces an
+    empty ``no_rope_layers`` with ``int((i + 1) % 4 != 0)`` -- every 4th layer
+    is NoPE/global.
+    """
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
+    if len(no_rope) != n:
+        raise ValueError(f"no_rope_layers must list {n} entries, got {len(no_rope)}")
+    chunk = cfg_get(cfg, "attention_chunk_size")
+    return [
+        attention_layer(i, cfg, chunk=None if no_rope[i] == 0 else chunk) for i in range(n)
+    ]
+
+
+def _deepseek(ctx: Ctx) -> list[LayerFacts]:
+    """DeepSeek V2 / V3 with MLA (vLLM ``deepseek_v2.py``).
+
+    Every decoder layer caches one latent vector per token: a single KV "head"
+    of ``kv_lora_rank + qk_rope_head_dim`` (512 + 64 = 576).  V is not cached
+    separately.  The MTP layers (``num_nextn_predict_layers``) belong to the
+    speculative drafter, not this model, and are not listed.
+    """
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    rank = cfg_int(cfg, "kv_lora_rank")
+    rope = cfg_int(cfg, "qk_rope_head_dim")
+    return [
+        LayerFacts(
+            index=i,
+            kind="mla",
+            num_kv_heads=1,
+            head_size=rank + rope,
+            mla_kv_lora_rank=rank,
+            mla_rope_dim=rope,
+        )
+        for i in range(n)
+    ]
+
+

@@ -1,0 +1,166 @@
+"""View geometry, torch-free: the byte strides of a layer's page in its pool.
+
+Shared by the planner's place pass (tensors as affine forms of the block count)
+and the runtime's views (one ``as_strided`` per layer). A layer's page for
+block ``b`` has the logical shape ``(B, H, N, C)``; the axis order decides the
+strides, innermost physical axis first::
+
+    LBNHC (layer-compact, the default)      BLHNC (block-outermost, packed)
+      C: 1                                    C: 1
+      H: c                                    N: c
+      N: H * c                                H: N * c
+      B: block_stride  (= N * H * c)          L: layer_stride (= page, in the block)
+      L: layer_stride  (= num_blocks * page)  B: block_stride (= bytes_per_block)
+
+>>> from kvspec.model.specs import FullAttention
+>>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+>>> [str(s) for s in layout_strides(f, Affine(1), 2, AxisOrder.LBNHC)]
+['65536*N', '65536', '512', '4096', '1']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import prod
+
+from kvspec.errors import PlanError
+from kvspec.model.affine import Affine
+from kvspec.model.axes import DIM_B, DIM_L, AxisOrder
+from kvspec.model.dtypes import dtype_size
+from kvspec.model.specs.base import LayerSpec
+
+
+def page_shape(spec: LayerSpec, num_blocks: int | Affine,
+               kernel_block_size: int | None = None) -> tuple:
+    """``(B, H, N, C)`` of one layer, C in bytes; kernel blocks split B."""
+    block = kernel_block_size if kernel_block_size is not None else spec.block_size
+    if block <= 0 or spec.block_size % block:
+        raise PlanError(f"kernel block size {block} must divide the KV cache block size "
+                        f"{spec.block_size}")
+    per_page = spec.block_size // block
+    return (num_blocks * per_page, spec.num_heads, spec.kernel_states(block),
+            spec.state_content_size_bytes)
+
+
+def _check_padded_grid(order: tuple[int, ...], shape: tuple, grid_end: int,
+                       axis_order: AxisOrder) -> None:
+    extra = [shape[d] for d in order[:grid_end] if d not in (DIM_L, DIM_B)]
+    if any(e != 1 for e in extra):
+        raise PlanError(
+            f"layout {axis_order.name} puts head slots outside a padded page",
+            hint="padded pages need L and B as the outermost axes (e.g. LBNHC, BLHNC)")
+
+
+def layout_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
+                   axis_order: AxisOrder, kernel_block_size: int | None = None,
+                   fixed: tuple[int | Affine | None, ...] = (None,) * 5) -> list[Affine]:
+    """Byte strides of ``[L, B, H, N, C]`` for ``axis_order``; ``fixed`` pins
+    strides the caller already knows (e.g. the packed block stride). A padded
+    page widens the stride of the innermost of L and B to the padded page size,
+    so padding sits at each page's end."""
+    shape = (num_layers, *page_shape(spec, num_blocks, kernel_block_size))
+    order = axis_order.stride_order
+    padded = getattr(spec, "page_size_padded", None)
+    grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
+    if padded is not None:
+        if kernel_block_size is not None and kernel_block_size != spec.block_size:
+            raise PlanError("padded KV pages cannot be split into kernel blocks")
+        _check_padded_grid(order, shape, grid_end, axis_order)
+    strides: list[Affine] = [Affine()] * 5
+    current = Affine(0, 1)
+    for phys, dim in reversed(list(enumerate(order))):
+        if padded is not None and phys == grid_end - 1:
+            current = Affine.max(current, padded)
+            if current.a == 0 and current.b % padded:
+                raise PlanError("a padded page does not tile its stride")
+        pinned = fixed[dim]
+        strides[dim] = Affine.of(pinned) if pinned is not None else current
+        current = strides[dim] * Affine.of(shape[dim])
+    return strides
+
+
+@dataclass(frozen=True, slots=True)
+class ViewGeometry:
+    """One layer's ``[B, H, N, C]`` view: shape/strides in elements of ``dtype``."""
+
+    layer: str
+    dtype: str
+    shape: tuple[int, int, int, int]
+    stride: tuple[int, int, int, int]
+    storage_offset: int
+    #: Same view in bytes (int8), before reinterpreting as ``dtype``.
+    byte_stride: tuple[int, int, int, int]
+    byte_offset: int
+
+    def runs(self) -> tuple[list[int], int]:
+        """The page's contiguous byte runs within one block: (run offsets, length).
+
+        C is innermost and contiguous in every axis order; N and H merge into
+        the run when their stride continues it, otherwise each of their
+        positions starts a run of its own (e.g. LHBNC interleaves heads and
+        blocks).
+        """
+        _, h, n, c = self.shape
+        _, sh, sn, _ = self.byte_stride
+        run = c * dtype_size(self.dtype)
+        offsets = [0]
+        for stride, count in sorted([(sn, n), (sh, h)]):
+            if count == 1:
+                continue
+            if stride == run and offsets == [0]:
+                run *= count
+            else:
+                offsets = [o + i * stride for o in offsets for i in range(count)]
+        return offsets, run
+
+    def page_extent(self) -> int:
+        """Bytes from a page's first byte to one past its last, within one block."""
+        offsets, run = self.runs()
+        return max(offsets) + run
+
+    def end(self) -> int:
+        """One past the view's last byte in its pool."""
+        return self.byte_offset + (self.shape[0] - 1) * self.byte_stride[0] + self.page_extent()
+
+
+def view_geometry(layers: Sequence[str], layer_stride: int, block_stride: int, offset: int,
+                  spec: LayerSpec, num_blocks: int, axis_order: AxisOrder,
+                  kernel_block_size: int | None = None) -> list[ViewGeometry]:
+    """The views ``create_kv_cache_views`` makes for one tensor at ``num_blocks``.
+
+    With kernel blocks, a manager block of ``block_size`` tokens is viewed as
+    ``ratio`` kernel blocks a constant stride apart, which needs each block to
+    be one dense page.
+    """
+    shape = page_shape(spec, num_blocks, kernel_block_size)
+    ratio = shape[0] // num_blocks if num_blocks else 1
+    if ratio > 1:
+        dense = prod(page_shape(spec, 1)[1:])
+        if block_stride != dense:
+            raise PlanError(
+                f"layout {axis_order.name} does not store blocks as dense, unpadded pages "
+                f"(block stride {block_stride} != page {dense}), so a block cannot be "
+                f"split into {ratio} kernel blocks of {kernel_block_size} tokens",
+                hint=f"use block_size {kernel_block_size}, or a layer-compact layout "
+                     "(LBNHC) with unpadded pages")
+        block_stride //= ratio
+    strides = layout_strides(spec, num_blocks, len(layers), axis_order, kernel_block_size,
+                             fixed=(layer_stride, block_stride, None, None, None))
+    byte_strides = [s.at(num_blocks) for s in strides]
+    dtype = getattr(spec, "dtype", None) or "int8"
+    size = dtype_size(dtype)
+    c_bytes = shape[3]
+    if c_bytes % size or any(s % size for s in byte_strides[1:4]):
+        raise PlanError(f"a {dtype} view does not tile the page's {c_bytes}-byte cells")
+    bs = (byte_strides[1], byte_strides[2], byte_strides[3], byte_strides[4])
+    elem = (bs[0] // size, bs[1] // size, bs[2] // size, 1 if bs[3] == 1 else bs[3])
+    view_shape = (shape[0], shape[1], shape[2], c_bytes // size)
+    out = []
+    for i, name in enumerate(layers):
+        off = offset + i * byte_strides[0]
+        if off % size:
+            raise PlanError(f"layer {name} starts at byte {off}, not aligned to {dtype}")
+        out.append(ViewGeometry(layer=name, dtype=dtype, shape=view_shape, stride=elem,
+                                storage_offset=off // size, byte_stride=bs, byte_offset=off))
+    return out

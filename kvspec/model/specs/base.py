@@ -1,0 +1,230 @@
+"""The layer-spec base class and the merge rules every kind derives from its fields.
+
+A *page* is one layer's bytes for one block, laid out as ``[H, N, C]``: head
+slots x states per block x bytes per cell. Each kind is a frozen dataclass;
+what a group of layers shares is the *merge* of their specs, and that merge is
+derived from the fields themselves: every field says how layers of one group
+combine it (``merge=`` in its metadata)::
+
+    agree   every layer must have the same value (the default)
+    any     true when any layer's is (e.g. ``non_causal``)
+    window  the one non-None value, if any (sliding windows, attention chunks)
+
+so a field added to a kind is merged correctly without touching a merge
+method. Layers may merge only within one *merge family* (a class and its
+subclasses, less the kinds that merge on their own).
+
+>>> from kvspec.model.specs.attention import FullAttention
+>>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+>>> FullAttention.merge([f, f]) == f
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import cache
+from typing import Any, ClassVar
+
+from kvspec.model.engine import Engine
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of non-negative integers."""
+    return -(-a // b)
+
+
+def round_up(x: int, multiple: int) -> int:
+    return cdiv(x, multiple) * multiple
+
+
+class MergeConflict(Exception):
+    """Layers that cannot share one block table (internal; the planner decides)."""
+
+
+class MergeInvalid(ValueError):
+    """Layers that could share a table but disagree on a value that must agree."""
+
+
+def merged(how: str, default: Any = None, **kw: Any) -> Any:
+    """A dataclass field with a merge rule other than ``agree``."""
+    return field(default=default, metadata={"merge": how}, **kw)
+
+
+def _agree(name: str, values: list[Any]) -> Any:
+    first = values[0]
+    if any(v != first for v in values[1:]):
+        raise MergeConflict(f"layers of one group differ in {name}")
+    return first
+
+
+def _any(name: str, values: list[Any]) -> Any:
+    return any(values)
+
+
+def _window(name: str, values: list[Any]) -> Any:
+    distinct = {v for v in values if v is not None}
+    if len(distinct) > 1:
+        raise MergeInvalid(f"all attention layers in one group must have the same "
+                           f"{name.replace('_', ' ')}, found {sorted(distinct)}")
+    return next(iter(distinct), None)
+
+
+MERGE_RULES: dict[str, Callable[[str, list[Any]], Any]] = {
+    "agree": _agree, "any": _any, "window": _window}
+
+
+@cache
+def merge_fields(cls: type) -> tuple[tuple[str, Callable[[str, list[Any]], Any]], ...]:
+    """``(field name, rule)`` of every init field of ``cls``, once per class.
+
+    Window fields come first, as in the reference: two windows that differ are
+    an invalid model (:class:`MergeInvalid`), not just two groups."""
+    rules = [(f.metadata.get("merge", "agree"), f.name) for f in dataclasses.fields(cls)
+             if f.init]
+    rules.sort(key=lambda r: r[0] != "window")
+    return tuple((name, MERGE_RULES[how]) for how, name in rules)
+
+
+@cache
+def init_field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.init)
+
+
+def replace(spec: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` (re-runs ``__post_init__``, as the reference does)."""
+    return dataclasses.replace(spec, **changes)
+
+
+def recast(spec: LayerSpec, target: type[LayerSpec], **changes: Any) -> LayerSpec:
+    """Rebuild ``spec`` as kind ``target`` (e.g. sliding window -> full attention).
+
+    Fields the target lacks are dropped; fields only the target has keep their
+    defaults.
+    """
+    names = set(init_field_names(target))
+    kwargs = {n: getattr(spec, n) for n in init_field_names(type(spec)) if n in names}
+    kwargs.update(changes)
+    return target(**kwargs)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerSpec:
+    """One layer's KV memory format. Subclasses are the layer kinds."""
+
+    #: The kind's name in sources, dumps and artifacts (see :mod:`kvspec.model.kinds`).
+    kind: ClassVar[str] = "layer"
+    #: The reference planner's class name for this kind (conformance output).
+    ref_class: ClassVar[str] = "KVCacheSpec"
+
+    block_size: int
+    #: Decode-context parallelism shards this cache's tokens across ranks.
+    dcp_sharded: bool = False
+    #: Bytes the distance between physical blocks must be a multiple of.
+    block_stride_alignment: int | None = None
+
+    # -- page geometry -------------------------------------------------------
+    @property
+    def num_heads(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def tokens_per_state_value(self) -> int | Fraction:
+        raise NotImplementedError
+
+    @property
+    def state_content_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def page_size_bytes(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        return self.page_size_bytes
+
+    @property
+    def num_states(self) -> int:
+        return self.kernel_states(self.block_size)
+
+    def kernel_states(self, kernel_block_size: int) -> int:
+        """States (N) in a block of ``kernel_block_size`` tokens."""
+        tps = self.tokens_per_state_value
+        if tps > 0:
+            return int(kernel_block_size // tps)
+        return 1
+
+    # -- behaviour ------------------------------------------------------------
+    @property
+    def prefix_cacheable(self) -> bool:
+        return True
+
+    @property
+    def prefix_replay_tokens(self) -> int:
+        return 0
+
+    @property
+    def block_table_token_alignment(self) -> int | None:
+        return 128
+
+    @property
+    def uses_slot_mapping(self) -> bool:
+        return True
+
+    def max_memory_usage_bytes(self, engine: Engine) -> int:
+        """Bytes one request at ``engine.max_model_len`` can hold at most."""
+        raise NotImplementedError
+
+    def max_num_blocks_per_req(self, engine: Engine, max_len: int) -> int:
+        """Block-table row length for a request of ``max_len`` tokens."""
+        return cdiv(max_len, self.block_size)
+
+    def with_block_size(self, block_size: int) -> LayerSpec:
+        return replace(self, block_size=block_size)
+
+    # -- merging and bucketing --------------------------------------------------
+    @classmethod
+    def merge(cls, specs: Sequence[LayerSpec]) -> LayerSpec:
+        """One spec for a group of layers (the first layer's kind), combining
+        each field by its rule; ``MergeConflict`` when they cannot share a table."""
+        first = specs[0]
+        kind = type(first)
+        family, excludes = first.merge_family(), first.merge_excludes()
+        for s in specs:
+            if (type(s) is not kind) if family is None else (
+                    not isinstance(s, family) or isinstance(s, excludes)):
+                raise MergeConflict(f"{s.kind} layers cannot share a block table with "
+                                    f"{first.kind} layers")
+        if all(s is first or s == first for s in specs):
+            out = first
+        else:
+            values = {}
+            for name, rule in merge_fields(kind):
+                values[name] = rule(name, [getattr(s, name) for s in specs
+                                           if name in init_field_names(type(s))])
+            out = kind(**values)
+        out.check_merged()
+        return out
+
+    @classmethod
+    def merge_family(cls) -> type | None:
+        """Layers merge only with instances of this class (None: only with
+        layers of exactly their own kind)."""
+        return None
+
+    @classmethod
+    def merge_excludes(cls) -> tuple[type, ...]:
+        """Kinds inside :meth:`merge_family` that merge only among themselves."""
+        return ()
+
+    def check_merged(self) -> None:
+        """Reject a merged spec that no group may have (hook for kinds)."""
+
+    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
+        """Whether every spec needs the same token slots as this one (the
+        reference's uniform-type base spec test)."""
+        raise MergeConflict(f"no bucketing rule for {type(self).__name__}")

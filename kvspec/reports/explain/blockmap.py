@@ -1,0 +1,126 @@
+"""One block of the main pool: where each layer's page sits, and the bytes
+no layer of a group uses, by cause.
+
+>>> from kvspec.compiler import compile
+>>> bm = block_map(compile("layouts/llama-3.1-8b.yaml").layout)
+>>> bm.bytes_per_block, len(bm.slots), bm.used, bm.waste(0).total
+(2097152, 32, 2097152, 0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvspec.model.plan import Layout, Stage, Tensor
+from kvspec.model.specs.base import LayerSpec
+
+__all__ = ["BlockMap", "Segment", "Waste", "block_map", "pages_of", "tensor_spec"]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One layer's page inside one block: ``[start, start + page)``, of which
+    the first ``useful`` bytes hold state."""
+
+    group: int
+    layer: str
+    start: int
+    page: int
+    useful: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.page
+
+
+@dataclass(frozen=True)
+class Waste:
+    """Bytes of a block that hold no state, by cause."""
+
+    padding_slots: int = 0
+    padded_pages: int = 0
+    alignment: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.padding_slots + self.padded_pages + self.alignment
+
+
+def _measure(intervals: list[tuple[int, int]]) -> int:
+    """Bytes covered by the union of ``[start, end)`` intervals."""
+    total, end = 0, -1
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+@dataclass(frozen=True)
+class BlockMap:
+    """Where every layer of one pipeline stage sits inside one main-pool block."""
+
+    stage: int
+    bytes_per_block: int
+    segments: tuple[Segment, ...]
+    #: Distinct ``(start, end)`` page positions, in order: the block's slots.
+    slots: tuple[tuple[int, int], ...]
+    #: Bytes any group uses (the union of all pages).
+    used: int
+
+    def of(self, group: int) -> tuple[Segment, ...]:
+        return tuple(s for s in self.segments if s.group == group)
+
+    def waste(self, group: int) -> Waste:
+        mine = self.of(group)
+        own = _measure([(s.start, s.end) for s in mine])
+        return Waste(padding_slots=self.used - own,
+                     padded_pages=sum(s.page - s.useful for s in mine),
+                     alignment=self.bytes_per_block - self.used)
+
+
+def pages_of(spec: LayerSpec) -> tuple[int, int]:
+    """``(page, unpadded page)`` of a layer spec."""
+    page = spec.page_size_bytes
+    return page, min(spec.unpadded_page_size_bytes, page)
+
+
+def tensor_spec(stage: Stage, tensor: Tensor) -> LayerSpec:
+    """The spec of a tensor's layers (they share one shape)."""
+    return stage.groups[tensor.group].layer_spec(tensor.layers[0])
+
+
+def _starts(tensor: Tensor, per_block: int, page: int) -> list[int]:
+    """Where each layer of ``tensor`` starts inside a block.
+
+    A layer ``l`` starts at ``offset + l * layer_stride + b * block_stride`` in
+    its pool. Block-outermost layouts (``block_stride == bytes_per_block``)
+    keep the position inside a block in the constant part; layer-outermost
+    ones (``layer_stride = page * N``) in the coefficient of ``N``.
+    """
+    bs = tensor.block_stride
+    outer = bs.is_constant and bs.b == per_block and per_block != page
+    out = []
+    for i in range(len(tensor.layers)):
+        at = tensor.offset + tensor.layer_stride * i
+        out.append(at.b if outer else (at.a if at.a else at.b))
+    return out
+
+
+def block_map(layout: Layout, stage: int = 0) -> BlockMap:
+    """The main-pool block of ``stage``, from the layout's tensors (a drafter's
+    own pool and host-resident tensors are not in it)."""
+    st = layout.stage(stage)
+    per_block = st.bytes_per_block
+    own = {i for i, g in enumerate(layout.groups) if g.own_pool}
+    segments = []
+    for t in st.tensors:
+        if t.group in own or t.host_resident:
+            continue
+        page, useful = pages_of(tensor_spec(st, t))
+        for name, start in zip(t.layers, _starts(t, per_block, page)):
+            segments.append(Segment(t.group, name, start, page, useful))
+    segments.sort(key=lambda s: (s.start, s.group))
+    slots = tuple(sorted({(s.start, s.end) for s in segments}))
+    return BlockMap(stage, per_block, tuple(segments), slots, _measure(list(slots)))

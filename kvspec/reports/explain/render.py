@@ -1,0 +1,71 @@
+"""Rendering: the Jinja2 environment over ``kvspec/reports/templates`` and its
+filters (every byte formatter and table from :mod:`kvspec.reports.format`).
+
+>>> environment().from_string("{{ 16896 | sbytes }} {{ [[1, 2]] | md_table(['a', 'b']) }}").render()
+'16.5 KiB | a | b |\\n| --- | --- |\\n| 1 | 2 |'
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity_chart
+from kvspec.reports.explain.report import GroupRow, Report
+from kvspec.reports.format import human_bytes, md_table, pct, short_bytes, table, wrap
+
+__all__ = ["FORMATS", "arrow", "environment", "group_padding", "pages_text", "render"]
+
+FORMATS = ("text", "md", "html")
+
+
+def pages_text(pages: tuple[tuple[int, int], ...]) -> str:
+    """``328 KiB/16.5 KiB``: a group's distinct pages."""
+    return "/".join(short_bytes(p) for p, _ in pages) or "-"
+
+
+def group_padding(g: GroupRow, per_page: str = "/page") -> str:
+    """``1 slot, +240 KiB/page``: a group's padding slots and page padding."""
+    parts = []
+    if g.padding_slots:
+        parts.append(f"{g.padding_slots} slot" + ("s" if g.padding_slots > 1 else ""))
+    pads = sorted({p - u for p, u in g.pages if p != u}, reverse=True)
+    if pads:
+        parts.append("/".join(f"+{short_bytes(x)}" for x in pads) + per_page)
+    return ", ".join(parts) or "-"
+
+
+def arrow(change: Any) -> str:
+    """``64 KiB -> 32 KiB (-50.0%)``: a diff's change, old to new."""
+    ratio = getattr(change, "ratio", None)
+    return f"{change.a} -> {change.b}" + (f" ({ratio:+.1%})" if ratio is not None else "")
+
+
+@lru_cache(maxsize=1)
+def environment():
+    """The Jinja2 environment over ``kvspec/reports/templates``: HTML
+    autoescaped, undefined variables are errors."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("kvspec.reports", "templates"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",),
+                                            default_for_string=False, default=False),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True, extensions=["jinja2.ext.do"])
+    env.filters.update(bytes=human_bytes, sbytes=short_bytes, pct=pct, table=table,
+                       md_table=md_table, wrap=wrap, pages=pages_text, padding=group_padding,
+                       num=lambda n: f"{n:,}", arrow=arrow)
+    return env
+
+
+def render(report: Report, fmt: str = "text") -> str:
+    """The report as ``text`` (80 columns), ``md`` or self-contained ``html``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
+    from kvspec import __version__
+    ctx: dict[str, Any] = {"r": report, "version": __version__, "ascii": ascii_block(report)}
+    if fmt == "html":
+        ctx["block"] = block_picture(report)
+        ctx["chart"] = capacity_chart(report)
+    return environment().get_template(f"explain.{fmt}.j2").render(**ctx)

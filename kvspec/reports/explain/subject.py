@@ -1,0 +1,102 @@
+"""What a report is about: a source (planned for the report's budget) or a
+verified artifact, as the Layout IR.
+
+>>> sub = load_subject("layouts/llama-3.1-8b.kvlayout.json", 80 * 2**30)
+>>> sub.kind, sub.layout.engine.axis_order.name, sub.memory == 80 * 2**30, sub.misfit
+('artifact', 'LBNHC', True, None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvspec.artifact import Artifact
+from kvspec.errors import KvspecError, NotEnoughMemoryError, PlanError
+from kvspec.model.plan import Layout, Plan
+from kvspec.planner import blocks_for
+
+__all__ = ["Subject", "is_artifact_path", "load_subject"]
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A layout loaded for a report: its Layout IR, and its plan when it is a source.
+
+    ``memory`` is the budget the report is for (``--memory``, else the
+    source's or artifact's own); ``misfit`` the error when one request at
+    ``max_model_len`` does not fit it.
+    """
+
+    path: str
+    kind: str  # "source" | "artifact"
+    layout: Layout
+    #: The memory-independent plan of a source (re-planned for other budgets);
+    #: None for an artifact, which keeps its compiled ``max_model_len``.
+    plan: Plan | None
+    memory: int | None
+    misfit: KvspecError | None = None
+
+
+def is_artifact_path(path: str | Path) -> bool:
+    """``*.json`` files are artifacts; so is any other file holding a JSON object
+    with a ``body`` (a YAML source may be a flow mapping, which JSON parsing rejects
+    or which has no ``body``)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return True
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not text.lstrip().startswith("{"):
+        return False
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and "body" in data
+
+
+def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
+    layout = Artifact.read(path).layout
+    mem = memory if memory is not None else (
+        layout.budget.memory if layout.budget is not None else None)
+    misfit = None
+    if mem is not None:
+        try:
+            blocks_for(layout, memory=mem)
+        except PlanError as err:
+            misfit = err
+    return Subject(str(path), "artifact", layout, None, mem, misfit)
+
+
+def _source_subject(path: str | Path, memory: int | None) -> Subject:
+    from kvspec.compiler import PLAN_PASSES, compile_unit, size_pass, unsized_pass
+
+    unit = compile_unit(path, passes=PLAN_PASSES)
+    if memory is not None:
+        unit = dataclasses.replace(unit, memory=memory)
+    misfit = None
+    try:
+        sized = size_pass(unit)
+    except NotEnoughMemoryError as err:
+        # A budget that cannot serve one request still gets a report: plan it without one.
+        misfit, sized = err, unsized_pass(unit)
+    mem = sized.memory if sized.memory is not None else memory
+    if mem is None and unit.source is not None and unit.source.engine.memory is not None:
+        mem = int(unit.source.engine.memory)
+    layout = sized.layout
+    assert layout is not None and unit.plan is not None
+    if mem is None and layout.budget is not None:  # a fixed block count
+        mem = layout.budget.memory
+    return Subject(str(path), "source", layout, unit.plan, mem, misfit)
+
+
+def load_subject(path: str | Path, memory: int | None = None) -> Subject:
+    """Compile a source (planned for ``memory``) or read and verify an artifact."""
+    if is_artifact_path(path):
+        return _artifact_subject(path, memory)
+    return _source_subject(path, memory)

@@ -1,0 +1,91 @@
+"""The reference view: a plan in the field names of the reference planner.
+
+``kvspec plan --json`` prints this so any plan can be compared field by field
+with the reference planner's output (``../shared/conformance/README.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvspec.errors import KvspecError
+from kvspec.model.geometry import view_geometry
+from kvspec.model.kinds import ref_kind_name
+from kvspec.model.plan import Group, Plan
+from kvspec.planner import Resolved
+
+
+def group_view(group: Group, engine) -> dict[str, Any]:
+    spec = group.spec
+    try:
+        max_blocks = spec.max_num_blocks_per_req(engine, engine.max_model_len)
+    except ValueError:
+        max_blocks = None
+    return {
+        "layer_names": list(group.layer_names),
+        "kind": ref_kind_name(spec),
+        "spec_class": spec.ref_class,
+        "block_size": spec.block_size,
+        "page_size_bytes": spec.page_size_bytes,
+        "page_size_padded": getattr(spec, "page_size_padded", None),
+        "sliding_window": getattr(spec, "sliding_window", None),
+        "attention_chunk_size": getattr(spec, "attention_chunk_size", None),
+        "is_eagle_group": group.is_eagle,
+        "padding_slots": group.padding_slots,
+        "max_memory_usage_bytes": spec.max_memory_usage_bytes(engine),
+        "max_num_blocks_per_req": max_blocks,
+    }
+
+
+def views_of(resolved: Resolved, stage: int = 0) -> list[dict[str, Any]]:
+    """Per tensor and layer, the ``[B, H, N, C]`` view for the resolved blocks."""
+    plan = resolved.plan
+    st = plan.stages[stage]
+    result = resolved.stages[stage]
+    out = []
+    for index, (tensor, fields) in enumerate(zip(st.tensors, result.tensors)):
+        spec = st.groups[tensor.group].layer_spec(tensor.layers[0])
+        blocks = st.draft_num_blocks if tensor.pool == "draft" else resolved.num_blocks
+        geoms = view_geometry(tensor.layers, int(fields["layer_stride"]),
+                              int(fields["block_stride"]), int(fields["offset"]), spec, blocks,
+                              plan.engine.axis_order)
+        out.append({"tensor": index, "num_blocks": blocks, "layers": [
+            {"layer": g.layer, "dtype": g.dtype, "shape": list(g.shape),
+             "stride": list(g.stride), "storage_offset": g.storage_offset} for g in geoms]})
+    return out
+
+
+def reference_view(plan: Plan, resolved: Resolved, *, with_views: bool = False) -> dict[str, Any]:
+    engine = resolved.engine
+    st0 = plan.stages[0]
+    view: dict[str, Any] = {
+        "ok": True,
+        "error": None,
+        "num_blocks": resolved.num_blocks,
+        "draft_num_blocks": st0.draft_num_blocks,
+        "pool_bytes_per_block": st0.bytes_per_block,
+        "groups": [group_view(g, engine) for g in plan.groups],
+        "kv_cache_tensors": list(resolved.stages[0].tensors),
+        "workers": [{"num_blocks": r.num_blocks, "kv_cache_tensors": list(r.tensors)}
+                    for r in resolved.stages],
+        "scheduler_block_size": resolved.scheduler_block_size,
+        "hash_block_size": resolved.hash_block_size,
+        "max_concurrency": resolved.max_concurrency,
+        "kv_cache_size_tokens": resolved.kv_cache_size_tokens,
+        "max_model_len": engine.max_model_len,
+        "estimated_max_model_len": resolved.estimated_max_model_len,
+        "kv_cache_layout": engine.axis_order.name,
+        "planner_log": [{"level": lv, "message": m} for lv, m in plan.log],
+    }
+    if with_views:
+        view["views"] = views_of(resolved)
+    return view
+
+
+def error_view(error: KvspecError) -> dict[str, Any]:
+    return {"ok": False, "error": {"type": type(error).__name__, "message": error.message},
+            "num_blocks": None, "draft_num_blocks": None, "pool_bytes_per_block": None,
+            "groups": None, "kv_cache_tensors": None, "workers": None,
+            "scheduler_block_size": None, "hash_block_size": None, "max_concurrency": None,
+            "kv_cache_size_tokens": None, "max_model_len": None,
+            "estimated_max_model_len": getattr(error, "estimated_max_model_len", None)}

@@ -1,0 +1,109 @@
+"""Short text summaries for the terminal: ``compile`` and ``plan`` output.
+
+The long reports (Markdown, HTML with pictures) are ``kvspec explain``'s.
+
+>>> from kvspec.compiler import compile
+>>> print(summary(compile("layouts/llama-3.1-8b.yaml")).splitlines()[0])
+llama-3.1-8b: 32 layers in 1 group(s), layout LBNHC, block_size 16, max_model_len 131072
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.artifact import Artifact
+from kvspec.errors import KvspecError
+from kvspec.model.kinds import ref_kind_name
+from kvspec.model.plan import Group, Plan
+from kvspec.planner import Resolved
+from kvspec.planner.checks import early_checks
+from kvspec.planner.size import group_blocks_per_request
+from kvspec.reports.format import human_bytes, layers_brief, table
+
+__all__ = ["human_bytes", "plan_table", "summary", "sweep_table"]
+
+
+def _pages(group: Group) -> str:
+    """The distinct per-layer page sizes of a group."""
+    pages = sorted({group.layer_spec(n).page_size_bytes for n in group.layer_names}) \
+        or [group.spec.page_size_bytes]
+    return " / ".join(human_bytes(p) for p in pages)
+
+
+def summary(artifact: Artifact) -> str:
+    """What ``kvspec compile`` prints: groups, pages, bytes per block, capacity."""
+    layout = artifact.layout
+    eng, st0 = layout.engine, layout.stage(0)
+    rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
+             g.padding_slots, layers_brief(g.layer_names)] for i, g in enumerate(layout.groups)]
+    per_block = st0.bytes_per_block
+    out = [f"{layout.name}: {len(layout.layers)} layers in {len(layout.groups)} group(s), "
+           f"layout {eng.axis_order.name}, block_size {eng.block_size}, "
+           f"max_model_len {eng.max_model_len}",
+           table(rows, ["group", "kind", "layers", "block", "layer page", "pad slots",
+                        "members"]),
+           f"bytes per block: {human_bytes(per_block)} ({per_block} B)"
+           + (f" + fixed {human_bytes(st0.fixed_bytes)}" if st0.fixed_bytes else ""),
+           f"one request at max_model_len: "
+           f"{human_bytes(layout.stage_figures[0].memory_per_request)}, "
+           f"needs at least {layout.min_num_blocks():,} blocks"]
+    b = layout.budget
+    if b is not None:
+        out.append(f"for {human_bytes(b.memory)}: {b.num_blocks:,} blocks, "
+                   f"{b.kv_cache_size_tokens:,} tokens, max concurrency "
+                   f"{b.max_concurrency:.2f}x at {b.max_model_len:,} tokens")
+    else:
+        out.append("no memory budget: the loader sizes the pool (engine.memory or --memory "
+                   "to plan one)")
+    warnings = [m for lv, m in layout.plan.log if lv == "WARNING"] + list(layout.warnings)
+    out += [f"warning: {w}" for w in warnings]
+    return "\n".join(out)
+
+
+def plan_table(plan: Plan, resolved: Resolved) -> str:
+    """What ``kvspec plan`` prints: per group and totals for one budget."""
+    engine = resolved.engine
+    st0 = plan.stages[0]
+    rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
+             g.padding_slots, f"{group_blocks_per_request(engine, g):,}"]
+            for i, g in enumerate(plan.groups)]
+    per_request = sum(group_blocks_per_request(engine, g) for g in st0.groups if not g.own_pool)
+    lines = [
+        f"{len(plan.specs)} layers, {len(plan.groups)} group(s), layout "
+        f"{engine.axis_order.name}, {len(plan.stages)} pipeline stage(s)",
+        table(rows, ["group", "kind", "layers", "block", "layer page", "pad slots",
+                     "blocks/request"]),
+        f"memory per rank:      {human_bytes(resolved.available)}",
+        f"one request:          {human_bytes(resolved.stages[0].memory_usage)} at "
+        f"{engine.max_model_len:,} tokens ({per_request:,} blocks + the null block)",
+        f"bytes per block:      {human_bytes(st0.bytes_per_block)} ({st0.bytes_per_block} B)",
+        f"blocks:               {resolved.num_blocks:,}"
+        + (f" (+ drafter pool {st0.draft_num_blocks:,})" if st0.draft_num_blocks else ""),
+        f"KV capacity:          {resolved.kv_cache_size_tokens:,} tokens",
+        f"max concurrency:      {resolved.max_concurrency:.2f}x at "
+        f"{engine.max_model_len:,} tokens",
+        f"max_model_len:        {engine.max_model_len:,}"
+        + (" (auto-fit)" if engine.auto_max_model_len else ""),
+        f"longest that fits:    {resolved.estimated_max_model_len:,}",
+        f"block sizes:          scheduler {resolved.scheduler_block_size}, "
+        f"prefix hash {resolved.hash_block_size}",
+    ]
+    if len(resolved.stages) > 1:
+        lines.append("per stage:            " + ", ".join(
+            f"stage {s.index}: {human_bytes(s.memory_usage)}/request" for s in resolved.stages))
+    warnings = [m for lv, m in plan.log if lv == "WARNING"]
+    warnings += early_checks(plan, engine, resolved.num_blocks)
+    return "\n".join(lines + [f"warning: {m}" for m in warnings])
+
+
+def sweep_table(rows: Sequence[tuple[int, Resolved | None, KvspecError | None]]) -> str:
+    """Capacity against memory: one line per budget."""
+    out = []
+    for budget, r, err in rows:
+        if r is None:
+            out.append([human_bytes(budget), "-", "-", "-",
+                        "does not fit one request" if err is not None else ""])
+        else:
+            out.append([human_bytes(budget), f"{r.num_blocks:,}", f"{r.kv_cache_size_tokens:,}",
+                        f"{r.max_concurrency:.2f}x", f"{r.engine.max_model_len:,}"])
+    return table(out, ["memory", "blocks", "KV tokens", "concurrency", "max_model_len"])

@@ -1,0 +1,143 @@
+"""Repeat patterns and entries into one :class:`ExpandedLayer` per layer.
+
+A pattern item is a layer type's name, several joined by ``+`` for one decoder
+layer that owns several caches (``mla+indexer``), or ``-`` for a decoder layer
+without a cache (it only takes an index). Fields merge defaults < layer type <
+entry; the layers of one type share one fields mapping.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from kvspec.errors import KvspecError
+from kvspec.source.document import Document
+from kvspec.source.schema import LayerEntry, LayerFields, PatternEntry, Source
+
+#: More layers than any model has: a typo in a repeat count, not a model.
+MAX_LAYERS = 100_000
+
+#: A pattern item for a decoder layer that holds no cache: it only takes an index.
+SKIP = "-"
+
+_ENTRY_ONLY = ("type", "name", "index", "repeat")
+
+
+@dataclass(frozen=True, slots=True)
+class ExpandedLayer:
+    name: str
+    index: int | None
+    fields: dict[str, Any]
+    #: YAML path of the entry that produced this layer (for error positions).
+    path: tuple[str | int, ...]
+    type_name: str | None = None
+
+
+def merge_fields(*parts: LayerFields | None) -> dict[str, Any]:
+    """Fields set by ``parts``, later ones winning."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        if part is not None:
+            out.update((k, v) for k, v in part.model_dump(exclude_none=True).items()
+                       if k not in _ENTRY_ONLY)
+    return out
+
+
+def unknown_type(doc: Document, path: tuple, name: str, source: Source) -> KvspecError:
+    known = sorted(source.layer_types)
+    close = difflib.get_close_matches(name, known, n=1)
+    return doc.error(f"unknown layer type {name!r}", path,
+                     expected="one of " + (", ".join(known) or "(no layer_types defined)"),
+                     found=name, hint=f"did you mean {close[0]!r}?" if close
+                     else "define it under layer_types")
+
+
+class _Expander:
+    """Walks the entries once, numbering decoder layers."""
+
+    def __init__(self, source: Source, doc: Document) -> None:
+        self.source, self.doc = source, doc
+        self.layers: list[ExpandedLayer] = []
+        self.errors: list[KvspecError] = []
+        self.index = 0
+        self._typed: dict[str, dict[str, Any]] = {}
+        self._names: dict[tuple[str, int], str] = {}
+
+    def typed_fields(self, type_name: str) -> dict[str, Any]:
+        if type_name not in self._typed:
+            self._typed[type_name] = merge_fields(self.source.defaults,
+                                                  self.source.layer_types[type_name])
+        return self._typed[type_name]
+
+    def render(self, template: str, path: tuple) -> str:
+        try:
+            return template.format(index=self.index)
+        except (KeyError, IndexError, ValueError) as exc:
+            self.errors.append(self.doc.error(f"bad layer_name template {template!r}: {exc}",
+                                              path, expected="a template using {index} only",
+                                              found=template))
+            return template
+
+    def pattern(self, entry: PatternEntry, base: tuple) -> None:
+        for _ in range(entry.repeat):
+            for p, item in enumerate(entry.pattern):
+                path = base + ("pattern", p)
+                if item.strip() == SKIP:
+                    self.index += 1  # a decoder layer without a cache (MLP/MoE only)
+                    continue
+                for type_name in (t.strip() for t in item.split("+")):
+                    if type_name not in self.source.layer_types:
+                        self.errors.append(unknown_type(self.doc, path, type_name, self.source))
+                        continue
+                    fields = self.typed_fields(type_name)
+                    name = self.render(fields.get("layer_name") or self.source.layer_name, path)
+                    self.layers.append(ExpandedLayer(name, self.index, fields, path, type_name))
+                self.index += 1
+
+    def entry(self, entry: LayerEntry, base: tuple) -> None:
+        t = None
+        if entry.type is not None:
+            t = self.source.layer_types.get(entry.type)
+            if t is None:
+                self.errors.append(unknown_type(self.doc, base + ("type",), entry.type,
+                                                self.source))
+                return
+        fields = merge_fields(self.source.defaults, t, entry)
+        if entry.name is not None:
+            if entry.repeat > 1:
+                self.errors.append(self.doc.error(
+                    "an entry with an explicit name cannot repeat", base + ("repeat",),
+                    hint="use a name template (layer_name) instead"))
+                return
+            self.layers.append(ExpandedLayer(entry.name, None, fields, base, entry.type))
+            return
+        for _ in range(entry.repeat):
+            name = self.render(fields.get("layer_name") or self.source.layer_name, base)
+            self.layers.append(ExpandedLayer(name, self.index, fields, base, entry.type))
+            self.index += 1
+
+
+def expand_layers(source: Source, doc: Document) -> tuple[list[ExpandedLayer], list[KvspecError]]:
+    """Every layer of ``source`` in model order, and the problems found."""
+    walker = _Expander(source, doc)
+    total = 0
+    for e, entry in enumerate(source.layers):
+        base: tuple[str | int, ...] = ("layers", e)
+        per_repeat = sum(len(item.split("+")) for item in entry.pattern) \
+            if isinstance(entry, PatternEntry) else 1
+        total += entry.repeat * per_repeat
+        if total > MAX_LAYERS:
+            walker.errors.append(doc.error(
+                f"the model would have more than {MAX_LAYERS:,} layers", base + ("repeat",),
+                expected=f"at most {MAX_LAYERS:,} layers in all", found=f"{total:,} so far",
+                hint="check the repeat counts"))
+            break
+        if entry.index is not None:
+            walker.index = entry.index
+        if isinstance(entry, PatternEntry):
+            walker.pattern(entry, base)
+        else:
+            walker.entry(entry, base)
+    return walker.layers, walker.errors

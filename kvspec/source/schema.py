@@ -1,0 +1,190 @@
+"""The source schema (format version 1): what a ``layouts/*.yaml`` file may say.
+
+The JSON Schema in ``schemas/source.schema.json`` is generated from these
+models (``kvspec schema``); editors use it to complete and check fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PositiveInt,
+    Tag,
+    field_validator,
+)
+
+from kvspec.model.kinds import SOURCE_KIND_NAMES
+from kvspec.model.specs.state import MAMBA_TYPES
+
+#: The ``kind`` a source may give a layer: every declarable kind of the registry.
+LayerKind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
+
+MambaType = Literal[tuple(MAMBA_TYPES)]  # type: ignore[valid-type]
+
+LayoutName = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LayerFields(_Strict):
+    """Fields a layer may set; defaults < layer type < layer entry."""
+
+    kind: LayerKind | None = Field(None, description="The layer's KV cache kind.")
+    layer_name: str | None = Field(
+        None, description="Name template for layers of this type, e.g. "
+        "'model.layers.{index}.mixer'; overrides the top-level layer_name.")
+    num_kv_heads: PositiveInt | None = Field(
+        None, description="KV heads of the whole model (split across tensor-parallel ranks).")
+    head_size: PositiveInt | None = None
+    head_size_v: int | None = Field(None, ge=0, description="V head size when it differs from K.")
+    dtype: str | None = Field(None, description="Model (activation) dtype, e.g. bfloat16.")
+    kv_cache_dtype: str | None = Field(
+        None, description="Quantization mode of this layer's cache (overrides "
+        "quantization.kv_cache_dtype); 'auto' stores it in the model dtype.")
+    block_size: PositiveInt | None = Field(None, description="This layer's own block size.")
+    sliding_window: PositiveInt | None = None
+    attention_chunk_size: PositiveInt | None = None
+    sink_len: int | None = Field(None, ge=0)
+    rswa_window: PositiveInt | None = None
+    tokens_per_state: PositiveInt | str | None = Field(
+        None, description="Tokens one stored state covers (4 for a 4:1 compressed "
+        "indexer; a fraction like '1/2' stores several states per token).")
+    state_content_bytes: PositiveInt | None = Field(
+        None, description="Bytes per (head slot, state) cell when the backend packs it.")
+    num_head_slots: PositiveInt | None = None
+    block_stride_alignment: PositiveInt | None = None
+    alignment: PositiveInt | None = Field(None, description="MLA page row alignment.")
+    page_size_padded: PositiveInt | None = None
+    model_version: str | None = None
+    bounded_replay: bool | None = None
+    non_causal: bool | None = None
+    # state layers
+    shapes: list[list[PositiveInt]] | None = Field(
+        None, description="State shapes of one rank, conv state first (as the engine "
+        "reports them).")
+    dtypes: list[str] | None = None
+    mamba_type: MambaType | None = None
+    num_speculative_blocks: int | None = Field(None, ge=0)
+    num_prefill_checkpoint_blocks: int | None = Field(None, ge=0)
+    prefill_checkpoint_alignment: PositiveInt | None = None
+    tp_replicated: bool | None = None
+
+
+class LayerEntry(LayerFields):
+    """One layer: of a named type, or spelled out in full."""
+
+    type: str | None = Field(None, description="A name from layer_types.")
+    name: str | None = Field(None, description="Explicit layer name (no index is consumed).")
+    index: int | None = Field(None, ge=0, description="Decoder-layer index to continue from.")
+    repeat: PositiveInt = Field(1, description="Repeat this layer this many times.")
+
+
+class PatternEntry(_Strict):
+    """``repeat`` times the decoder layers of ``pattern``.
+
+    Each pattern item is a layer type name, several joined by ``+`` for one
+    decoder layer that owns several caches (e.g. ``mla+indexer``), or ``-`` for a
+    decoder layer without a cache (it only takes an index).
+    """
+
+    pattern: list[str] = Field(min_length=1)
+    repeat: PositiveInt = 1
+    index: int | None = Field(None, ge=0)
+
+
+def _entry_tag(value: Any) -> str:
+    if isinstance(value, dict):
+        return "pattern" if "pattern" in value else "layer"
+    return "pattern" if hasattr(value, "pattern") else "layer"
+
+
+Entry = Annotated[
+    Union[Annotated[PatternEntry, Tag("pattern")], Annotated[LayerEntry, Tag("layer")]],
+    Discriminator(_entry_tag)]
+
+
+class DraftPolicy(_Strict):
+    """A GLM-5-Next-style drafter's own pool (the reference's VLLM_GLM5NEXT_DRAFT_*)."""
+
+    pool: bool = Field(True, description="Give drafter layers a pool of their own.")
+    block_size: PositiveInt | None = Field(None, description="Drafter block size (multiple of 64).")
+    pool_blocks: PositiveInt | None = Field(None, description="Blocks in the drafter's pool.")
+
+
+class EnginePolicy(_Strict):
+    """Pooling policy: the engine settings that shape the plan."""
+
+    block_size: PositiveInt = 16
+    max_model_len: PositiveInt | Literal["auto"] = Field(
+        description="Longest request, or 'auto' to fit it to memory (up to model_max_len).")
+    model_max_len: PositiveInt | None = Field(
+        None, description="The model's own maximum length; needed when max_model_len is auto.")
+    max_num_batched_tokens: PositiveInt = 8192
+    max_num_seqs: PositiveInt = 256
+    max_num_encoder_input_tokens: PositiveInt | None = None
+    async_scheduling: bool | None = Field(
+        None, description="Default: on for one pipeline stage (doubles in-flight tokens).")
+    layout: LayoutName = "LBNHC"
+    hybrid: bool = Field(True, description="false: allocate local attention as full attention "
+                         "(vLLM's --disable-hybrid-kv-cache-manager).")
+    prefix_caching: bool = True
+    prefix_match_unit: PositiveInt | None = None
+    memory: ByteSize | None = Field(
+        None, description="KV cache memory per rank: bytes or '40GiB'. Optional: the loader "
+        "can decide it.")
+    num_blocks: PositiveInt | None = Field(
+        None, description="Fix the block count (vLLM's num_gpu_blocks_override).")
+    mamba_cache_mode: Literal["none", "align", "all"] = "none"
+    mamba_block_size: PositiveInt | None = None
+    prefill_lookahead_tokens: int = Field(0, ge=0)
+    speculative_method: str | None = None
+    draft: DraftPolicy = DraftPolicy()
+
+
+class Parallelism(_Strict):
+    tensor: PositiveInt = 1
+    pipeline: PositiveInt = 1
+    decode_context: PositiveInt = 1
+    pipeline_partition: list[PositiveInt] | None = Field(
+        None, description="Decoder layers per pipeline stage (VLLM_PP_LAYER_PARTITION).")
+    num_hidden_layers: PositiveInt | None = Field(
+        None, description="Decoder layers of the model (default: the highest index + 1).")
+
+
+class Quantization(_Strict):
+    kv_cache_dtype: str = Field("auto", description="auto, fp8, fp8_e5m2, int8_per_token_head, ...")
+    skip_layers: list[int] = Field(
+        default_factory=list, description="Decoder-layer indices kept in the model dtype.")
+
+
+class Source(_Strict):
+    """A kvspec layout source, format version 1."""
+
+    kvspec: Literal[1] = Field(description="Source format version.")
+    name: str = Field(min_length=1)
+    model: str | None = Field(None, description="Where the model comes from, e.g. a HF id.")
+    description: str | None = None
+    layer_name: str = "model.layers.{index}.self_attn.attn"
+    engine: EnginePolicy
+    parallel: Parallelism = Parallelism()
+    defaults: LayerFields = LayerFields()
+    quantization: Quantization = Quantization()
+    layer_types: dict[str, LayerFields] = Field(default_factory=dict)
+    layers: list[Entry] = Field(default_factory=list)
+
+    @field_validator("layer_types")
+    @classmethod
+    def _type_names(cls, value: dict[str, LayerFields]) -> dict[str, LayerFields]:
+        for name in value:
+            if "+" in name or not name.strip() or name.strip() == "-":
+                raise ValueError(f"layer type name {name!r} must be non-empty, not '-' and "
+                                 "not contain '+'")
+        return value

@@ -1,0 +1,169 @@
+"""One expanded layer -> its spec on one rank, built from the kinds' registry.
+
+The fields a source gives a layer are the spec class's own (the registry says
+which a kind has); expansion adds what follows from the deployment: KV heads
+per tensor-parallel rank, the storage dtype and cell packing of the layer's
+quantization mode, the block size of state layers under the engine's
+``mamba_cache_mode``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from fractions import Fraction
+from typing import Any
+
+from kvspec.errors import KvspecError
+from kvspec.model import kinds
+from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
+from kvspec.model.engine import Engine
+from kvspec.model.quant import QuantizationError, quant_mode, resolve_layer_quant
+from kvspec.model.specs import LayerSpec
+from kvspec.source.document import Document
+from kvspec.source.layers import ExpandedLayer
+
+#: Fields every non-state layer needs.
+ATTENTION_REQUIRED = ("num_kv_heads", "head_size", "dtype")
+
+
+def tokens_per_state(value: Any) -> int | Fraction:
+    """``4``, ``"4"`` or ``"1/2"`` -> an int or a Fraction."""
+    if isinstance(value, str):
+        frac = Fraction(value)
+        return int(frac) if frac.denominator == 1 else frac
+    return int(value)
+
+
+def state_block_size(engine: Engine, own: int | None) -> int:
+    """A state layer's block: its own, else one state per request (``none``), else
+    ``mamba_block_size`` (or the attention block size)."""
+    if own is not None:
+        return own
+    if engine.mamba_cache_mode == "none":
+        return engine.max_model_len
+    return engine.mamba_block_size or engine.block_size
+
+
+def spec_kwargs(kind: kinds.Kind, fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``fields`` the kind's spec class takes, converted."""
+    out: dict[str, Any] = {}
+    for name in kinds.spec_fields(kind.name):
+        value = fields.get(name)
+        if value is None:
+            continue
+        if name == "shapes":
+            value = tuple(tuple(int(d) for d in s) for s in value)
+        elif name == "dtypes":
+            value = tuple(value)
+        elif name == "tokens_per_state":
+            value = tokens_per_state(value)
+        out[name] = value
+    return out
+
+
+def _what(layer: ExpandedLayer) -> str:
+    return f"layer type {layer.type_name!r}" if layer.type_name else f"layer {layer.name}"
+
+
+def _check_required(layer: ExpandedLayer, kind: kinds.Kind, doc: Document) -> None:
+    f = layer.fields
+    missing = [k for k in kind.required if f.get(k) is None]
+    if not kind.state:
+        missing += [k for k in ATTENTION_REQUIRED if f.get(k) is None]
+    if missing:
+        raise doc.error(f"{_what(layer)} ({kind.name}) is missing {', '.join(missing)}",
+                        layer.path, expected=", ".join(missing),
+                        hint="set them in defaults, the layer type or the entry")
+
+
+def _state_spec(layer: ExpandedLayer, kind: kinds.Kind, engine: Engine,
+                doc: Document) -> LayerSpec:
+    f = layer.fields
+    try:
+        dtypes = [canonical_dtype(d) for d in f["dtypes"]]
+    except KeyError as exc:
+        raise doc.error(f"unknown dtype {exc.args[0]!r}", layer.path + ("dtypes",),
+                        hint="use torch dtype names: bfloat16, float16, float32") from exc
+    if len(dtypes) != len(f["shapes"]):
+        raise doc.error(f"{_what(layer)}: {len(f['shapes'])} state shapes but "
+                        f"{len(dtypes)} dtypes", layer.path,
+                        hint="give one dtype per state shape")
+    kw = spec_kwargs(kind, {**f, "dtypes": dtypes})
+    kw["block_size"] = state_block_size(engine, f.get("block_size"))
+    kw["mamba_cache_mode"] = engine.mamba_cache_mode
+    return kind.spec(**kw)
+
+
+def _heads_per_rank(layer: ExpandedLayer, kind: kinds.Kind, tp: int, doc: Document) -> int:
+    heads = layer.fields["num_kv_heads"]
+    if kind.latent:
+        return heads
+    if heads >= tp and heads % tp:
+        raise doc.error(f"{_what(layer)}: {heads} KV heads do not split evenly over "
+                        f"{tp} tensor-parallel ranks", layer.path,
+                        expected=f"a multiple of {tp}, or a divisor of it", found=str(heads))
+    if heads < tp and tp % heads:
+        raise doc.error(f"{_what(layer)}: {tp} ranks cannot replicate {heads} KV heads",
+                        layer.path, expected=f"a divisor of {tp}", found=str(heads))
+    return max(1, heads // tp)
+
+
+def _model_dtype(layer: ExpandedLayer, doc: Document) -> str:
+    value = layer.fields["dtype"]
+    try:
+        return canonical_dtype(value)
+    except KeyError:
+        close = difflib.get_close_matches(str(value), list(DTYPE_SIZES), n=1)
+        raise doc.error(f"unknown dtype {value!r}", layer.path, expected=", ".join(DTYPE_SIZES),
+                        found=str(value),
+                        hint=f"did you mean {close[0]!r}?" if close else None) from None
+
+
+def _quantized(kw: dict[str, Any], layer: ExpandedLayer, kind: kinds.Kind, cache: str,
+               engine: Engine, doc: Document) -> None:
+    """The storage dtype and cell packing of ``cache`` for this layer, into ``kw``."""
+    f = layer.fields
+    try:
+        q = resolve_layer_quant(
+            cache, model_dtype=kw["dtype"], kind="mla" if kind.latent else "attention",
+            head_size=kw["head_size"],
+            head_size_v=0 if kind.latent else f.get("head_size_v", kw["head_size"]),
+            num_kv_heads=kw["num_kv_heads"], block_size=f.get("block_size", engine.block_size))
+    except KvspecError as exc:
+        path = layer.path + ("kv_cache_dtype",) if f.get("kv_cache_dtype") \
+            else ("quantization", "kv_cache_dtype")
+        raise doc.error(exc.message, path, expected=exc.expected, found=exc.found,
+                        hint=exc.hint or "see docs/quantization.md for the modes each "
+                        "layer kind supports") from exc
+    kw["dtype"] = q.dtype
+    if q.state_content_bytes is not None:
+        kw["state_content_bytes"] = q.state_content_bytes
+    if q.num_head_slots is not None:
+        kw["num_head_slots"] = q.num_head_slots
+
+
+def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) -> LayerSpec:
+    """One expanded layer as a spec for one rank (heads split, quantization resolved)."""
+    name = layer.fields.get("kind")
+    if name is None:
+        raise doc.error(f"{_what(layer)}: no kind", layer.path,
+                        expected="kind: full_attention | sliding_window | mla | mamba | ...",
+                        hint="set kind in the layer type or in defaults")
+    kind = kinds.by_name(name)
+    _check_required(layer, kind, doc)
+    if kind.state:
+        return _state_spec(layer, kind, engine, doc)
+    kw = spec_kwargs(kind, layer.fields)
+    kw["num_kv_heads"] = _heads_per_rank(layer, kind, engine.tensor_parallel_size, doc)
+    kw["dtype"] = _model_dtype(layer, doc)
+    kw.setdefault("block_size", engine.block_size)
+    try:
+        kw["kv_quant_mode"] = int(quant_mode(cache))
+    except QuantizationError as exc:
+        raise doc.error(exc.message, ("quantization", "kv_cache_dtype"), expected=exc.expected,
+                        found=exc.found, hint=exc.hint) from exc
+    if kind.latent:
+        kw["cache_dtype_str"] = cache
+    if cache != "auto" and layer.fields.get("state_content_bytes") is None:
+        _quantized(kw, layer, kind, cache, engine, doc)
+    return kind.spec(**kw)
