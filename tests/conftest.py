@@ -9,7 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-CONFORMANCE = SHARED / "conformance"
+#: The conformance cases, vendored in the repository (tests/conformance/README.md).
+CONFORMANCE = ROOT / "tests" / "conformance"
 #: The reference planner's spec text (beside the repository only; tests that read it skip).
 REFERENCE = SHARED / "reference" / "kv_cache_interface.txt"
 

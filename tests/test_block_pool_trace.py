@@ -1,4 +1,4 @@
-"""Replays ../shared/conformance/blockpool-trace.json against kvspec's block pool.
+"""Replays tests/conformance/blockpool-trace.json against kvspec's block pool.
 
 The trace records, step by step, what the reference returned for its free-block
 queue, its block hashing and its hash-list views. Steps carry state: the queue
@@ -28,7 +28,7 @@ from kvspec.runtime.hashing import (
     make_block_hash_with_group_id,
 )
 
-TRACE_PATH = Path(__file__).resolve().parents[2] / "shared" / "conformance" / "blockpool-trace.json"
+TRACE_PATH = Path(__file__).resolve().parent / "conformance" / "blockpool-trace.json"
 
 if not TRACE_PATH.exists():  # pragma: no cover - the checkout lacks shared/
     pytest.skip(f"no trace at {TRACE_PATH}", allow_module_level=True)

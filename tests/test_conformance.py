@@ -1,4 +1,4 @@
-"""Every case in ../shared/conformance matches the reference planner's expected file.
+"""Every case in tests/conformance matches the reference planner's expected file.
 
 Each case is planned twice: straight from its per-layer dump, and through the
 YAML source ``kvspec import`` makes of it (dump -> source -> compile), so the

@@ -68,6 +68,6 @@ def test_real_layouts_say_how_they_were_made_and_reviewed(source: Path) -> None:
                          ids=lambda p: p.stem)
 def test_examples_say_which_case_they_come_from(source: Path) -> None:
     second = source.read_text().splitlines()[1]
-    assert second.startswith("# Imported by `kvspec import ../shared/conformance/cases/")
+    assert second.startswith("# Imported by `kvspec import tests/conformance/cases/")
     case = second.split("cases/")[1].split(".json")[0]
-    assert (ROOT.parent / "shared" / "conformance" / "cases" / f"{case}.json").exists()
+    assert (ROOT / "tests" / "conformance" / "cases" / f"{case}.json").exists()

@@ -1,7 +1,7 @@
 """The reference view: a plan in the field names of the reference planner.
 
 ``kvspec plan --json`` prints this so any plan can be compared field by field
-with the reference planner's output (``../shared/conformance/README.md``).
+with the reference planner's output (``tests/conformance/REFERENCE-README.md``).
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from kvspec.integrations.dump.read import read_dump
 from kvspec.planner import plan_layers, resolve
 from kvspec.reports.refview import reference_view, views_of
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-CONFORMANCE = SHARED / "conformance"
+CONFORMANCE = Path(__file__).resolve().parent
 
 GROUP_FIELDS = ("layer_names", "spec_class", "block_size", "page_size_bytes",
                 "page_size_padded", "sliding_window", "attention_chunk_size",
