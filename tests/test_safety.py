@@ -103,3 +103,86 @@ def test_committed_layouts_keep_block_ids_apart(source: Path) -> None:
     for st in layout.stages:
         for blocks in (2, 3, 5, 8):
             assert block_overlaps(layout, st, blocks) == []
+
+
+# ---------------------------------------------------------------------------
+# planner and import fixes (issue 13, section 3)
+# ---------------------------------------------------------------------------
+
+
+def test_a_stage_without_the_drafter_does_not_count_its_blocks() -> None:
+    """The drafter draws from its own pool: a request's blocks on stage 0 (which
+    holds none of its layers) are the target groups' only (the reference counts the
+    drafter's 73 window blocks there too, and reads a lower max concurrency)."""
+    text = (ROOT / "layouts" / "example-glm5-next-drafter.yaml").read_text().replace(
+        "parallel: {tensor: 1, pipeline: 1,", "parallel: {tensor: 1, pipeline: 2,")
+    layout = compile_source(text, "pp.yaml").layout
+    st0 = layout.stage(0)
+    assert not st0.draft_layer_names and layout.stage(1).draft_layer_names
+    target = 256 + 1 + 4 * 2            # MLA+indexer, tail, four state groups
+    assert layout.budget.max_concurrency == layout.budget.num_blocks / target
+    assert layout.budget.max_concurrency > layout.budget.num_blocks / (target + 73)
+
+
+def _v32_dump(**indexer: object) -> dict:
+    layer = {"kind": "mla", "num_kv_heads": 1, "head_size": 576, "dtype": "uint8",
+             "cache_dtype_str": "fp8_ds_mla"}
+    idx = {"kind": "mla", "num_kv_heads": 1, "head_size": 132, "dtype": "uint8", **indexer}
+    layers = []
+    for i in range(4):
+        layers.append({"name": f"model.layers.{i}.self_attn.attn", **layer})
+        layers.append({"name": f"model.layers.{i}.self_attn.indexer.k_cache", **idx})
+    return {"name": "v32", "config": {"block_size": 64, "max_model_len": 4096,
+                                      "available_memory_bytes": 1 << 30,
+                                      "kv_cache_dtype": "fp8_ds_mla"}, "layers": layers}
+
+
+def test_import_keeps_each_layers_own_cache_mode() -> None:
+    """DeepSeek-V3.2-style indexer layers name no cache_dtype_str: they are auto
+    layers (uint8, head 132 as given), not the model's fp8_ds_mla."""
+    from kvspec.integrations.dump.importer import dump_to_yaml, import_dump
+
+    source = import_dump(_v32_dump())
+    types = source["layer_types"]
+    assert any(t.get("kv_cache_dtype") == "auto" and t.get("head_size") == 132
+               for t in types.values()), types
+    layout = compile_source(dump_to_yaml(_v32_dump()), "v32.yaml").layout
+    idx = [e for n, e in layout.layers.items() if "indexer" in n]
+    assert all(e.kv_cache_dtype == "auto" and e.spec.page_size_bytes == 64 * 132 for e in idx)
+    assert all(e.kv_cache_dtype == "fp8_ds_mla" and e.spec.state_content_size_bytes == 656
+               for n, e in layout.layers.items() if "indexer" not in n)
+
+
+def test_a_source_may_override_the_global_mode_per_layer() -> None:
+    text = """kvspec: 1
+name: v32
+engine: {block_size: 64, max_model_len: 4096, memory: 1GiB}
+quantization: {kv_cache_dtype: fp8_ds_mla}
+defaults: {num_kv_heads: 1, head_size: 576, dtype: bfloat16}
+layer_types:
+  mla: {kind: mla}
+  indexer: {kind: mla, head_size: 132, dtype: uint8, kv_cache_dtype: auto,
+            layer_name: 'model.layers.{index}.self_attn.indexer.k_cache'}
+layers:
+  - {repeat: 4, pattern: [mla+indexer]}
+"""
+    layout = compile_source(text, "v32.yaml").layout
+    modes = {e.kv_cache_dtype for e in layout.layers.values()}
+    assert modes == {"fp8_ds_mla", "auto"}
+
+
+def test_import_of_a_dump_that_does_not_fit_still_writes_the_source(tmp_path: Path) -> None:
+    import json
+
+    from tests.conftest import CONFORMANCE, invoke
+
+    case = json.loads((CONFORMANCE / "cases" / "syn-not-enough-memory.json").read_text())
+    dump = tmp_path / "d.json"
+    dump.write_text(json.dumps(case))
+    out = tmp_path / "m.yaml"
+    code, stdout, stderr = invoke(["import", str(dump), "-o", str(out)])
+    assert code == 1 and out.exists()
+    assert "estimated maximum model length is 8176" in stderr
+    assert "wrote" in stderr and "Traceback" not in stderr
+    code, _, stderr = invoke(["validate", str(out)])
+    assert code == 1 and "set engine.max_model_len to 8176 or less" in stderr

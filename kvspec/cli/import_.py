@@ -7,7 +7,13 @@ from pathlib import Path
 import click
 
 from kvspec.cli.common import USAGE
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, Location
+from kvspec.errors import (
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_USAGE,
+    KvspecError,
+    NotEnoughMemoryError,
+)
 
 
 @click.command("import")
@@ -19,17 +25,27 @@ def command(dump: Path, output: Path | None, force: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
     from kvspec.compiler import compile_source
     from kvspec.files import emit, refuse_overwrite
-    from kvspec.integrations.dump.importer import dump_to_yaml
+    from kvspec.integrations.dump.importer import import_source
+    from kvspec.integrations.dump.locate import in_dump
     from kvspec.integrations.dump.read import load_dump
 
     data, raw = load_dump(dump)
+    imported = import_source(data, str(dump), raw)
+    model = data.get("model")
+    text = imported.text(model if isinstance(model, str) else None)
+    where = dict(file=str(dump), text=raw, dump=data, source=imported.source,
+                 first_layer_of_type=imported.first_layer_of_type)
+    problem = None
     try:
-        text = dump_to_yaml(data, file=str(dump), text=raw)
+        compile_source(text, str(output or dump))  # what we write must compile
+    except NotEnoughMemoryError as err:  # the model is valid; its budget is too small
+        problem = in_dump(err, **where)
     except KvspecError as err:
-        raise err.at(Location(str(dump))) from None
-    compile_source(text, str(output or "<imported>"))  # what we write must compile
+        raise in_dump(err, **where) from None
     refuse_overwrite(output, force)
     emit(text, output)
+    if problem is not None:
+        raise problem
 
 
 #: ``kvspec import``'s exit codes and what each means (docs/cli.md).

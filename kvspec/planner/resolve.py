@@ -118,7 +118,7 @@ def resolve(plan: Plan, *, memory: int | None = None, num_blocks: int | None = N
         estimate_max_model_len(engine, st.groups, c) if st.groups else 0)
         for st, c in zip(stages, check))
     first = stages[0]
-    per_req = blocks_per_request(engine, first.groups, frozenset(first.draft_layer_names))
+    per_req = blocks_per_request(engine, first.groups)
     concurrency = n_min / per_req if per_req else float("inf")
     tokens = int(concurrency * engine.max_model_len) if per_req else 0
     sched, hashed = block_sizes(engine, first.groups)
@@ -161,7 +161,7 @@ def resize(layout: Layout, *, memory: int | None = None,
     n = blocks_for(layout, memory=memory, num_blocks=num_blocks)
     engine = layout.engine
     st0 = layout.stage(0)
-    per_req = blocks_per_request(engine, st0.groups, frozenset(st0.draft_layer_names))
+    per_req = blocks_per_request(engine, st0.groups)
     conc = n / per_req if per_req else float("inf")
     spent = memory if memory is not None else max(
         n * st.bytes_per_block + st.fixed_bytes for st in layout.stages)

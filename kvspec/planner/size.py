@@ -113,16 +113,14 @@ def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
               "memory" if estimate > 0 else "give the KV cache more memory"))
 
 
-def blocks_per_request(engine: Engine, groups: Sequence[Group],
-                       draft_layers: frozenset[str]) -> int:
-    """Main-pool blocks one request at ``max_model_len`` takes (host and own-pool
-    drafter groups excluded)."""
-    total = 0
-    for g in groups:
-        if draft_layers and g.layer_names and g.layer_names[0] in draft_layers:
-            continue
-        total += cdiv(g.spec.max_memory_usage_bytes(engine), g.spec.page_size_bytes)
-    return total
+def blocks_per_request(engine: Engine, groups: Sequence[Group]) -> int:
+    """Main-pool blocks one request at ``max_model_len`` takes.
+
+    A drafter with a pool of its own draws its blocks from that pool, so its
+    groups are left out on every stage -- also on a pipeline stage that holds
+    none of its layers, where the reference counts them (docs/deviations.md).
+    """
+    return sum(group_blocks_per_request(engine, g) for g in groups if not g.own_pool)
 
 
 def _dcp_block(group: Group, dcp: int) -> int:

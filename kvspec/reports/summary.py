@@ -17,7 +17,7 @@ from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Plan
 from kvspec.planner import Resolved
 from kvspec.planner.checks import early_checks
-from kvspec.planner.size import group_blocks_per_request
+from kvspec.planner.size import blocks_per_request, group_blocks_per_request
 from kvspec.reports.format import human_bytes, layers_brief, table
 
 __all__ = ["human_bytes", "plan_table", "summary", "sweep_table"]
@@ -67,7 +67,7 @@ def plan_table(plan: Plan, resolved: Resolved) -> str:
     rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
              g.padding_slots, f"{group_blocks_per_request(engine, g):,}"]
             for i, g in enumerate(plan.groups)]
-    per_request = sum(group_blocks_per_request(engine, g) for g in st0.groups if not g.own_pool)
+    per_request = blocks_per_request(engine, st0.groups)
     lines = [
         f"{len(plan.specs)} layers, {len(plan.groups)} group(s), layout "
         f"{engine.axis_order.name}, {len(plan.stages)} pipeline stage(s)",

@@ -160,14 +160,21 @@ def _folded(run: list[list[str]], start: int) -> list[dict[str, Any]]:
     return out
 
 
-def layers_section(records: Sequence[Record], *, defaults: dict[str, Any] | None = None,
-                   max_skip: int | None = None) -> dict[str, Any]:
-    """``layer_name``, ``defaults``, ``layer_types`` and ``layers`` of a source."""
+def assign_types(records: Sequence[Record], defaults: dict[str, Any] | None = None
+                 ) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]], list[str]]:
+    """``(main layer-name template, defaults, layer types, each record's type name)``."""
     templates = Counter(t for t, i in map(template_of, (r.name for r in records))
                         if i is not None)
     main = templates.most_common(1)[0][0] if templates else "model.layers.{index}"
     defaults = defaults_of(records) if defaults is None else defaults
     types, names = _types(records, defaults, main)
+    return main, defaults, types, names
+
+
+def layers_section(records: Sequence[Record], *, defaults: dict[str, Any] | None = None,
+                   max_skip: int | None = None) -> dict[str, Any]:
+    """``layer_name``, ``defaults``, ``layer_types`` and ``layers`` of a source."""
+    main, defaults, types, names = assign_types(records, defaults)
     decoder: list[tuple[int, list[str]]] = []
     extras: list[dict[str, Any]] = []
     for r, tname in zip(records, names):

@@ -21,18 +21,23 @@ Each layer keeps its own cache mode: a dump entry's ``cache_dtype_str``, and
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from kvspec.integrations.dump.schema import DumpConfig, DumpLayer, validated
 from kvspec.model import kinds
 from kvspec.source.writer import (
     Record,
+    assign_types,
     exact_size,
     flow,
     layers_section,
     template_of,
     to_yaml,
 )
+
+#: Activation dtypes: what an ``auto`` layer's dtype says of the model's.
+MODEL_DTYPES = ("bfloat16", "float16", "float32")
 
 #: Decoder layers without a cache written as ``-`` items rather than a new entry.
 MAX_SKIP = 8
@@ -66,8 +71,8 @@ def records(cfg: DumpConfig, layers: list[DumpLayer],
     """The source's view of each dump layer: global heads, the layer's own mode
     (``order``: each layer's keys as the dump wrote them, kept in the source)."""
     global_cache = cfg.kv_cache_dtype
-    model_dtypes = Counter(layer.dtype for layer in layers
-                           if layer.dtype is not None and cache_mode(layer) == "auto")
+    model_dtypes = Counter(layer.dtype for layer in layers if cache_mode(layer) == "auto"
+                           and layer.dtype in MODEL_DTYPES)
     model_dtype = model_dtypes.most_common(1)[0][0] if model_dtypes else "bfloat16"
     out = []
     for i, layer in enumerate(layers):
@@ -109,9 +114,25 @@ def engine_section(cfg: DumpConfig) -> dict[str, Any]:
     return engine
 
 
-def import_dump(data: Any, file: str = "<dump>", text: str | None = None) -> dict[str, Any]:
-    """The source (as plain data) for a dump; see :func:`dump_to_yaml`. ``text``
-    is the dump's JSON text, for placing errors at their line and column."""
+@dataclass(frozen=True)
+class Imported:
+    """A dump's source, and where each of its layer types came from in the dump."""
+
+    source: dict[str, Any]
+    #: Layer type -> index of the first dump layer of that type (for error positions).
+    first_layer_of_type: dict[str, int]
+
+    def text(self, model: str | None = None,
+             schema: str = "../schemas/source.schema.json") -> str:
+        """The YAML text, with the schema comment on top (``schema`` is relative to
+        where the file will live; layouts/ by default)."""
+        return (f"# yaml-language-server: $schema={schema}\n"
+                f"# Imported by `kvspec import` from a per-layer spec dump"
+                f"{' of ' + model if model else ''}.\n" + to_yaml(self.source))
+
+
+def import_source(data: Any, file: str = "<dump>", text: str | None = None) -> Imported:
+    """A dump's source; ``text`` is the dump's JSON text, for error positions."""
     dump = validated(data, file, text)
     cfg = dump.config
     parallel: dict[str, Any] = {"tensor": cfg.tensor_parallel_size,
@@ -124,8 +145,8 @@ def import_dump(data: Any, file: str = "<dump>", text: str | None = None) -> dic
         source["model"] = dump.model
     if dump.facts:
         source["description"] = dump.facts
-    order = [list(layer) for layer in data["layers"]]
-    section = layers_section(records(cfg, dump.layers, order), max_skip=MAX_SKIP)
+    recs = records(cfg, dump.layers, [list(layer) for layer in data["layers"]])
+    section = layers_section(recs, max_skip=MAX_SKIP)
     source["layer_name"] = section.pop("layer_name")
     source["engine"] = engine_section(cfg)
     source["parallel"] = flow(parallel)
@@ -134,15 +155,20 @@ def import_dump(data: Any, file: str = "<dump>", text: str | None = None) -> dic
     if cfg.kv_cache_dtype != "auto":
         source["quantization"] = {"kv_cache_dtype": cfg.kv_cache_dtype}
     source.update(section)
-    return source
+    first: dict[str, int] = {}
+    for i, name in enumerate(assign_types(recs)[3]):
+        first.setdefault(name, i)
+    return Imported(source, first)
+
+
+def import_dump(data: Any, file: str = "<dump>", text: str | None = None) -> dict[str, Any]:
+    """The source (as plain data) for a dump; see :func:`dump_to_yaml`."""
+    return import_source(data, file, text).source
 
 
 def dump_to_yaml(data: Any, *, schema: str = "../schemas/source.schema.json",
                  file: str = "<dump>", text: str | None = None) -> str:
-    """The YAML text of the imported source, with the schema comment on top
-    (``schema`` is relative to where the file will live; layouts/ by default)."""
-    source = import_dump(data, file, text)
+    """The YAML text of the imported source, with the schema comment on top."""
     model = data.get("model") if isinstance(data, dict) else None
-    return (f"# yaml-language-server: $schema={schema}\n"
-            f"# Imported by `kvspec import` from a per-layer spec dump"
-            f"{' of ' + model if isinstance(model, str) and model else ''}.\n" + to_yaml(source))
+    return import_source(data, file, text).text(model if isinstance(model, str) else None,
+                                                schema)

@@ -127,7 +127,19 @@ def _message(err: dict[str, Any]) -> tuple[str, str | None, str]:
         return f"invalid value for {loc[-1]!r}", err.get("ctx", {}).get("expected"), _FORMAT
     if kind == "too_short" and loc == ("layers",):
         return "a dump needs at least one layer", "a non-empty 'layers' list", _FORMAT
-    return f"invalid value for {'.'.join(map(str, loc))}: {err['msg']}", None, _FORMAT
+    where = ".".join(map(str, loc))
+    expected = _EXPECTED.get(kind)
+    if expected is None and kind.startswith(("greater_than", "too_")):
+        expected = err["msg"].removeprefix("Input should be ").removeprefix("Value should have ")
+    return f"invalid value for {where}", expected or err["msg"], _FORMAT
+
+
+#: What a value of each pydantic error type should have been, in the user's words.
+_EXPECTED = {"int_type": "an integer", "int_parsing": "an integer",
+             "int_from_float": "an integer", "string_type": "a string",
+             "bool_type": "true or false", "list_type": "a list",
+             "dict_type": "a JSON object", "model_type": "a JSON object",
+             "model_attributes_type": "a JSON object"}
 
 
 def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:

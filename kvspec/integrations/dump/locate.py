@@ -1,0 +1,84 @@
+"""Placing an imported source's errors in the dump the user gave.
+
+The source ``kvspec import`` writes is one the user has not seen yet, so a
+problem found while compiling it is reported at the dump's own file, line and
+column: engine and parallelism settings at their ``config`` key, a layer's
+problem at the first dump layer of that layer type.
+
+>>> dump = {"config": {"block_size": 16, "max_model_len": 64}, "layers": []}
+>>> dump_path("engine.block_size", dump, {})
+('config', 'block_size')
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from kvspec.errors import KvspecError, Location
+from kvspec.source.document import parse_yaml
+
+#: Source path prefixes -> the dump config key they come from.
+_CONFIG = {"engine.block_size": "block_size", "engine.max_model_len": "max_model_len",
+           "engine.model_max_len": "max_model_len", "engine.memory": "available_memory_bytes",
+           "engine.layout": "kv_cache_layout", "engine.hybrid": "disable_hybrid_kv_cache_manager",
+           "engine.prefix_caching": "enable_prefix_caching",
+           "engine.num_blocks": "num_gpu_blocks_override",
+           "engine.mamba_cache_mode": "mamba_cache_mode",
+           "engine.mamba_block_size": "mamba_block_size",
+           "engine.prefix_match_unit": "prefix_match_unit",
+           "engine.max_num_batched_tokens": "max_num_batched_tokens",
+           "engine.max_num_seqs": "max_num_seqs",
+           "parallel.tensor": "tensor_parallel_size", "parallel.pipeline": "pipeline_parallel_size",
+           "parallel.decode_context": "decode_context_parallel_size",
+           "quantization.kv_cache_dtype": "kv_cache_dtype"}
+_TYPE = re.compile(r"^layer_types\.([^.\[]+)")
+
+
+def dump_path(path: str, dump: dict[str, Any], first_layer_of_type: dict[str, int]
+              ) -> tuple[str | int, ...] | None:
+    """The dump path a source path came from, or None."""
+    for prefix, key in _CONFIG.items():
+        if path.startswith(prefix) and key in (dump.get("config") or {}):
+            return ("config", key)
+    m = _TYPE.match(path)
+    if m and m.group(1) in first_layer_of_type:
+        return ("layers", first_layer_of_type[m.group(1)])
+    if path.startswith(("engine", "parallel", "quantization")):
+        return ("config",)
+    return None
+
+
+def in_dump(err: KvspecError, *, file: str, text: str | None, dump: dict[str, Any],
+            source: dict[str, Any], first_layer_of_type: dict[str, int]) -> KvspecError:
+    """``err`` (about the imported source) placed in the dump at ``file``."""
+    path = err.path or ""
+    target = None
+    if err.layer is not None:
+        names = [layer.get("name") for layer in dump.get("layers", [])]
+        if err.layer in names:
+            target = ("layers", names.index(err.layer))
+    target = target or dump_path(path, dump, first_layer_of_type)
+    if target is None and path.startswith("layers"):
+        target = ("layers", _entry_layer(path, source, first_layer_of_type))
+    line = column = None
+    if target is not None and text is not None:
+        try:
+            pos = parse_yaml(text, file).position(target)
+        except KvspecError:
+            pos = None
+        if pos:
+            line, column = pos
+    shown = ".".join(str(p) for p in target) if target else None
+    hint = err.hint or "fix the dump, or import it and fix the source it writes"
+    return err.replace(location=Location(file, line, column, shown), hint=hint)
+
+
+def _entry_layer(path: str, source: dict[str, Any], first: dict[str, int]) -> int:
+    """The first dump layer of the type a ``layers[e].pattern[p]`` path names."""
+    m = re.match(r"layers\[(\d+)\](?:\.pattern\[(\d+)\])?", path)
+    if not m:
+        return 0
+    entry = source["layers"][int(m.group(1))]
+    item = entry.get("pattern", [entry.get("type")])[int(m.group(2) or 0)]
+    return min((first[t] for t in str(item).split("+") if t in first), default=0)
