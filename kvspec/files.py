@@ -1,24 +1,80 @@
-"""Reading and writing the user's files, with errors placed at the file.
+"""Reading and writing the user's files, and reading sizes, with errors at the file.
 
 Every command reads sources, dumps, configs and artifacts the same way: a
-missing or unreadable file, or invalid JSON, is a :class:`KvspecError` naming
-the file (and line and column for JSON), never a traceback. Writes are atomic:
-a reader never sees a half-written file, and a failed command leaves the old
-file as it was.
+missing or unreadable file, bytes that are not UTF-8 (at their line and
+column), or invalid JSON is a :class:`KvspecError` naming the file, never a
+traceback. Writes are atomic (a reader never sees a half-written file; a
+failed command leaves the old file as it was; a temporary file a killed
+writer left behind is cleaned up by the next write), never go over the input,
+and never replace a file that is not kvspec's own without ``--force``.
 
->>> parse_size("40GiB"), parse_size("80GB"), parse_size(1024)
-(42949672960, 80000000000, 1024)
+Sizes have one strict grammar everywhere (flags, sources, the Python API):
+an integer of bytes, or a number and a unit -- ``KiB MiB GiB TiB PiB`` (powers
+of two), ``KB MB GB TB PB`` (powers of ten), ``B``.
+
+>>> parse_size("40GiB"), parse_size("80GB"), parse_size(1024), parse_size("1.5 KiB")
+(42949672960, 80000000000, 1024, 1536)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from kvspec.errors import KvspecError, SourceError
+from kvspec.errors import KvspecError, SourceError, UsageError
+
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "pib": 2**50, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
+SIZE_EXPECTED = "bytes (42949672960) or a size: 40GiB, 512MiB (powers of 2), 80GB (of 10)"
+#: Temporary files of an atomic write, and how old one must be to be stale.
+_TMP = ".kvspec-tmp-"
+_STALE_S = 60.0
+
+
+def size_bytes(value: object) -> int | None:
+    """The bytes a size means, or None when it is not one (booleans are not)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if not isinstance(value, str):
+        return None
+    m = _SIZE.match(value.strip())
+    if not m or m.group(2).lower() not in _UNITS:
+        return None
+    number, unit = m.group(1), _UNITS[m.group(2).lower()]
+    if "." not in number:
+        return int(number) * unit
+    whole, frac = number.split(".")
+    total = int(whole) * unit + int(frac) * unit // 10 ** len(frac)
+    return total if int(frac) * unit % 10 ** len(frac) == 0 else None
+
+
+def parse_size(value: int | str, *, what: str = "memory",
+               error: type[KvspecError] = KvspecError) -> int:
+    """Bytes from an int or a size string; ``error`` names ``what`` otherwise."""
+    n = size_bytes(value)
+    if n is None:
+        raise error(f"{what}: cannot read {value!r} as a size", expected=SIZE_EXPECTED,
+                    found=repr(value), hint="no commas, one number, one unit")
+    return n
+
+
+# ---------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------
+
+
+def _position(data: bytes, at: int) -> tuple[int, int]:
+    """1-based (line, column) of byte ``at`` (the column counts characters)."""
+    start = data.rfind(b"\n", 0, at) + 1
+    return data.count(b"\n", 0, at) + 1, len(data[start:at].decode("utf-8", "replace")) + 1
 
 
 def read_text(path: str | Path, *, what: str, hint: str | None = None,
@@ -26,13 +82,20 @@ def read_text(path: str | Path, *, what: str, hint: str | None = None,
     """The UTF-8 text of ``path``; ``what`` names the file in messages."""
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise error("no such file", file=str(path), hint=hint) from None
     except IsADirectoryError:
         raise error(f"is a directory, not {what}", file=str(path), hint=hint) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"cannot read {what}: {exc}", file=str(path)) from None
+    except OSError as exc:
+        raise error(f"cannot read {what}: {exc.strerror or exc}", file=str(path)) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _position(data, exc.start)
+        raise error(f"{what} is not UTF-8 text: byte {data[exc.start]:#04x} cannot be "
+                    "decoded", file=str(path), line=line, column=column,
+                    hint="save the file as UTF-8") from None
 
 
 def read_json(path: str | Path, *, what: str, hint: str | None = None,
@@ -44,51 +107,88 @@ def read_json(path: str | Path, *, what: str, hint: str | None = None,
     except json.JSONDecodeError as exc:
         raise error(f"not valid JSON: {exc.msg}", file=str(path), line=exc.lineno,
                     column=exc.colno) from None
+    except RecursionError:
+        raise error("not valid JSON: nested too deeply", file=str(path)) from None
+
+
+# ---------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------
+
+
+def _clean_stale(path: Path) -> None:
+    """Remove temporaries a killed writer of ``path`` left behind."""
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}{_TMP}*"):
+        try:
+            if now - tmp.stat().st_mtime > _STALE_S:
+                tmp.unlink()
+        except OSError:
+            pass
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader never sees a half-written file."""
+    """Write ``text`` to ``path`` so a reader never sees a half-written file;
+    a :class:`KvspecError` (``UsageError``) when the path cannot be written."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a directory")
+        _clean_stale(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP}", dir=path.parent)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", file=str(path),
+                         hint="give -o a path in a writable directory") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        # mkstemp creates 0600; give the file the mode a plain open() would
-        umask = os.umask(0)
+        umask = os.umask(0)  # mkstemp creates 0600; give the mode a plain open() would
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", file=str(path),
+                         hint="give -o a path in a writable directory") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def parse_size(value: int | str, *, what: str = "memory",
-               error: type[KvspecError] = KvspecError) -> int:
-    """Bytes from an int or a size string (``40GiB``, ``512 MiB``, ``80GB``),
-    read by pydantic's ``ByteSize``, the same parser the source format uses."""
-    if isinstance(value, int):
-        return value
-    from pydantic import ByteSize, TypeAdapter, ValidationError
-
+def same_file(a: str | Path, b: str | Path) -> bool:
     try:
-        return int(TypeAdapter(ByteSize).validate_python(str(value).strip()))
-    except ValidationError:
-        raise error(f"{what}: cannot read {value!r} as a size",
-                    expected="bytes or a size like 40GiB, 512MiB, 80GB",
-                    found=str(value)) from None
+        return Path(a).resolve() == Path(b).resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
-def refuse_overwrite(output: str | Path | None, force: bool) -> None:
-    """A usage error when ``output`` exists and ``--force`` was not given."""
-    from kvspec.errors import UsageError
+def refuse_overwrite(output: str | Path | None, force: bool, *,
+                     inputs: tuple[str | Path, ...] = (),
+                     ours: str | None = None) -> None:
+    """A usage error when writing ``output`` would lose something: it is one of the
+    ``inputs`` (never, even with ``--force``), or it exists and ``--force`` was not
+    given (unless its text starts like kvspec's own kind of file, ``ours``)."""
+    if output is None:
+        return
+    for i in inputs:
+        if same_file(output, i):
+            raise UsageError(f"{output} is the input: writing it would lose it",
+                             hint="give -o another path")
+    path = Path(output)
+    if not path.exists() or force:
+        return
+    if ours is not None and path.is_file():
+        try:
+            head = path.read_text(encoding="utf-8", errors="replace")[:200]
+        except OSError:
+            head = ""
+        if ours in head:
+            return
+    raise UsageError(f"{output} exists", hint="pass --force to overwrite it")
 
-    if output is not None and Path(output).exists() and not force:
-        raise UsageError(f"{output} exists", hint="pass --force to overwrite it")
 
-
-def emit(text: str, output: str | Path | None) -> None:
+def emit(text: str, output: str | Path | None, *, quiet: bool = False) -> None:
     """A command's result: to stdout, or written atomically to ``output``
     (saying so on stderr, so stdout stays clean for pipes)."""
     import click
@@ -97,4 +197,5 @@ def emit(text: str, output: str | Path | None) -> None:
         click.echo(text, nl=False)
         return
     write_atomic(output, text)
-    click.echo(f"wrote {output}", err=True)
+    if not quiet:
+        click.echo(f"wrote {output}", err=True)

@@ -1,5 +1,11 @@
 """YAML documents with positions: every value's line and column by its path.
 
+The text is composed once (libyaml's C parser where PyYAML has it) and the data
+built from the node tree by one iterative walk that records where each value
+and key starts. The walk is bounded: nesting deeper than :data:`MAX_DEPTH`,
+duplicate keys, non-string keys, strings UTF-8 cannot store and values whose
+tag cannot be constructed are errors at their position, never tracebacks.
+
 >>> doc = parse_yaml("engine:\\n  block_size: 24\\n", "m.yaml")
 >>> doc.data
 {'engine': {'block_size': 24}}
@@ -9,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +25,16 @@ import yaml
 from kvspec.errors import SourceError
 
 Path_ = tuple[str | int, ...]
+
+#: Deeper than any source is nested (a source needs about 6 levels).
+MAX_DEPTH = 64
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_CONSTRUCTOR = yaml.SafeLoader("")  # builds scalars by their tag
+_SCALARS = _CONSTRUCTOR.yaml_constructors
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MERGE = "tag:yaml.org,2002:merge"
+_SEQ, _MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
 
 
 def format_path(path: Sequence[str | int]) -> str:
@@ -62,50 +79,143 @@ class Document:
                    path=format_path(path), **kw)
 
 
-def _walk(node: yaml.Node, path: Path_, doc: Document, file: str,
-          seen_nodes: set[int] | None = None) -> None:
-    doc.positions[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
-    # An alias repeats a node already walked: do not descend again (a document of
-    # nested aliases would otherwise take exponential time).
-    seen_nodes = set() if seen_nodes is None else seen_nodes
-    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-        if id(node) in seen_nodes:
-            return
-        seen_nodes.add(id(node))
-    if isinstance(node, yaml.MappingNode):
+def _mark(node: yaml.Node) -> tuple[int, int]:
+    return node.start_mark.line + 1, node.start_mark.column + 1
+
+
+def _fail(message: str, node: yaml.Node, file: str, path: Path_, **kw: Any) -> SourceError:
+    line, col = _mark(node)
+    return SourceError(message, file=file, line=line, column=col, path=format_path(path), **kw)
+
+
+class _Builder:
+    """Builds Python data from a node tree without recursion, recording positions."""
+
+    def __init__(self, doc: Document) -> None:
+        self.doc = doc
+        self.built: dict[int, Any] = {}  # aliases share what their anchor built
+
+    def scalar(self, node: yaml.ScalarNode, path: Path_) -> Any:
+        try:
+            build = _SCALARS.get(node.tag) or _SCALARS[None]
+            value = build(_CONSTRUCTOR, node)
+        except Exception:  # noqa: BLE001 - any tag's constructor may fail
+            kind = node.tag.rsplit(":", 1)[-1]
+            raise _fail(f"cannot read {node.value[:40]!r} as {kind}", node, self.doc.file,
+                        path, found=repr(node.value)[:80], hint="quote it to make it a "
+                        "string, or remove the explicit !!tag") from None
+        if isinstance(value, str) and _SURROGATE.search(value):
+            raise _fail("a string holds a lone surrogate, which UTF-8 cannot store", node,
+                        self.doc.file, path, found=ascii(value)[:80],
+                        hint="remove the \\ud800-\\udfff escape")
+        return value
+
+    def build(self, root: yaml.Node) -> Any:
+        out: list[Any] = []
+        stack: list[tuple[yaml.Node, Path_, Any, Any]] = [(root, (), out, 0)]
+        while stack:
+            node, path, parent, key = stack.pop()
+            self.doc.positions.setdefault(path, _mark(node))
+            if len(path) > MAX_DEPTH:
+                raise _fail(f"the document is nested more than {MAX_DEPTH} levels deep",
+                            node, self.doc.file, path, hint="a source needs a few levels; "
+                            "check the brackets and indentation")
+            if id(node) in self.built:
+                value = self.built[id(node)]
+            elif isinstance(node, yaml.ScalarNode):
+                value = self.scalar(node, path)
+            elif node.tag not in (_SEQ, _MAP):
+                raise _fail(f"unsupported tag {node.tag!r}", node, self.doc.file, path,
+                            hint="a source holds plain mappings, lists and values")
+            elif isinstance(node, yaml.SequenceNode):
+                value = self.built[id(node)] = [None] * len(node.value)
+                stack.extend((item, path + (i,), value, i)
+                             for i, item in reversed(list(enumerate(node.value))))
+            else:
+                value = self.built[id(node)] = {}
+                stack.extend(reversed(self.mapping(node, path, value)))
+            if isinstance(parent, list) and parent is out:
+                out.append(value)
+            else:
+                parent[key] = value
+        return out[0]
+
+    def mapping(self, node: yaml.MappingNode, path: Path_, value: dict) -> list[tuple]:
+        """The children of a mapping to build, keys checked; merge keys (``<<``) resolved."""
+        pairs = []
         seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            key = key_node.value
+        for key_node, value_node in self._merged(node, path):
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise _fail("a mapping key must be a plain name", key_node, self.doc.file,
+                            path, hint="keys are field or type names, e.g. block_size")
+            key = self.scalar(key_node, path)
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                key = str(key_node.value)
             if key in seen:
-                raise SourceError(
-                    f"duplicate key {key!r}", file=file, line=key_node.start_mark.line + 1,
-                    column=key_node.start_mark.column + 1,
-                    path=format_path(path + (key,)),
-                    hint=f"it is already set on line {seen[key]}; keep one")
+                raise _fail(f"duplicate key {key!r}", key_node, self.doc.file, path + (key,),
+                            hint=f"it is already set on line {seen[key]}; keep one")
             seen[key] = key_node.start_mark.line + 1
-            doc.key_positions[path + (key,)] = (key_node.start_mark.line + 1,
-                                                key_node.start_mark.column + 1)
-            _walk(value_node, path + (key,), doc, file, seen_nodes)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _walk(item, path + (i,), doc, file, seen_nodes)
+            self.doc.key_positions[path + (key,)] = _mark(key_node)
+            pairs.append((value_node, path + (key,), value, key))
+        return pairs
+
+    def _merged(self, node: yaml.MappingNode, path: Path_) -> list[tuple]:
+        own = [(k, v) for k, v in node.value if k.tag != _MERGE]
+        merges = [v for k, v in node.value if k.tag == _MERGE]
+        keys = {k.value for k, _ in own if isinstance(k, yaml.ScalarNode)}
+        for source in merges:
+            maps = source.value if isinstance(source, yaml.SequenceNode) else [source]
+            for m in maps:
+                if not isinstance(m, yaml.MappingNode):
+                    raise _fail("a merge key (<<) needs a mapping", m, self.doc.file, path)
+                for k, v in m.value:
+                    if isinstance(k, yaml.ScalarNode) and k.value not in keys:
+                        own.append((k, v))
+                        keys.add(k.value)
+        return own
+
+
+def _yaml_error(exc: yaml.YAMLError, text: str, file: str) -> SourceError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+        return SourceError(f"invalid YAML: the character {char!r} is not allowed here",
+                           file=file, line=line, column=col,
+                           hint="remove it, or write it as an escape in a quoted string")
+    return SourceError(f"invalid YAML: {problem or exc}", file=file,
+                       line=mark.line + 1 if mark else None,
+                       column=mark.column + 1 if mark else None,
+                       hint="check indentation, colons and quoting near this position")
+
+
+def _python_parser_error(text: str) -> yaml.YAMLError | None:
+    """The pure-Python parser's error for ``text``: its messages are the same on
+    every machine, with or without libyaml."""
+    try:
+        yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        return exc
+    except RecursionError:
+        return None
+    return None
 
 
 def parse_yaml(text: str, file: str = "<input>") -> Document:
-    """Parse one YAML document, keeping positions; YAML errors become
-    :class:`SourceError` with the parser's line and column."""
+    """Parse one YAML document, keeping positions; every problem is a
+    :class:`SourceError` with its line and column."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise SourceError(
-            f"invalid YAML: {exc.problem or exc.context}", file=file,
-            line=mark.line + 1 if mark else None, column=mark.column + 1 if mark else None,
-            hint="check indentation, colons and quoting near this position") from exc
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        raise SourceError(f"invalid YAML: {exc}", file=file) from exc
-    doc = Document(data, file)
-    if node is not None:
-        _walk(node, (), doc, file)
-    return doc
+        raise _yaml_error(_python_parser_error(text) or exc, text, file) from None
+    except RecursionError:
+        raise SourceError(f"the document is nested more than {MAX_DEPTH} levels deep",
+                          file=file, line=1, column=1) from None
+    doc = Document(None, file)
+    if node is None:
+        raise SourceError("the file is empty", file=file, line=1, column=1,
+                          expected="kvspec: 1, name: ..., engine: ..., layers: ...",
+                          hint="see layouts/ for examples")
+    return Document(_Builder(doc).build(node), file, doc.positions, doc.key_positions)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from kvspec.errors import KvspecError, Location, PlanError, raise_all
 from kvspec.model import kinds
 from kvspec.model.engine import Engine
+from kvspec.model.names import layers_brief
 from kvspec.model.specs import LayerSpec
 from kvspec.planner.stages import split_stages
 from kvspec.source.document import Document, format_path
@@ -93,6 +94,7 @@ def _specs(layers: list[ExpandedLayer], engine: Engine, source: Source, doc: Doc
     specs: dict[str, LayerSpec] = {}
     dtypes: dict[str, str | None] = {}
     memo: dict[tuple, LayerSpec] = {}
+    failed: dict[str, tuple[KvspecError, list[str]]] = {}
     for layer in layers:
         cache = layer_cache_dtype(layer, source)
         kind = layer.fields.get("kind")
@@ -102,13 +104,14 @@ def _specs(layers: list[ExpandedLayer], engine: Engine, source: Source, doc: Doc
                 memo[key] = build_spec(layer, engine, cache, doc)
             specs[layer.name] = memo[key]
         except KvspecError as exc:
-            errors.append(exc if exc.file else exc.at(_loc(doc, layer.path)))
-            continue
-        except (TypeError, ValueError) as exc:
-            errors.append(doc.error(f"layer {layer.name}: {exc}", layer.path))
+            err = exc if exc.file else exc.at(_loc(doc, layer.path))
+            failed.setdefault(err.render(), (err, []))[1].append(layer.name)
             continue
         state = kind is not None and kinds.by_name(kind).state
         dtypes[layer.name] = None if state else cache
+    for err, names in failed.values():  # one problem, once, naming every layer it hits
+        errors.append(err.replace(message=f"{err.message} (in {len(names)} layers: "
+                                  f"{layers_brief(names)})") if len(names) > 1 else err)
     return specs, dtypes
 
 

@@ -9,6 +9,7 @@ entry; the layers of one type share one fields mapping.
 from __future__ import annotations
 
 import difflib
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,24 +26,54 @@ SKIP = "-"
 _ENTRY_ONLY = ("type", "name", "index", "repeat")
 
 
+Path = tuple[str | int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ExpandedLayer:
     name: str
     index: int | None
     fields: dict[str, Any]
     #: YAML path of the entry that produced this layer (for error positions).
-    path: tuple[str | int, ...]
+    path: Path
     type_name: str | None = None
+    #: Where each field was set (defaults, the layer type or the entry).
+    origins: dict[str, Path] | None = None
+
+    def origin(self, name: str) -> Path:
+        """The YAML path that set field ``name`` (the entry's when unknown)."""
+        return (self.origins or {}).get(name, self.path)
 
 
-def merge_fields(*parts: LayerFields | None) -> dict[str, Any]:
-    """Fields set by ``parts``, later ones winning."""
+def merge_fields(*parts: tuple[LayerFields | None, Path]
+                 ) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Fields set by ``(part, its path)``, later ones winning, and where each was set."""
     out: dict[str, Any] = {}
-    for part in parts:
-        if part is not None:
-            out.update((k, v) for k, v in part.model_dump(exclude_none=True).items()
-                       if k not in _ENTRY_ONLY)
-    return out
+    origins: dict[str, Path] = {}
+    for part, path in parts:
+        if part is None:
+            continue
+        for k, v in part.model_dump(exclude_none=True).items():
+            if k not in _ENTRY_ONLY:
+                out[k] = v
+                origins[k] = path + (k,)
+    return out, origins
+
+
+def template_problem(template: str) -> str | None:
+    """Why ``template`` is not a layer-name template (only ``{index}`` may be
+    filled in, with no format spec or conversion), or None."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return str(exc)
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        if field != "index" or spec or conversion:
+            return f"{{{field}{'!' + conversion if conversion else ''}" \
+                   f"{':' + spec if spec else ''}}} is not {{index}}"
+    return None
 
 
 def unknown_type(doc: Document, path: tuple, name: str, source: Source) -> KvspecError:
@@ -62,23 +93,26 @@ class _Expander:
         self.layers: list[ExpandedLayer] = []
         self.errors: list[KvspecError] = []
         self.index = 0
-        self._typed: dict[str, dict[str, Any]] = {}
-        self._names: dict[tuple[str, int], str] = {}
+        self._typed: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {}
+        self._templates: dict[str, str | None] = {}
 
-    def typed_fields(self, type_name: str) -> dict[str, Any]:
+    def typed_fields(self, type_name: str) -> tuple[dict[str, Any], dict[str, Path]]:
         if type_name not in self._typed:
-            self._typed[type_name] = merge_fields(self.source.defaults,
-                                                  self.source.layer_types[type_name])
+            self._typed[type_name] = merge_fields(
+                (self.source.defaults, ("defaults",)),
+                (self.source.layer_types[type_name], ("layer_types", type_name)))
         return self._typed[type_name]
 
     def render(self, template: str, path: tuple) -> str:
-        try:
-            return template.format(index=self.index)
-        except (KeyError, IndexError, ValueError) as exc:
-            self.errors.append(self.doc.error(f"bad layer_name template {template!r}: {exc}",
-                                              path, expected="a template using {index} only",
-                                              found=template))
+        if template not in self._templates:
+            self._templates[template] = template_problem(template)
+        problem = self._templates[template]
+        if problem is not None:
+            self.errors.append(self.doc.error(f"bad layer_name template {template!r}: {problem}",
+                                              path, expected="a name with {index} where the "
+                                              "decoder-layer index goes", found=template))
             return template
+        return template.format(index=self.index)
 
     def pattern(self, entry: PatternEntry, base: tuple) -> None:
         for _ in range(entry.repeat):
@@ -91,9 +125,11 @@ class _Expander:
                     if type_name not in self.source.layer_types:
                         self.errors.append(unknown_type(self.doc, path, type_name, self.source))
                         continue
-                    fields = self.typed_fields(type_name)
-                    name = self.render(fields.get("layer_name") or self.source.layer_name, path)
-                    self.layers.append(ExpandedLayer(name, self.index, fields, path, type_name))
+                    fields, origins = self.typed_fields(type_name)
+                    name = self.render(fields.get("layer_name") or self.source.layer_name,
+                                       origins.get("layer_name", ("layer_name",)))
+                    self.layers.append(ExpandedLayer(name, self.index, fields, path, type_name,
+                                                     origins))
                 self.index += 1
 
     def entry(self, entry: LayerEntry, base: tuple) -> None:
@@ -104,18 +140,22 @@ class _Expander:
                 self.errors.append(unknown_type(self.doc, base + ("type",), entry.type,
                                                 self.source))
                 return
-        fields = merge_fields(self.source.defaults, t, entry)
+        fields, origins = merge_fields((self.source.defaults, ("defaults",)),
+                                       (t, ("layer_types", entry.type)), (entry, base))
         if entry.name is not None:
             if entry.repeat > 1:
                 self.errors.append(self.doc.error(
                     "an entry with an explicit name cannot repeat", base + ("repeat",),
                     hint="use a name template (layer_name) instead"))
                 return
-            self.layers.append(ExpandedLayer(entry.name, None, fields, base, entry.type))
+            self.layers.append(ExpandedLayer(entry.name, None, fields, base, entry.type,
+                                             origins))
             return
         for _ in range(entry.repeat):
-            name = self.render(fields.get("layer_name") or self.source.layer_name, base)
-            self.layers.append(ExpandedLayer(name, self.index, fields, base, entry.type))
+            name = self.render(fields.get("layer_name") or self.source.layer_name,
+                               origins.get("layer_name", ("layer_name",)))
+            self.layers.append(ExpandedLayer(name, self.index, fields, base, entry.type,
+                                             origins))
             self.index += 1
 
 

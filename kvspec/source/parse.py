@@ -55,7 +55,8 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
     if kind == "extra_forbidden":
         key = loc[-1]
         allowed = allowed_fields(loc[:-1])
-        close = difflib.get_close_matches(str(key), allowed, n=1)
+        close = [FIELD_SYNONYMS[key]] if FIELD_SYNONYMS.get(key) in allowed else \
+            difflib.get_close_matches(str(key), allowed, n=1)
         return doc.error(f"unknown field {key!r}", loc, key=True,
                          expected="one of " + ", ".join(sorted(allowed)) if allowed else None,
                          hint=f"did you mean {close[0]!r}?" if close else
@@ -64,9 +65,66 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
         return doc.error(f"missing required field {loc[-1]!r}", loc[:-1],
                          expected=f"{loc[-1]}: ...", hint="see docs/format.md")
     if kind == "literal_error":
-        return doc.error(f"invalid value for {loc[-1]!r}", loc,
-                         expected=err.get("ctx", {}).get("expected"), found=found_s)
-    return doc.error(f"invalid value for {format_path(loc)}: {err['msg']}", loc, found=found_s)
+        return _literal_error(doc, loc, err, found, found_s)
+    return doc.error(f"invalid value for {format_path(loc)}", loc,
+                     expected=expected_of(err), found=found_s)
+
+
+#: What a value of each pydantic error type should have been, in the user's words.
+EXPECTED = {"int_type": "an integer", "int_parsing": "an integer",
+            "int_from_float": "an integer", "string_type": "a string",
+            "bool_type": "true or false", "bool_parsing": "true or false",
+            "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+            "model_attributes_type": "a mapping", "float_type": "a number"}
+
+
+def expected_of(err: dict[str, Any]) -> str:
+    """What the value should have been (custom types carry it as their message)."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind in EXPECTED:
+        return EXPECTED[kind]
+    if kind == "greater_than":
+        return "a positive integer" if ctx.get("gt") == 0 else f"a number above {ctx['gt']}"
+    if kind == "greater_than_equal":
+        return "an integer >= 0" if ctx.get("ge") == 0 else f"a number >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"at most {ctx.get('le'):,}" if isinstance(ctx.get("le"), int) else err["msg"]
+    if kind == "too_short":
+        return f"at least {ctx.get('min_length', 1)} item(s)"
+    return err["msg"]
+
+
+#: Field names users write (often vLLM's or Hugging Face's), and the field they mean.
+FIELD_SYNONYMS = {"window": "sliding_window", "window_size": "sliding_window",
+                  "chunk": "attention_chunk_size", "chunk_size": "attention_chunk_size",
+                  "heads": "num_kv_heads", "kv_heads": "num_kv_heads",
+                  "num_heads": "num_kv_heads", "num_key_value_heads": "num_kv_heads",
+                  "head_dim": "head_size", "max_len": "max_model_len",
+                  "max_seq_len": "max_model_len", "tp": "tensor", "pp": "pipeline",
+                  "dcp": "decode_context", "kv_cache_layout": "layout",
+                  "enable_prefix_caching": "prefix_caching", "torch_dtype": "dtype",
+                  "cache_dtype": "kv_cache_dtype", "repeats": "repeat"}
+
+#: Words users write for a layer kind, and the kind they mean.
+KIND_SYNONYMS = {"full": "full_attention", "attention": "full_attention",
+                 "sliding": "sliding_window", "swa": "sliding_window",
+                 "local": "chunked_local", "chunked": "chunked_local",
+                 "mamba2": "mamba", "mamba1": "mamba", "gdn": "mamba", "linear": "mamba",
+                 "ssm": "mamba", "cross": "cross_attention", "encoder": "encoder_only"}
+
+
+def _literal_error(doc: Document, loc: tuple, err: dict[str, Any], found: Any,
+                   found_s: str | None) -> SourceError:
+    expected = (err.get("ctx") or {}).get("expected")
+    hint = None
+    if isinstance(found, str):
+        options = [o.strip().strip("'") for o in str(expected).replace(" or ", ", ").split(",")]
+        guess = KIND_SYNONYMS.get(found) if loc[-1] == "kind" else None
+        close = [guess] if guess else difflib.get_close_matches(found, options, n=1, cutoff=0.5)
+        close = close or [o for o in options if o.startswith(found)][:1]
+        hint = f"did you mean {close[0]!r}?" if close else None
+    return doc.error(f"invalid value for {loc[-1]!r}", loc, expected=expected, found=found_s,
+                     hint=hint)
 
 
 def parse_source(doc: Document) -> m.Source:

@@ -10,17 +10,51 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
-    ByteSize,
     ConfigDict,
     Discriminator,
     Field,
-    PositiveInt,
+    PlainValidator,
     Tag,
+    WithJsonSchema,
     field_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from kvspec.files import SIZE_EXPECTED, size_bytes
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
+
+#: Largest values the format takes: far above any deployment, small enough that
+#: nothing is ever built from a typo's size (a list of 10^9 pipeline stages).
+MAX_TOKENS = 2**31
+MAX_RANKS = 4096
+
+#: A positive integer (booleans and strings are not), at most ``MAX_TOKENS``.
+PositiveInt = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+Ranks = Annotated[int, Field(gt=0, le=MAX_RANKS)]
+
+
+def _size(value: Any) -> int:
+    n = size_bytes(value)
+    if n is None:
+        raise PydanticCustomError("size", SIZE_EXPECTED)
+    return n
+
+
+def _max_len(value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                           and 0 < value <= MAX_TOKENS):
+        return value
+    raise PydanticCustomError("max_len", "a positive number of tokens, or auto")
+
+
+#: Bytes, or a size such as ``40GiB`` (one grammar everywhere: :mod:`kvspec.files`).
+Size = Annotated[int, PlainValidator(_size), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0},
+               {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[a-zA-Z]*\s*$"}]})]
+#: A positive number of tokens, or ``auto``.
+MaxLen = Annotated[int | str, PlainValidator(_max_len), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}, {"const": "auto"}]})]
 
 #: The ``kind`` a source may give a layer: every declarable kind of the registry.
 LayerKind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
@@ -31,7 +65,8 @@ LayoutName = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: YAML's types are the values' types (true is not 1, '8' is not 8)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class LayerFields(_Strict):
@@ -84,7 +119,7 @@ class LayerEntry(LayerFields):
     type: str | None = Field(None, description="A name from layer_types.")
     name: str | None = Field(None, description="Explicit layer name (no index is consumed).")
     index: int | None = Field(None, ge=0, description="Decoder-layer index to continue from.")
-    repeat: PositiveInt = Field(1, description="Repeat this layer this many times.")
+    repeat: Annotated[int, Field(gt=0)] = Field(1, description="Repeat this layer this many times.")
 
 
 class PatternEntry(_Strict):
@@ -96,7 +131,7 @@ class PatternEntry(_Strict):
     """
 
     pattern: list[str] = Field(min_length=1)
-    repeat: PositiveInt = 1
+    repeat: Annotated[int, Field(gt=0)] = 1
     index: int | None = Field(None, ge=0)
 
 
@@ -123,7 +158,7 @@ class EnginePolicy(_Strict):
     """Pooling policy: the engine settings that shape the plan."""
 
     block_size: PositiveInt = 16
-    max_model_len: PositiveInt | Literal["auto"] = Field(
+    max_model_len: MaxLen = Field(
         description="Longest request, or 'auto' to fit it to memory (up to model_max_len).")
     model_max_len: PositiveInt | None = Field(
         None, description="The model's own maximum length; needed when max_model_len is auto.")
@@ -137,7 +172,7 @@ class EnginePolicy(_Strict):
                          "(vLLM's --disable-hybrid-kv-cache-manager).")
     prefix_caching: bool = True
     prefix_match_unit: PositiveInt | None = None
-    memory: ByteSize | None = Field(
+    memory: Size | None = Field(
         None, description="KV cache memory per rank: bytes or '40GiB'. Optional: the loader "
         "can decide it.")
     num_blocks: PositiveInt | None = Field(
@@ -150,9 +185,9 @@ class EnginePolicy(_Strict):
 
 
 class Parallelism(_Strict):
-    tensor: PositiveInt = 1
-    pipeline: PositiveInt = 1
-    decode_context: PositiveInt = 1
+    tensor: Ranks = 1
+    pipeline: Ranks = 1
+    decode_context: Ranks = 1
     pipeline_partition: list[PositiveInt] | None = Field(
         None, description="Decoder layers per pipeline stage (VLLM_PP_LAYER_PARTITION).")
     num_hidden_layers: PositiveInt | None = Field(

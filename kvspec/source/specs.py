@@ -62,7 +62,9 @@ def spec_kwargs(kind: kinds.Kind, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def _what(layer: ExpandedLayer) -> str:
-    return f"layer type {layer.type_name!r}" if layer.type_name else f"layer {layer.name}"
+    if layer.type_name:
+        return f"layer type {layer.type_name!r}"
+    return f"layer {layer.name}" if layer.index is None else "the layer entry"
 
 
 def _check_required(layer: ExpandedLayer, kind: kinds.Kind, doc: Document) -> None:
@@ -82,11 +84,11 @@ def _state_spec(layer: ExpandedLayer, kind: kinds.Kind, engine: Engine,
     try:
         dtypes = [canonical_dtype(d) for d in f["dtypes"]]
     except KeyError as exc:
-        raise doc.error(f"unknown dtype {exc.args[0]!r}", layer.path + ("dtypes",),
+        raise doc.error(f"unknown dtype {exc.args[0]!r}", layer.origin("dtypes"),
                         hint="use torch dtype names: bfloat16, float16, float32") from exc
     if len(dtypes) != len(f["shapes"]):
         raise doc.error(f"{_what(layer)}: {len(f['shapes'])} state shapes but "
-                        f"{len(dtypes)} dtypes", layer.path,
+                        f"{len(dtypes)} dtypes", layer.origin("dtypes"),
                         hint="give one dtype per state shape")
     kw = spec_kwargs(kind, {**f, "dtypes": dtypes})
     kw["block_size"] = state_block_size(engine, f.get("block_size"))
@@ -100,11 +102,12 @@ def _heads_per_rank(layer: ExpandedLayer, kind: kinds.Kind, tp: int, doc: Docume
         return heads
     if heads >= tp and heads % tp:
         raise doc.error(f"{_what(layer)}: {heads} KV heads do not split evenly over "
-                        f"{tp} tensor-parallel ranks", layer.path,
+                        f"{tp} tensor-parallel ranks", layer.origin("num_kv_heads"),
                         expected=f"a multiple of {tp}, or a divisor of it", found=str(heads))
     if heads < tp and tp % heads:
         raise doc.error(f"{_what(layer)}: {tp} ranks cannot replicate {heads} KV heads",
-                        layer.path, expected=f"a divisor of {tp}", found=str(heads))
+                        layer.origin("num_kv_heads"), expected=f"a divisor of {tp}",
+                        found=str(heads))
     return max(1, heads // tp)
 
 
@@ -114,7 +117,8 @@ def _model_dtype(layer: ExpandedLayer, doc: Document) -> str:
         return canonical_dtype(value)
     except KeyError:
         close = difflib.get_close_matches(str(value), list(DTYPE_SIZES), n=1)
-        raise doc.error(f"unknown dtype {value!r}", layer.path, expected=", ".join(DTYPE_SIZES),
+        raise doc.error(f"unknown dtype {value!r}", layer.origin("dtype"),
+                        expected=", ".join(DTYPE_SIZES),
                         found=str(value),
                         hint=f"did you mean {close[0]!r}?" if close else None) from None
 
@@ -130,7 +134,7 @@ def _quantized(kw: dict[str, Any], layer: ExpandedLayer, kind: kinds.Kind, cache
             head_size_v=0 if kind.latent else f.get("head_size_v", kw["head_size"]),
             num_kv_heads=kw["num_kv_heads"], block_size=f.get("block_size", engine.block_size))
     except KvspecError as exc:
-        path = layer.path + ("kv_cache_dtype",) if f.get("kv_cache_dtype") \
+        path = layer.origin("kv_cache_dtype") if f.get("kv_cache_dtype") \
             else ("quantization", "kv_cache_dtype")
         raise doc.error(exc.message, path, expected=exc.expected, found=exc.found,
                         hint=exc.hint or "see docs/quantization.md for the modes each "
