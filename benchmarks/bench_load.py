@@ -7,19 +7,26 @@ For each size, two sources are built in memory (``repeat: N``) and compiled:
 full-attention layers, so several groups and tensors alias slot by slot).
 Reported, best of ``--repeat`` runs, in milliseconds:
 
-- verify: ``Artifact.from_dict`` (canonical JSON of the body + sha256), which
-  every ``load()`` does first;
-- load meta / load cpu: the whole ``kvspec.load`` (verify, size, allocate one
-  int8 pool, zero it when the artifact asks, one ``as_strided`` + ``.view(dtype)``
-  per layer, metadata);
+- verify: ``Artifact.from_dict`` (the format, the sha256 over the envelope, and
+  re-planning the body from its own layers), which ``load()`` does first when it is
+  given a path or a dict; an ``Artifact`` object was verified when it was made;
+- load meta / load cpu: ``kvspec.load`` of a verified ``Artifact`` (size, allocate
+  one int8 pool, zero it when the artifact asks, one ``as_strided`` +
+  ``.view(dtype)`` per layer, metadata);
+- load dict: ``kvspec.load`` of the artifact's dict on the CPU: verify + load cpu,
+  what a serving process pays at start-up;
 - bare loop: ``torch.as_strided(buf, shape, stride, offset).view(dtype)`` over
   the same, precomputed geometry on an already allocated buffer: the floor;
-- per layer: (load cpu - verify - bare allocation) / layers, in microseconds.
+  bare+alloc: the same with the allocation;
+- x bare: load cpu / bare+alloc, the figure to compare across machines;
+- us/layer: (load cpu - bare+alloc) / layers, in microseconds: what kvspec adds
+  per layer beyond the bare loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import platform
 import sys
 import time
 from collections.abc import Callable
@@ -77,6 +84,17 @@ def bare_loop(buf: torch.Tensor, geometry: list[tuple]) -> list[torch.Tensor]:
     return out
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, nargs="+", default=[100, 1000])
@@ -85,11 +103,11 @@ def main() -> int:
                         help="blocks per pool (default: the fewest that serve a request)")
     args = parser.parse_args()
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
-          f"best of {args.repeat}, milliseconds")
-    head = (f"{'model':<16}{'layers':>7}{'blocks':>7}{'pool MiB':>9}{'verify':>9}"
-            f"{'load meta':>11}{'load cpu':>10}{'bare loop':>11}{'bare+alloc':>12}"
-            f"{'us/layer':>10}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{cpu_name()}; best of {args.repeat}, milliseconds")
+    head = (f"{'model':<9}{'layers':>7}{'blocks':>7}{'pool MiB':>9}{'verify':>9}"
+            f"{'load meta':>11}{'load cpu':>10}{'load dict':>11}{'bare loop':>11}"
+            f"{'bare+alloc':>12}{'x bare':>8}{'us/layer':>10}")
     print(head)
     print("-" * len(head))
     for layers in args.layers:
@@ -109,13 +127,14 @@ def main() -> int:
             verify = best_ms(lambda: Artifact.from_dict(art.data), args.repeat)
             meta_ms = best_ms(lambda: load(art, device="meta", num_blocks=n), args.repeat)
             cpu_ms = best_ms(lambda: load(art, device="cpu", num_blocks=n), args.repeat)
+            dict_ms = best_ms(lambda: load(art.data, device="cpu", num_blocks=n), args.repeat)
             bare = best_ms(lambda: bare_loop(buf, geometry), args.repeat)
             bare_alloc = best_ms(lambda: bare_loop(torch.empty(size, dtype=torch.int8),
                                                    geometry), args.repeat)
-            per_layer = (cpu_ms - verify - (bare_alloc - bare)) / layers * 1e3
-            print(f"{kind:<16}{layers:>7}{n:>7}{size / 2**20:>9.1f}{verify:>9.2f}"
-                  f"{meta_ms:>11.2f}{cpu_ms:>10.2f}{bare:>11.2f}{bare_alloc:>12.2f}"
-                  f"{per_layer:>10.1f}")
+            per_layer = (cpu_ms - bare_alloc) / layers * 1e3
+            print(f"{kind:<9}{layers:>7}{n:>7}{size / 2**20:>9.1f}{verify:>9.2f}"
+                  f"{meta_ms:>11.2f}{cpu_ms:>10.2f}{dict_ms:>11.2f}{bare:>11.2f}"
+                  f"{bare_alloc:>12.2f}{cpu_ms / bare_alloc:>8.1f}{per_layer:>10.1f}")
     return 0
 
 

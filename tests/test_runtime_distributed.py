@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import torch.multiprocessing as mp
+
+torch = pytest.importorskip("torch", reason="the runtime tests need torch "
+                            "(pip install -e '.[runtime]')")
+import torch.multiprocessing as mp  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "runtime"
 WORLD = 3

@@ -23,20 +23,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from kvspec.artifact import Artifact, envelope
-from kvspec.artifact.codec import encode
-from kvspec.compiler import compile, compile_source
-from kvspec.errors import ArtifactError, KvspecError, PlanError
-from kvspec.integrations.dump.importer import dump_to_yaml
-from kvspec.model.affine import Affine
-from kvspec.model.kinds import spec_from_dict
-from kvspec.runtime import budget as budget_module
-from kvspec.runtime.loader import LoadError, load
-from kvspec.runtime.views import LayoutMismatch
-from tests.conformance.harness import case_names
-from tests.conformance.harness import load as load_case
+torch = pytest.importorskip("torch", reason="the runtime tests need torch "
+                            "(pip install -e '.[runtime]')")
+
+from kvspec.artifact import Artifact, envelope  # noqa: E402
+from kvspec.artifact.codec import encode  # noqa: E402
+from kvspec.compiler import compile, compile_source  # noqa: E402
+from kvspec.errors import ArtifactError, KvspecError, PlanError  # noqa: E402
+from kvspec.integrations.dump.importer import dump_to_yaml  # noqa: E402
+from kvspec.model.affine import Affine  # noqa: E402
+from kvspec.model.kinds import spec_from_dict  # noqa: E402
+from kvspec.runtime import budget as budget_module  # noqa: E402
+from kvspec.runtime.loader import LoadError, load  # noqa: E402
+from kvspec.runtime.views import LayoutMismatch  # noqa: E402
+from tests.conformance.harness import case_names  # noqa: E402
+from tests.conformance.harness import load as load_case  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "runtime"
 CASES = case_names()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the runtime tests need torch "
+                            "(pip install -e '.[runtime]')")
 
 from kvspec.compiler import compile_source  # noqa: E402
 from kvspec.runtime.loader import load  # noqa: E402

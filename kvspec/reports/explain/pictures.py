@@ -21,7 +21,8 @@ from typing import Any
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import human_bytes, short_bytes
 
-__all__ = ["ascii_block", "block_picture", "capacity_chart"]
+__all__ = ["TICK_FONT", "TICK_GAP", "ascii_block", "block_picture", "capacity_chart",
+           "text_width"]
 
 _NUMBER = re.compile(r"^(.*?)(\d+)(.*)$")
 
@@ -121,19 +122,53 @@ def _main_rows(report: Report, f: _Frame) -> tuple[list[dict], list[dict], float
     return rows, rects, y
 
 
+#: The ruler's font size, and the least gap between two of its labels.
+TICK_FONT, TICK_GAP = 11, 8
+#: Advance widths in em, rounded up over the sans-serif fonts a browser picks for
+#: the SVG (DejaVu Sans, the widest, Liberation Sans/Arial, Helvetica, Segoe UI).
+_EM = {**dict.fromkeys("0123456789", 0.64), ".": 0.32, " ": 0.32, "B": 0.69, "i": 0.28,
+       "K": 0.66, "M": 0.87, "G": 0.78, "T": 0.62}
+
+
+def text_width(text: str, size: float = TICK_FONT) -> float:
+    """How wide ``text`` draws at ``size`` px, at most (unknown characters 1 em).
+
+    >>> text_width("2.06 MiB")
+    48.4
+    """
+    return round(sum(_EM.get(c, 1.0) for c in text) * size, 1)
+
+
+def _tick(x: float, b: int, anchor: str) -> dict[str, Any]:
+    text = short_bytes(b) if b else "0"
+    w = text_width(text)
+    left = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
+    return {"x": x, "text": text, "anchor": anchor, "left": round(left, 1),
+            "right": round(left + w, 1)}
+
+
 def _marks_and_ticks(report: Report, f: _Frame, bottom: float
                      ) -> tuple[list[dict], list[dict]]:
-    """Dashed lines at every slot boundary; byte labels where they do not crowd."""
+    """Dashed lines at every slot boundary; byte labels where they do not crowd.
+
+    The first (``0``) and last (the block's size) boundaries are always
+    labelled. Between them a boundary is labelled when it lies at least the
+    widest label plus ``TICK_GAP`` past the last one labelled (so regular slots
+    get evenly spaced labels) and its label, as wide as :func:`text_width` says,
+    keeps ``TICK_GAP`` from both neighbours.
+    """
     bm, x, per_block = report.block, f.x, f.per_block
     bounds = sorted({s for s, _ in bm.slots} | {e for _, e in bm.slots} | {0, per_block})
     marks = [{"x": x(b), "y1": f.top - 6, "y2": bottom + 6} for b in bounds]
-    ticks, last = [], -1e9
-    for b in bounds:
-        if x(b) - last >= 64 and (b == per_block or x(per_block) - x(b) >= 64):
-            anchor = "start" if b == 0 else "end" if b == per_block else "middle"
-            ticks.append({"x": x(b), "text": short_bytes(b) if b else "0", "anchor": anchor})
-            last = x(b)
-    return marks, ticks
+    first, last = _tick(x(0), 0, "start"), _tick(x(per_block), per_block, "end")
+    inner = [_tick(x(b), b, "middle") for b in bounds[1:-1]]
+    step = max((t["right"] - t["left"] for t in inner), default=0) + TICK_GAP
+    ticks = [first]
+    for t in inner:
+        if (t["x"] - ticks[-1]["x"] >= step and t["left"] >= ticks[-1]["right"] + TICK_GAP
+                and t["right"] + TICK_GAP <= last["left"]):
+            ticks.append(t)
+    return marks, ticks + [last]
 
 
 def _own_rows(report: Report, f: _Frame, y: float) -> tuple[list[dict], float | None, float]:
@@ -192,6 +227,7 @@ def block_picture(report: Report, width: int = 1000) -> dict[str, Any]:
     return {"width": width, "height": height, "rows": rows, "rects": rects, "marks": marks,
             "ticks": ticks, "own": own_rows, "own_title_y": own_title_y, "legend": items,
             "label_w": f.label_w, "bar_w": f.bar_w, "top": f.top, "bottom": bottom,
+            "tick_font": TICK_FONT,
             "groups": [{"id": g.id, "color": g.color} for g in report.groups]}
 
 

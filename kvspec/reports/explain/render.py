@@ -14,7 +14,8 @@ from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import human_bytes, md_table, pct, short_bytes, table, wrap
 
-__all__ = ["FORMATS", "arrow", "environment", "group_padding", "pages_text", "render"]
+__all__ = ["FORMATS", "arrow", "breakable", "environment", "group_padding", "pages_text",
+           "render", "wrap_at"]
 
 FORMATS = ("text", "md", "html")
 
@@ -33,6 +34,40 @@ def group_padding(g: GroupRow, per_page: str = "/page") -> str:
     if pads:
         parts.append("/".join(f"+{short_bytes(x)}" for x in pads) + per_page)
     return ", ".join(parts) or "-"
+
+
+def breakable(name: str) -> Any:
+    """A layer name as HTML that a browser may wrap only between its parts: after
+    a dot outside braces and after a comma inside them, so a range such as
+    ``{0..28 step 7}`` stays whole (its spaces do not break).
+
+    >>> str(breakable("m.layers.{0..8 step 4,9}.attn"))
+    'm.<wbr>layers.<wbr>{0..8&nbsp;step&nbsp;4,<wbr>9}.<wbr>attn'
+    """
+    from markupsafe import Markup, escape
+
+    out, depth = [], 0
+    for ch in name:
+        depth += (ch == "{") - (ch == "}")
+        if depth and ch == " ":
+            out.append("&nbsp;")
+            continue
+        out.append(str(escape(ch)))
+        if (ch == "." and not depth) or (ch == "," and depth):
+            out.append("<wbr>")
+    return Markup("".join(out))
+
+
+def wrap_at(text: str, sep: str) -> Any:
+    """``text`` as HTML that wraps only after each ``sep``, never inside a part.
+
+    >>> str(wrap_at("328 KiB/16.5 KiB", "/"))
+    '328&nbsp;KiB/<wbr>16.5&nbsp;KiB'
+    """
+    from markupsafe import Markup, escape
+
+    joint = str(escape(sep)) + ("" if sep.endswith(" ") else "<wbr>")
+    return Markup(joint.join(str(escape(p)).replace(" ", "&nbsp;") for p in text.split(sep)))
 
 
 def arrow(change: Any) -> str:
@@ -55,12 +90,14 @@ def environment():
         keep_trailing_newline=True, extensions=["jinja2.ext.do"])
     env.filters.update(bytes=human_bytes, sbytes=short_bytes, pct=pct, table=table,
                        md_table=md_table, wrap=wrap, pages=pages_text, padding=group_padding,
-                       num=lambda n: f"{n:,}", arrow=arrow)
+                       num=lambda n: f"{n:,}", arrow=arrow,
+                       breakable=breakable, wrap_at=wrap_at)
     return env
 
 
 def render(report: Report, fmt: str = "text") -> str:
-    """The report as ``text`` (80 columns), ``md`` or self-contained ``html``."""
+    """The report as ``text`` (for an 80-column terminal: only the title and layer
+    names may run longer), ``md`` or self-contained ``html``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
     from kvspec import __version__
