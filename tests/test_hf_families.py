@@ -4,7 +4,9 @@ torch-free re-derivation of vLLM's Mamba state-shape/dtype calculators.
 The configs under tests/data/hf/ are copies of public models' config.json;
 tests/data/hf/README.md says where each one came from.  Expected numbers are
 derived by hand from the config and the vLLM rules cited in
-kvspec/hf/families.py and kvspec/hf/state_shapes.py.
+kvspec/integrations/hf/families/ and kvspec/integrations/hf/state_shapes.py, and
+were cross-checked against vLLM 0.33.0's own model code built on the meta device
+(tests/data/hf/README.md records the result per config and TP size).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kvspec.integrations import rules
 from kvspec.integrations.hf import state_shapes as ss
 from kvspec.integrations.hf.families import (
     SUPPORTED_FAMILIES,
@@ -107,6 +110,59 @@ CASES = [
         "nemotron-h-56b-base-8k.json", "nemotron_h", 118,
         {"mamba": 54, "full_attention": 10},
         {"full_attention": (8, 128), "mamba": (None, None)}, "bfloat16", 8192,
+    ),
+    # Qwen3-30B-A3B (Qwen3-MoE): use_sliding_window false -> 48 full, 4 KV heads x 128.
+    (
+        "qwen3-30b-a3b.json", "qwen3_moe", 48, {"full_attention": 48},
+        {"full_attention": (4, 128)}, "bfloat16", 40960,
+    ),
+    # Mixtral 8x7B: no sliding_window key (MixtralConfig default None): 32 full,
+    # head 4096 / 32 = 128, 8 KV heads.
+    (
+        "mixtral-8x7b-v0.1.json", "mixtral", 32, {"full_attention": 32},
+        {"full_attention": (8, 128)}, "bfloat16", 32768,
+    ),
+    # Mixtral 8x22B: sliding_window null: 56 full, head 6144 / 48 = 128.
+    (
+        "mixtral-8x22b-v0.1.json", "mixtral", 56, {"full_attention": 56},
+        {"full_attention": (8, 128)}, "bfloat16", 65536,
+    ),
+    # Phi-3-mini: sliding_window 2047 on every layer; MHA, 32 KV heads x 3072 / 32 = 96.
+    (
+        "phi-3-mini-4k-instruct.json", "phi3", 32, {"sliding_window": 32},
+        {"sliding_window": (32, 96)}, "bfloat16", 4096,
+    ),
+    # Phi-3-medium: sliding_window 2047 on every layer; 10 KV heads x 5120 / 40 = 128.
+    (
+        "phi-3-medium-4k-instruct.json", "phi3", 40, {"sliding_window": 40},
+        {"sliding_window": (10, 128)}, "bfloat16", 4096,
+    ),
+    # Phi-4: sliding_window null: 40 full, 10 KV heads x 5120 / 40 = 128.
+    (
+        "phi-4.json", "phi3", 40, {"full_attention": 40},
+        {"full_attention": (10, 128)}, "bfloat16", 16384,
+    ),
+    # Qwen3.5-9B: text_config layer_types, 3 GDN + 1 full: 24 GDN, 8 full (4 x 256).
+    (
+        "qwen3.5-9b.json", "qwen3_5", 32, {"mamba": 24, "full_attention": 8},
+        {"full_attention": (4, 256), "mamba": (None, None)}, "bfloat16", 262144,
+    ),
+    # Qwen3.5-122B-A10B: 36 GDN, 12 full (2 x 256).
+    (
+        "qwen3.5-122b-a10b.json", "qwen3_5_moe", 48, {"mamba": 36, "full_attention": 12},
+        {"full_attention": (2, 256), "mamba": (None, None)}, "bfloat16", 262144,
+    ),
+    # GLM-4.5-Air: explicit head_dim 128 (4096 / 96 is not whole), 8 KV heads; the
+    # MTP layer (num_nextn_predict_layers 1) is not one of the 46.
+    (
+        "glm-4.5-air.json", "glm4_moe", 46, {"full_attention": 46},
+        {"full_attention": (8, 128)}, "bfloat16", 131072,
+    ),
+    # MiniMax-M2: attn_type_list all 1, sliding_window null: 62 full, 8 KV heads x 128.
+    # Its config.json names no dtype (an FP8 checkpoint).
+    (
+        "minimax-m2.json", "minimax_m2", 62, {"full_attention": 62},
+        {"full_attention": (8, 128)}, None, 196608,
     ),
 ]
 
@@ -227,14 +283,80 @@ def test_deepseek_v2_uses_the_same_mla_rule():
 def test_qwen2_sliding_window_only_when_enabled():
     config = load("qwen2.5-7b.json")
     assert config["sliding_window"] == 131072  # present but switched off
-    # synthetic variant: switch it on for the top 8 layers
+    assert describe(config).count_by_kind() == {"full_attention": 28}
+    # synthetic variants: switched on for every layer (max_window_layers 0) ...
     config["use_sliding_window"] = True
     config["sliding_window"] = 4096
-    config["max_window_layers"] = 20
+    config["max_window_layers"] = 0
     facts = describe(config)
-    assert facts.count_by_kind() == {"full_attention": 20, "sliding_window": 8}
-    assert kind_at(facts, 19) == "full_attention"
-    assert kind_at(facts, 20) == "sliding_window"
+    assert facts.count_by_kind() == {"sliding_window": 28}
+    assert {lay.sliding_window for lay in facts.layers} == {4096}
+    # ... and for none (max_window_layers = num_hidden_layers)
+    config["max_window_layers"] = 28
+    assert describe(config).count_by_kind() == {"full_attention": 28}
+
+
+def test_qwen2_sliding_on_some_layers_only_is_refused_as_vllm_does():
+    # synthetic variant: the top 8 layers would slide. vLLM 0.33.0's Qwen2Model
+    # (also Qwen3's) asserts max_window_layers == num_hidden_layers then.
+    config = load("qwen2.5-7b.json")
+    config.update(use_sliding_window=True, sliding_window=4096, max_window_layers=20)
+    with pytest.raises(rules.EngineRefusal) as excinfo:
+        describe(config)
+    assert str(excinfo.value) == (
+        "Sliding window for some but all layers is not supported. This model uses sliding "
+        "window but `max_window_layers` = 20 is less than `num_hidden_layers` = 28. Please "
+        "open an issue to discuss this feature.")
+    qwen3 = load("qwen3-8b.json")
+    qwen3.update(use_sliding_window=True, sliding_window=4096, max_window_layers=30)
+    with pytest.raises(rules.EngineRefusal):
+        describe(qwen3)
+    # explicit mixed layer_types pass vLLM's check only when max_window_layers equals
+    # the layer count; the layers then take no window (it is set for all-sliding only)
+    config["max_window_layers"] = 28
+    config["layer_types"] = ["full_attention"] * 20 + ["sliding_attention"] * 8
+    assert describe(config).count_by_kind() == {"full_attention": 28}
+
+
+def test_qwen3_moe_window_needs_use_sliding_window_and_covers_every_layer():
+    config = load("qwen3-30b-a3b.json")
+    assert config["max_window_layers"] == 48 and config["use_sliding_window"] is False
+    # synthetic variant: Qwen3MoeModel has no max_window_layers rule; the window is
+    # the model-level one, on every layer
+    config.update(use_sliding_window=True, sliding_window=4096, max_window_layers=10)
+    facts = describe(config)
+    assert facts.count_by_kind() == {"sliding_window": 48}
+    assert {lay.sliding_window for lay in facts.layers} == {4096}
+
+
+def test_phi3_mini_slides_everywhere_and_phi4_nowhere():
+    mini = describe(load("phi-3-mini-4k-instruct.json"), tp=2)
+    assert {(lay.kind, lay.sliding_window, lay.num_kv_heads, lay.head_size)
+            for lay in mini.layers} == {("sliding_window", 2047, 32, 96)}
+    medium = describe(load("phi-3-medium-4k-instruct.json"))
+    assert {lay.sliding_window for lay in medium.layers} == {2047}
+    phi4 = describe(load("phi-4.json"))
+    assert {(lay.kind, lay.sliding_window) for lay in phi4.layers} == {("full_attention", None)}
+
+
+def test_mixtral_window_absent_or_null_means_full_attention():
+    eight = load("mixtral-8x7b-v0.1.json")
+    assert "sliding_window" not in eight  # this Hub revision has no key (README)
+    assert describe(eight).count_by_kind() == {"full_attention": 32}
+    assert load("mixtral-8x22b-v0.1.json")["sliding_window"] is None
+    # synthetic variant: a model-level window slides on every layer
+    eight["sliding_window"] = 4096
+    assert describe(eight).count_by_kind() == {"sliding_window": 32}
+
+
+def test_glm4_moe_and_minimax_m2_heads():
+    glm = describe(load("glm-4.5-air.json"), tp=8)
+    assert {(lay.num_kv_heads, lay.head_size) for lay in glm.layers} == {(8, 128)}
+    assert [lay.index for lay in glm.layers] == list(range(46))
+    minimax = describe(load("minimax-m2.json"))
+    assert minimax.dtype is None and minimax.served_dtype == "bfloat16"
+    assert {(lay.kind, lay.num_kv_heads, lay.head_size) for lay in minimax.layers} == {
+        ("full_attention", 8, 128)}
 
 
 def test_mistral_model_level_window_applies_to_every_layer():
@@ -244,6 +366,37 @@ def test_mistral_model_level_window_applies_to_every_layer():
     facts = describe(config)
     assert facts.count_by_kind() == {"sliding_window": 40}
     assert {lay.sliding_window for lay in facts.layers} == {4096}
+
+
+@pytest.mark.parametrize("name,family", [("qwen3.5-9b.json", "qwen3_5"),
+                                         ("qwen3.5-122b-a10b.json", "qwen3_5_moe")])
+def test_qwen3_5_layer_types_from_text_config(name, family):
+    config = load(name)
+    assert "layer_types" not in config and "layer_types" in config["text_config"]
+    facts = describe(config)
+    assert facts.family == family and facts.architecture.endswith("ForConditionalGeneration")
+    n = facts.num_layers
+    assert [kind_at(facts, i) for i in range(4)] == ["mamba"] * 3 + ["full_attention"]
+    assert [lay.index for lay in facts.layers_of_kind("full_attention")] == list(range(3, n, 4))
+    assert {lay.mamba_type for lay in facts.layers_of_kind("mamba")} == {"gdn_attention"}
+
+
+def test_qwen3_5_state_shapes_and_float32_ssm_state():
+    # gated_delta_net_state_shape, 9B: 16 K heads, 32 V heads, 128 x 128, kernel 4:
+    # conv_dim = 2 * 16 * 128 + 32 * 128 = 8192; 122B: 16 K, 64 V heads: 12288.
+    nine = load("qwen3.5-9b.json")
+    assert mamba_shapes(describe(nine)) == {((3, 8192), (32, 128, 128))}
+    assert mamba_shapes(describe(nine, tp=4)) == {((3, 2048), (8, 128, 128))}
+    big = load("qwen3.5-122b-a10b.json")
+    assert mamba_shapes(describe(big, tp=8)) == {((3, 1536), (8, 128, 128))}
+    # Qwen3_5ForConditionalGenerationConfig: mamba_ssm_cache_dtype auto -> the
+    # text config's mamba_ssm_dtype (float32); an explicit value wins
+    assert nine["text_config"]["mamba_ssm_dtype"] == "float32"
+    assert {lay.state_dtypes for lay in describe(nine).layers_of_kind("mamba")} == {
+        ("bfloat16", "float32")}
+    facts = describe(nine, mamba_ssm_cache_dtype="bfloat16")
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "bfloat16")}
 
 
 def test_qwen3_next_every_fourth_layer_is_full():
@@ -470,16 +623,33 @@ def test_bad_tp_rejected():
         describe(load("llama-3.1-8b.json"), tp=0)
 
 
-def test_missing_dtype_needs_explicit_state_dtype():
+def test_float32_or_missing_dtype_is_served_in_bf16():
+    # vLLM's dtype auto: a float32 checkpoint, or one naming no dtype, is served in
+    # the GPU's first supported half type (bf16 from Ampere on); states follow it
     config = dict(JAMBA_DEFAULTS)
     del config["torch_dtype"]
-    with pytest.raises(ValueError, match="torch_dtype"):
-        describe(config)
-    facts = describe(config, mamba_cache_dtype="bfloat16", mamba_ssm_cache_dtype="float32")
-    assert facts.dtype is None
+    facts = describe(config)
+    assert (facts.dtype, facts.served_dtype) == (None, "bfloat16")
     assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
-        ("bfloat16", "float32")
-    }
+        ("bfloat16", "bfloat16")}
+    config["torch_dtype"] = "float32"
+    facts = describe(config)
+    assert (facts.dtype, facts.served_dtype) == ("float32", "bfloat16")
+    assert describe(config, target=rules.target("turing")).served_dtype == "float16"
+    facts = describe(config, dtype="float32")  # --dtype float32 serves it as it is
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("float32", "float32")}
+    facts = describe(config, mamba_cache_dtype="bfloat16", mamba_ssm_cache_dtype="float32")
+    assert {lay.state_dtypes for lay in facts.layers_of_kind("mamba")} == {
+        ("bfloat16", "float32")}
+
+
+def test_dtype_is_read_where_vllm_reads_it():
+    # the top level first, then text_config: Qwen3.5 names its dtype in text_config only
+    assert describe(load("qwen3.5-9b.json")).dtype == "bfloat16"
+    config = load("gemma-3-27b-it.json")
+    config["text_config"]["torch_dtype"] = "float16"
+    assert describe(config).dtype == "bfloat16"  # the top level's
 
 
 def test_readme_cites_every_config():

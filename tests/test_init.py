@@ -63,6 +63,9 @@ def test_jamba_from_the_transformers_defaults(tmp_path: Path, jamba: Path) -> No
     # per token; 16 * ceil(311296 / (16 * 4096)) = 80 tokens.
     assert source["engine"]["block_size"] == 80
     assert "engine.block_size is 80, as vLLM sets it" in text
+    # with prefix caching, the state layers are cached per block (align mode)
+    assert (source["engine"]["mamba_cache_mode"], source["engine"]["mamba_block_size"]) == \
+        ("align", 80)
     assert source["layer_types"] == {
         "mamba": {"kind": "mamba", "mamba_type": "mamba1", "shapes": [[3, 8192], [8192, 16]],
                   "dtypes": ["bfloat16", "bfloat16"]},
@@ -123,21 +126,41 @@ def test_tp_state_shapes_are_per_rank_and_few_heads_replicate(tmp_path: Path) ->
     assert one["engine"]["block_size"] == 544 and four["engine"]["block_size"] == 272
 
 
-def test_tp_that_does_not_divide_the_heads(tmp_path: Path) -> None:
+def test_tp_that_does_not_divide_the_attention_heads_is_refused_as_vllm_does() -> None:
+    # ModelConfig.verify_with_parallel_config: 32 query heads over 3 ranks
     result = init("--from-hf", str(DATA / "llama-3.1-8b.json"), "--tp", "3")
     assert result.exit_code == 1
     msg = result.exception.render()
-    assert msg.startswith(f"{DATA}/llama-3.1-8b.json: error: the source made from this config "
-                          "does not compile: layer type 'full': 8 KV heads do not split evenly "
-                          "over 3 tensor-parallel ranks")
-    assert "  expected: a multiple of 3, or a divisor of it" in msg
+    assert msg.startswith(f"{DATA}/llama-3.1-8b.json: error: vLLM 0.33.0 refuses this config: "
+                          "Total number of attention heads (32) must be divisible by tensor "
+                          "parallel size (3).")
+    assert "hint: choose a --tp that divides the attention heads" in msg
+    # Qwen2.5-7B at TP 8: its 4 KV heads would replicate, its 28 query heads cannot split
+    result = init("--from-hf", str(DATA / "qwen2.5-7b.json"), "--tp", "8")
+    assert "attention heads (28) must be divisible" in result.exception.message
+
+
+def test_tp_that_does_not_divide_the_kv_heads(tmp_path: Path) -> None:
+    # Phi-4: 40 query heads split over 4 ranks, its 10 KV heads do not
+    result = init("--from-hf", str(DATA / "phi-4.json"), "--tp", "4")
+    assert result.exit_code == 1
+    msg = result.exception.render()
+    assert msg.startswith(f"{DATA}/phi-4.json: error: the source made from this config "
+                          "does not compile: layer type 'full': 10 KV heads do not split evenly "
+                          "over 4 tensor-parallel ranks")
+    assert "  expected: a multiple of 4, or a divisor of it" in msg
 
 
 def test_tp_that_does_not_divide_state_dims(tmp_path: Path) -> None:
-    result = init("--from-hf", str(DATA / "nemotron-h-56b-base-8k.json"), "--tp", "3")
+    # synthetic variant: 255 Mamba heads do not split over 2 ranks (64 attention heads do)
+    config = json.loads((DATA / "nemotron-h-56b-base-8k.json").read_text())
+    config["mamba_num_heads"] = 255
+    path = tmp_path / "nemotron-odd.json"
+    path.write_text(json.dumps(config))
+    result = init("--from-hf", str(path), "--tp", "2")
     assert result.exit_code == 1
     assert "cannot read the model from config.json" in result.exception.message
-    assert "not divisible by 3" in result.exception.message
+    assert "not divisible by 2" in result.exception.message
 
 
 def test_unknown_architecture_names_the_supported_families(tmp_path: Path) -> None:
@@ -150,9 +173,11 @@ def test_unknown_architecture_names_the_supported_families(tmp_path: Path) -> No
     assert first.startswith(f"{config}: error: unsupported model (model_type 'falcon', "
                             "architectures ['FalconForCausalLM']); kvspec init supports these "
                             "families: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, gpt-oss, "
-                            "Llama 4, DeepSeek V2, DeepSeek V3, Jamba, Qwen3-Next, Nemotron-H")
+                            "Llama 4, DeepSeek V2, DeepSeek V3, Jamba, Qwen3-Next, Nemotron-H, "
+                            "Qwen3-MoE, Mixtral, Phi-3, Qwen3.5, Qwen3.5-MoE, GLM-4.5, "
+                            "MiniMax-M2")
     assert "hint: write the source by hand" in stderr
-    assert len(SUPPORTED_FAMILIES) == 13
+    assert len(SUPPORTED_FAMILIES) == 20
 
 
 def test_bad_config_files(tmp_path: Path) -> None:
@@ -214,6 +239,10 @@ def test_dtype_missing_from_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("config, first_layer", [
     ("gpt-oss-120b.json", "model.layers.0.attn.attn"),
+    ("qwen3.5-9b.json", "language_model.model.layers.0.linear_attn"),
+    ("qwen3.5-122b-a10b.json", "language_model.model.layers.0.linear_attn"),
+    ("phi-3-mini-4k-instruct.json", "model.layers.0.self_attn.attn"),
+    ("minimax-m2.json", "model.layers.0.self_attn.attn"),
     ("gemma-3-27b-it.json", "language_model.model.layers.0.self_attn.attn"),
     ("llama-4-scout-17b-16e-instruct.json", "language_model.model.layers.0.self_attn.attn"),
     ("qwen3-next-80b-a3b-thinking.json", "model.layers.0.linear_attn"),
@@ -256,3 +285,140 @@ def test_library_errors_are_kvspec_errors() -> None:
     from kvspec.integrations.hf.init import InitOptions, init_source
     with pytest.raises(KvspecError, match="must hold a JSON object"):
         init_source([], InitOptions(name="x"))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# the engine's config-stage rules (kvspec.integrations.rules, docs/engine-rules.md)
+# --------------------------------------------------------------------------
+
+
+def test_hybrids_run_in_align_mode_with_prefix_caching(tmp_path: Path) -> None:
+    # MambaModelConfig.verify_and_update_config: prefix caching -> mamba_cache_mode
+    # align, mamba_block_size = block_size; Mamba-2 mixers keep a prefill checkpoint
+    text, source = init_to(tmp_path, DATA / "nemotron-h-56b-base-8k.json", "--memory", "64GiB")
+    engine = source["engine"]
+    assert (engine["block_size"], engine["mamba_cache_mode"], engine["mamba_block_size"]) == \
+        (4128, "align", 4128)
+    mamba = source["layer_types"]["mamba"]
+    assert (mamba["num_prefill_checkpoint_blocks"], mamba["prefill_checkpoint_alignment"]) == \
+        (1, 1)
+    assert "mamba_cache_mode is align and mamba_block_size is block_size" in text
+    body = compile_source(text).body
+    # a request holds 2 + 1 state blocks per Mamba-2 group, not one max_model_len block;
+    # the scheduler block is the attention block, not LCM(8192, 4128)
+    state = [g for g in body["groups"] if g["kind"] == "mamba"]
+    assert {(g["block_size"], g["blocks_per_request"]) for g in state} == {(4128, 3)}
+    assert (body["scheduler_block_size"], body["hash_block_size"]) == (4128, 4128)
+    # what vLLM 0.33.0 plans for these specs at 64 GiB (its own planner, run on the
+    # meta-built model's specs: tests/data/hf/README.md)
+    assert (body["budget"]["num_blocks"], body["budget"]["max_concurrency"]) == (406, 20.3)
+
+
+def test_without_prefix_caching_a_state_is_one_block_per_request(tmp_path: Path) -> None:
+    text, source = init_to(tmp_path, DATA / "nemotron-h-56b-base-8k.json",
+                           "--no-prefix-caching")
+    assert source["engine"]["prefix_caching"] is False
+    assert "mamba_cache_mode" not in source["engine"]  # none, the default
+    assert "#   kvspec init --from-hf " in text and "--no-prefix-caching" in text
+    body = compile_source(text).body
+    state = [g for g in body["groups"] if g["kind"] == "mamba"]
+    assert {(g["block_size"], g["blocks_per_request"]) for g in state} == {(8192, 1)}
+
+
+@pytest.mark.parametrize("target, block, checkpoint", [
+    (None, 544, None), ("ampere", 544, None), ("ada", 544, None), ("triton", 544, None),
+    ("hopper", 576, 576), ("blackwell", 576, 576), ("flashinfer", 576, 576),
+])
+def test_gdn_block_follows_the_target(tmp_path: Path, target, block, checkpoint) -> None:
+    # Qwen3-Next TP 1: state 1097728 B, attention 2048 B per token. FlashInfer's GDN
+    # prefill (Hopper; Blackwell with head_k_dim 128) aligns checkpoints to 64 tokens:
+    # lcm(16, 64) * ceil(1097728 / (64 * 2048)) = 576; otherwise 16 * 34 = 544.
+    args = ["--target", target] if target else []
+    text, source = init_to(tmp_path, DATA / "qwen3-next-80b-a3b-thinking.json",
+                           "--max-model-len", "32768", *args)
+    assert source["engine"]["block_size"] == source["engine"]["mamba_block_size"] == block
+    gdn = source["layer_types"]["gdn"]
+    assert gdn.get("prefill_checkpoint_alignment") == checkpoint
+    assert gdn.get("num_prefill_checkpoint_blocks") == (1 if checkpoint else None)
+    if target is None:
+        assert "and the block is 576; say where it runs with --target" in text
+    if target:
+        assert f"--target {target}" in text
+    body = compile_source(text).body
+    assert body["scheduler_block_size"] == block
+
+
+def test_unknown_target_is_a_usage_error() -> None:
+    code, stdout, stderr = invoke(["init", "--from-hf", str(DATA / "qwen3-8b.json"),
+                                   "--target", "h100"])
+    assert (code, stdout) == (2, "")
+    assert stderr.startswith("kvspec: error: --target: unknown target 'h100': expected a GPU "
+                             "class (volta, turing, ampere, ada, hopper, blackwell) or a GDN "
+                             "prefill backend (flashinfer, triton, cutedsl)")
+    from kvspec.integrations.hf.init import InitOptions, init_source
+    with pytest.raises(KvspecError, match="unknown target 'h100'"):
+        init_source(json.loads((DATA / "qwen3-8b.json").read_text()),
+                    InitOptions(name="x", target="h100"))
+
+
+def test_float32_checkpoints_are_served_in_bf16(tmp_path: Path) -> None:
+    # synthetic variant: vLLM's dtype auto downcasts float32 to the GPU's half type
+    config = json.loads((DATA / "llama-3.1-8b.json").read_text())
+    config["torch_dtype"] = "float32"
+    path = tmp_path / "llama-f32.json"
+    path.write_text(json.dumps(config))
+    text, source = init_to(tmp_path, path)
+    assert source["defaults"]["dtype"] == "bfloat16"
+    assert "the checkpoint is float32; vLLM serves it in bfloat16" in text
+    _, source = init_to(tmp_path, path, "--target", "turing")
+    assert source["defaults"]["dtype"] == "float16"
+    _, source = init_to(tmp_path, path, "--dtype", "float32")
+    assert source["defaults"]["dtype"] == "float32"
+
+
+def test_float32_hybrid_states_follow_the_served_dtype(tmp_path: Path) -> None:
+    config = json.loads((DATA / "qwen3-next-80b-a3b-thinking.json").read_text())
+    config["torch_dtype"] = "float32"
+    path = tmp_path / "next-f32.json"
+    path.write_text(json.dumps(config))
+    _, source = init_to(tmp_path, path, "--max-model-len", "8192")
+    assert source["layer_types"]["gdn"]["dtypes"] == ["bfloat16", "bfloat16"]
+    assert source["engine"]["block_size"] == 544  # not the float32 page's
+
+
+def test_qwen2_sliding_on_some_layers_is_refused_with_vllms_reason(tmp_path: Path) -> None:
+    config = json.loads((DATA / "qwen2.5-7b.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=4096, max_window_layers=20)
+    path = tmp_path / "qwen2-partial.json"
+    path.write_text(json.dumps(config))
+    code, stdout, stderr = invoke(["init", "--from-hf", str(path)])
+    assert (code, stdout) == (1, "")
+    assert stderr.startswith(f"{path}: error: vLLM 0.33.0 refuses this config: Sliding "
+                             "window for some but all layers is not supported. This model "
+                             "uses sliding window but `max_window_layers` = 20 is less than "
+                             "`num_hidden_layers` = 28.")
+    assert "hint: vLLM serves Qwen2/Qwen3 with the window on every layer" in stderr
+    assert "Traceback" not in stderr
+
+
+def test_gemma_in_float16_is_refused() -> None:
+    code, _, stderr = invoke(["init", "--from-hf", str(DATA / "gemma-2-9b-it.json"),
+                              "--dtype", "float16"])
+    assert code == 1
+    assert "vLLM 0.33.0 refuses this config: The model type 'gemma2' does not support " \
+           "float16" in stderr
+    assert "hint: pass --dtype bfloat16" in stderr
+
+
+def test_qwen3_5_source(tmp_path: Path) -> None:
+    text, source = init_to(tmp_path, DATA / "qwen3.5-9b.json", "--tp", "2", "--max-model-len",
+                           "65536", "--target", "hopper")
+    assert source["layer_name"] == "language_model.model.layers.{index}.linear_attn"
+    assert source["layer_types"]["full"]["layer_name"] == \
+        "language_model.model.layers.{index}.self_attn.attn"
+    # mamba_ssm_dtype float32 (Qwen3_5ForConditionalGenerationConfig); per-rank shapes
+    assert source["layer_types"]["gdn"]["shapes"] == [[3, 4096], [16, 128, 128]]
+    assert source["layer_types"]["gdn"]["dtypes"] == ["bfloat16", "float32"]
+    assert source["engine"]["block_size"] == 576
+    assert "(mtp_num_hidden_layers)" in text and "speculative drafter" in text
+    assert source["layers"] == [{"repeat": 8, "pattern": ["gdn", "gdn", "gdn", "full"]}]

@@ -49,8 +49,10 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 @click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),
               help="A model directory holding config.json (or the file): build it with "
               "vLLM's own model code on the meta device (needs kvspec[vllm]).")
-@click.option("--target", help="The GPU class or attention backend the deployment runs "
-              "on, where an engine choice depends on it (e.g. hopper, ampere).")
+@click.option("--target", help="Where the deployment runs, where an engine setting depends "
+              "on it: a GPU class (volta, turing, ampere, ada, hopper, blackwell) or a "
+              "Gated-DeltaNet prefill backend (flashinfer, triton, cutedsl); see "
+              "docs/engine-rules.md (default: Ampere or newer, no FlashInfer GDN prefill).")
 @click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1),
               help="Tensor-parallel size (splits KV heads; state shapes are per rank).")
 @click.option("--pp", default=1, show_default=True, type=click.IntRange(min=1),
@@ -62,9 +64,13 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
               "the loader decides).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True,
               help="KV cache quantization: auto, fp8, fp8_e5m2, ...")
-@click.option("--dtype", help="Model dtype (default: the config's torch_dtype).")
+@click.option("--dtype", help="Model dtype (default: the config's torch_dtype as vLLM serves "
+              "it: float32 in bf16, or fp16 before Ampere).")
 @click.option("--block-size", default=16, show_default=True, type=click.IntRange(min=1),
               help="Attention block size (models with state layers may need more).")
+@click.option("--no-prefix-caching", "no_prefix_caching", is_flag=True,
+              help="Serve without prefix caching (vLLM's --no-enable-prefix-caching): "
+              "hybrids keep one state per request (mamba_cache_mode none).")
 @click.option("--mamba-cache-dtype", default="auto", show_default=True,
               help="Dtype of state-layer caches (vLLM's --mamba-cache-dtype).")
 @click.option("--mamba-ssm-cache-dtype", default="auto", show_default=True,
@@ -76,15 +82,18 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 def command(config_path: Path | None, vllm_model: Path | None, target: str | None, tp: int,
             pp: int, max_model_len: str | None, memory: str | None, kv_cache_dtype: str,
-            dtype: str | None, block_size: int, mamba_cache_dtype: str,
-            mamba_ssm_cache_dtype: str, name: str | None, model_id: str | None,
-            output: Path | None, force: bool) -> None:
+            dtype: str | None, block_size: int, no_prefix_caching: bool,
+            mamba_cache_dtype: str, mamba_ssm_cache_dtype: str, name: str | None,
+            model_id: str | None, output: Path | None, force: bool) -> None:
     """Write a layout source for a model: from its Hugging Face config.json, or
     from vLLM's own model code.
 
-    Supported families: Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3,
-    gpt-oss, Llama 4, DeepSeek V2/V3, Jamba, Qwen3-Next, Nemotron-H. The
-    result compiles; review it before committing it.
+    Supported families: Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral,
+    Phi-3/Phi-4, Gemma 2, Gemma 3, gpt-oss, Llama 4, DeepSeek V2/V3, GLM-4.5,
+    MiniMax-M2, Jamba, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H. The
+    source carries what vLLM 0.33.0 will run with (served dtype, hybrid block
+    size and mamba_cache_mode; docs/engine-rules.md). It compiles; review it
+    before committing it.
     """
     from kvspec.cli.common import parse_bytes
     from kvspec.files import emit, refuse_overwrite
@@ -93,6 +102,13 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     if (config_path is None) == (vllm_model is None):
         raise UsageError("give one of --from-hf config.json and --from-vllm MODEL",
                          hint="e.g. kvspec init --from-hf config.json -o layouts/m.yaml")
+    if target is not None:
+        from kvspec.integrations.rules import target as parse_target
+        try:
+            parse_target(target)
+        except ValueError as exc:
+            raise UsageError(f"--target: {exc}", found=target,
+                             hint="see docs/engine-rules.md") from None
     refuse_overwrite(output, force)
     source = config_path if config_path is not None else vllm_model
     assert source is not None
@@ -102,7 +118,8 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         model=model_id, tp=tp, pp=pp, max_model_len=_max_model_len(max_model_len),
         memory=parse_bytes(memory) if memory else None, kv_cache_dtype=kv_cache_dtype,
         dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
-        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=str(source), target=target)
+        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=str(source), target=target,
+        prefix_caching=not no_prefix_caching)
     if vllm_model is not None:
         from kvspec.integrations.vllm.init import init_source as from_vllm
         text = from_vllm(vllm_model, options)
@@ -115,8 +132,9 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
 #: ``kvspec init``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
-    (EXIT_INVALID, "the config.json cannot be read, or its architecture is not "
-                   "a supported family (the message lists them)"),
+    (EXIT_INVALID, "the config.json cannot be read, its architecture is not "
+                   "a supported family (the message lists them), or vLLM 0.33.0 refuses "
+                   "the config (the message gives vLLM's reason)"),
     (EXIT_USAGE, USAGE + "; the output file exists and `--force` was not given"),
 )
 #: Pages to read next (docs/cli.md).

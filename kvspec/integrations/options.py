@@ -27,6 +27,11 @@ class InitOptions:
     config_name: str = "config.json"
     #: The schema comment's path, relative to where the source will live.
     schema: str = "../schemas/source.schema.json"
-    #: The GPU class or attention backend the deployment runs on, where an engine
-    #: choice depends on it (``hopper``, ``ampere``, ...); None: the common rule.
+    #: The GPU class the deployment runs on (``hopper``, ``ampere``, ...), or its
+    #: Gated-DeltaNet prefill backend (``flashinfer``, ``triton``), where an engine
+    #: choice depends on it (:func:`kvspec.integrations.rules.target`); None: the
+    #: common rule (Ampere or newer, no FlashInfer GDN prefill).
     target: str | None = None
+    #: vLLM's ``--enable-prefix-caching`` (on by default); hybrids then run in
+    #: ``mamba_cache_mode: align`` (:func:`kvspec.integrations.rules.mamba_cache_mode`).
+    prefix_caching: bool = True

@@ -39,12 +39,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvspec.errors import ErrorList, KvspecError
+from kvspec.integrations import rules
+from kvspec.integrations.hf.engine import Hybrid, engine_section, hybrid
 from kvspec.integrations.hf.families import (
     LayerFacts,
     ModelFacts,
     UnsupportedModelError,
     describe,
+    family_title,
 )
+from kvspec.integrations.hf.families.facts import STATE, text_config
 from kvspec.integrations.options import InitOptions
 from kvspec.model import kinds
 from kvspec.source.layers import SKIP
@@ -57,21 +61,15 @@ from kvspec.source.writer import (
     to_yaml,
 )
 
-__all__ = ["InitOptions", "attention_block_size", "init_source", "layer_names", "source_text"]
-
-#: vLLM's smallest attention kernel block (FlashAttention: a multiple of 16).
-KERNEL_BLOCK_ALIGNMENT = 16
+__all__ = ["InitOptions", "init_source", "layer_names", "source_text", "state_pages"]
 
 #: Layer-type names of state layers, by mamba_type (attention: the kind's own).
 _STATE_TYPE_NAMES = {"mamba1": "mamba", "mamba2": "mamba", "gdn_attention": "gdn",
                      "short_conv": "conv", "linear_attention": "linear"}
-
-_FAMILY_TITLES = {
-    "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gemma2": "Gemma 2", "gemma3": "Gemma 3", "gpt_oss": "gpt-oss", "llama4": "Llama 4",
-    "deepseek_v2": "DeepSeek V2", "deepseek_v3": "DeepSeek V3", "jamba": "Jamba",
-    "qwen3_next": "Qwen3-Next", "nemotron_h": "Nemotron-H",
-}
+#: Families whose multimodal checkpoint nests the text model under ``language_model.``.
+_NESTED = ("gemma3", "llama4", "qwen3_5", "qwen3_5_moe")
+#: Config keys that count a speculative drafter's multi-token-prediction layers.
+_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 
 
 def layer_names(facts: ModelFacts, config: Mapping[str, Any]) -> dict[str, str]:
@@ -80,83 +78,90 @@ def layer_names(facts: ModelFacts, config: Mapping[str, Any]) -> dict[str, str]:
     ``{"attention": ..., "state": ...}``, from the module prefixes in vLLM's
     model code: gpt-oss ``layers.N.attn.attn``; Jamba ``layers.N.attn`` and
     ``layers.N.mixer``; Nemotron-H ``layers.N.mixer.attn`` and ``layers.N.mixer``;
-    Qwen3-Next ``layers.N.linear_attn``; multimodal Gemma 3 and Llama 4 nest the
-    text model under ``language_model.``.
+    Qwen3-Next and Qwen3.5 ``layers.N.linear_attn``; multimodal Gemma 3, Llama 4
+    and Qwen3.5 nest the text model under ``language_model.``.
     """
     prefix = "model.layers.{index}"
     archs = config.get("architectures") or []
-    if facts.family in ("gemma3", "llama4") and any(
-            a.endswith("ForConditionalGeneration") for a in archs):
+    if facts.family in _NESTED and any(a.endswith("ForConditionalGeneration") for a in archs):
         prefix = "language_model." + prefix
     attention = {"gpt_oss": ".attn.attn", "jamba": ".attn",
                  "nemotron_h": ".mixer.attn"}.get(facts.family, ".self_attn.attn")
-    state = {"qwen3_next": ".linear_attn"}.get(facts.family, ".mixer")
+    state = ".linear_attn" if facts.family in ("qwen3_next", "qwen3_5", "qwen3_5_moe") \
+        else ".mixer"
     return {"attention": prefix + attention, "state": prefix + state}
 
 
-def _layer_fields(layer: LayerFacts) -> dict[str, Any]:
-    if layer.kind == "mamba":
+def _layer_fields(layer: LayerFacts, hyb: Hybrid | None) -> dict[str, Any]:
+    if layer.kind == STATE:
         assert layer.state_shapes is not None and layer.state_dtypes is not None
-        return {"kind": "mamba", "mamba_type": layer.mamba_type,
-                "shapes": [list(s) for s in layer.state_shapes],
-                "dtypes": list(layer.state_dtypes)}
-    fields: dict[str, Any] = {"kind": layer.kind, "num_kv_heads": layer.num_kv_heads,
-                              "head_size": layer.head_size}
+        fields = {"kind": STATE, "mamba_type": layer.mamba_type,
+                  "shapes": [list(s) for s in layer.state_shapes],
+                  "dtypes": list(layer.state_dtypes)}
+        if hyb is not None:  # as vLLM's spec has them; only align mode reads them
+            fields.update(hyb.state_fields(layer.mamba_type or ""))
+        return fields
+    fields = {"kind": layer.kind, "num_kv_heads": layer.num_kv_heads,
+              "head_size": layer.head_size}
     for name in ("head_size_v", "sliding_window", "attention_chunk_size"):
         if getattr(layer, name) is not None:
             fields[name] = getattr(layer, name)
     return fields
 
 
-def _records(facts: ModelFacts, config: Mapping[str, Any]) -> list[Record]:
+def _records(facts: ModelFacts, config: Mapping[str, Any], hyb: Hybrid | None) -> list[Record]:
     names = layer_names(facts, config)
     out = []
     for layer in facts.layers:
-        state = layer.kind == "mamba"
+        state = layer.kind == STATE
         type_name = (_STATE_TYPE_NAMES.get(layer.mamba_type or "", "state") if state
                      else kinds.by_name(layer.kind).type_name)
         template = names["state" if state else "attention"]
         out.append(Record(template.format(index=layer.index), layer.index,
-                          _layer_fields(layer), type_name))
+                          _layer_fields(layer, hyb), type_name))
     return out
 
 
-def _model_dtype(facts: ModelFacts, options: InitOptions, notes: list[str]) -> str:
-    dtype = options.dtype or facts.dtype
-    if dtype is None:
-        dtype = "bfloat16"
-        notes.append("config.json names no torch_dtype: the model dtype is bfloat16 (what "
-                     "vLLM serves it in); change defaults.dtype if you serve another.")
-    return dtype
+def _dtype_note(facts: ModelFacts, options: InitOptions) -> str | None:
+    if options.dtype is not None or facts.dtype == facts.served_dtype:
+        return None
+    if facts.dtype is None:
+        return (f"config.json names no torch_dtype: the model dtype is {facts.served_dtype} "
+                "(what vLLM serves it in); change defaults.dtype if you serve another.")
+    return (f"the checkpoint is {facts.dtype}; vLLM serves it in {facts.served_dtype} "
+            "(--dtype auto), and so does this source; pass --dtype to serve another.")
 
 
-def source_data(facts: ModelFacts, config: Mapping[str, Any],
-                options: InitOptions) -> tuple[dict[str, Any], list[str]]:
+def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptions,
+                hyb: Hybrid | None = None) -> tuple[dict[str, Any], list[str]]:
     """The source as plain data (key order as written) and review notes."""
     notes: list[str] = []
     if not facts.layers:
         raise KvspecError("the model has no layer that holds KV cache or state",
                           file=options.config_name)
-    records = _records(facts, config)
-    attention = [r.fields for r in records if r.fields["kind"] != "mamba"]
+    records = _records(facts, config, hyb)
+    attention = [r.fields for r in records if r.fields["kind"] != STATE]
     defaults = {k: most_common([f[k] for f in attention])
                 for k in ("num_kv_heads", "head_size") if attention}
-    defaults["dtype"] = _model_dtype(facts, options, notes)
+    defaults["dtype"] = facts.served_dtype
+    if (note := _dtype_note(facts, options)) is not None:
+        notes.append(note)
     section = layers_section(records, defaults=defaults)
     if any(SKIP in e["pattern"] for e in section["layers"] if "pattern" in e):
         notes.append("'-' pattern items are decoder layers without a KV cache (MLP/MoE only).")
     parallel: dict[str, Any] = {"tensor": options.tp, "pipeline": options.pp}
     if max(layer.index for layer in facts.layers) + 1 != facts.num_layers:
         parallel["num_hidden_layers"] = facts.num_layers
-    if int(config.get("num_nextn_predict_layers") or 0) > 0:
-        notes.append(f"the {config['num_nextn_predict_layers']} multi-token-prediction "
-                     "layer(s) (num_nextn_predict_layers) belong to a speculative drafter "
-                     "and are not listed.")
+    text = text_config(config)
+    for key in _MTP_KEYS:
+        if int(text.get(key) or config.get(key) or 0) > 0:
+            notes.append(f"the {text.get(key) or config.get(key)} multi-token-prediction "
+                         f"layer(s) ({key}) belong to a speculative drafter and are not listed.")
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
     if options.model:
         source["model"] = options.model
     source["layer_name"] = section.pop("layer_name")
-    source["engine"] = _engine(facts, options, notes)
+    source["engine"] = engine_section(facts, options, hyb, notes)
     source["parallel"] = flow(parallel)
     source["defaults"] = section.pop("defaults")
     if options.kv_cache_dtype != "auto":
@@ -165,71 +170,35 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any],
     return source, notes
 
 
-def _engine(facts: ModelFacts, options: InitOptions, notes: list[str]) -> dict[str, Any]:
-    engine: dict[str, Any] = {"block_size": options.block_size}
-    if options.max_model_len == "auto":
-        if facts.max_position_embeddings is None:
-            raise KvspecError("max_model_len auto needs the model's max_position_embeddings, "
-                              "which config.json does not give", file=options.config_name,
-                              hint="pass --max-model-len N")
-        if options.memory is None:
-            raise KvspecError("--max-model-len auto needs --memory to fit it to",
-                              hint="pass --memory 40GiB, or a fixed --max-model-len")
-        engine["max_model_len"] = "auto"
-        engine["model_max_len"] = facts.max_position_embeddings
-    else:
-        max_len = options.max_model_len or facts.max_position_embeddings
-        if not max_len:
-            raise KvspecError("config.json gives no max_position_embeddings",
-                              file=options.config_name, hint="pass --max-model-len N")
-        engine["max_model_len"] = max_len
-        if options.max_model_len is None:
-            notes.append(f"max_model_len is the model's max_position_embeddings "
-                         f"({max_len}); serving shorter requests needs less memory.")
-    engine.update({"max_num_batched_tokens": 8192, "max_num_seqs": 256, "layout": "LBNHC",
-                   "prefix_caching": True})
-    if options.memory is not None:
-        engine["memory"] = exact_size(options.memory)
-    return engine
-
-
 def _dump(source: dict[str, Any]) -> str:
     return to_yaml(source, width=120)
 
 
 def _command_line(options: InitOptions) -> str:
     parts = [f"kvspec init --from-hf {options.config_name}"]
-    if options.tp != 1:
-        parts.append(f"--tp {options.tp}")
-    if options.pp != 1:
-        parts.append(f"--pp {options.pp}")
-    if options.max_model_len is not None:
-        parts.append(f"--max-model-len {options.max_model_len}")
-    if options.memory is not None:
-        parts.append(f"--memory {exact_size(options.memory)}")
-    if options.kv_cache_dtype != "auto":
-        parts.append(f"--kv-cache-dtype {options.kv_cache_dtype}")
-    if options.dtype is not None:
-        parts.append(f"--dtype {options.dtype}")
-    if options.block_size != 16:
-        parts.append(f"--block-size {options.block_size}")
-    if options.mamba_cache_dtype != "auto":
-        parts.append(f"--mamba-cache-dtype {options.mamba_cache_dtype}")
-    if options.mamba_ssm_cache_dtype != "auto":
-        parts.append(f"--mamba-ssm-cache-dtype {options.mamba_ssm_cache_dtype}")
-    if options.model:
-        parts.append(f"--model {options.model}")
+    flags: list[tuple[str, Any, Any]] = [
+        ("--target", options.target, None), ("--tp", options.tp, 1), ("--pp", options.pp, 1),
+        ("--max-model-len", options.max_model_len, None),
+        ("--memory", exact_size(options.memory) if options.memory is not None else None, None),
+        ("--kv-cache-dtype", options.kv_cache_dtype, "auto"), ("--dtype", options.dtype, None),
+        ("--block-size", options.block_size, 16),
+        ("--mamba-cache-dtype", options.mamba_cache_dtype, "auto"),
+        ("--mamba-ssm-cache-dtype", options.mamba_ssm_cache_dtype, "auto"),
+        ("--model", options.model, None)]
+    parts += [f"{flag} {value}" for flag, value, default in flags if value != default]
+    if not options.prefix_caching:
+        parts.append("--no-prefix-caching")
     return " ".join(parts)
 
 
 def _header(facts: ModelFacts, options: InitOptions, notes: list[str]) -> str:
-    kinds = Counter(layer.mamba_type if layer.kind == "mamba" else layer.kind
-                    for layer in facts.layers)
-    counts = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
-    title = _FAMILY_TITLES.get(facts.family, facts.family)
+    counts = Counter(layer.mamba_type if layer.kind == STATE else layer.kind
+                     for layer in facts.layers)
+    listed = ", ".join(f"{n} {kind}" for kind, n in counts.items())
     lines = [f"# yaml-language-server: $schema={options.schema}"]
-    lines += _comment(f"{options.model or options.name}: {title} ({facts.model_type}), "
-                      f"{facts.num_layers} decoder layers; cache layers: {counts}.")
+    lines += _comment(f"{options.model or options.name}: {family_title(facts.family)} "
+                      f"({facts.model_type}), {facts.num_layers} decoder layers; cache "
+                      f"layers: {listed}.")
     lines += ["# Generated by:", f"#   {_command_line(options)}"]
     lines += _comment("Review it before use: parallel, max_model_len and the memory budget "
                       "are deployment choices, and each layer type should match how your "
@@ -244,22 +213,11 @@ def _comment(text: str) -> list[str]:
                                                   break_long_words=False)]
 
 
-def attention_block_size(facts: ModelFacts, source: dict[str, Any],
-                         options: InitOptions) -> tuple[int, int, int] | None:
-    """vLLM's attention block size for a model with state (Mamba-style) layers.
-
-    vLLM keeps attention and state layers in one pool of equal pages, so it
-    raises the attention block size until one attention page holds one state
-    (``HybridAttentionMambaModelConfig`` / ``Platform``'s hybrid alignment)::
-
-        k = max(16, block_size)
-        block_size = k * ceil(state_page / (k * attention_bytes_per_token))
-
-    Returns ``(block_size, attention page bytes, state page bytes)`` per rank,
-    or None when the model has no state layers or no attention layers.
-    """
-    if not any(layer.kind == "mamba" for layer in facts.layers):
-        return None
+def state_pages(source: dict[str, Any], options: InitOptions) -> tuple[int, int] | None:
+    """``(attention bytes per token, state page bytes)`` per rank of a source
+    with state layers, as the compiler sizes them (quantization included);
+    None without attention or state layers. The largest of each, as vLLM's
+    ``Platform._align_hybrid_block_size`` takes the model's one of each."""
     from kvspec.compiler import Unit, expand_pass, load, parse, run
     from kvspec.model.specs import Attention, MambaState
 
@@ -272,25 +230,22 @@ def attention_block_size(facts: ModelFacts, source: dict[str, Any],
     states = [s.unpadded_page_size_bytes for s in specs if isinstance(s, MambaState)]
     if not per_token or not states:
         return None
-    attn_1, state = max(per_token), max(states)
-    k = max(KERNEL_BLOCK_ALIGNMENT, options.block_size)
-    block = max(options.block_size, k * -(-state // (k * attn_1)))
-    return block, block * attn_1, state
+    return max(per_token), max(states)
 
 
 def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptions) -> str:
-    """The reviewed-to-be source text for ``facts``; it compiles."""
+    """The reviewed-to-be source text for ``facts``, after the engine's
+    config-stage rules (:mod:`kvspec.integrations.rules`); it compiles."""
     from kvspec.compiler import compile_source
 
-    source, notes = source_data(facts, config, options)
+    target = _target(options)
     try:
-        aligned = attention_block_size(facts, source, options)
-        if aligned is not None and aligned[0] != options.block_size:
-            block, page, state = aligned
-            source["engine"]["block_size"] = block
-            notes.append(f"engine.block_size is {block}, as vLLM sets it: one attention page "
-                         f"({page} B per rank) must hold one state ({state} B per rank); the "
-                         "planner pads state pages to it.")
+        hyb = None
+        if any(layer.kind == STATE for layer in facts.layers):
+            draft, _ = source_data(facts, config, options)
+            head_k = text_config(config).get("linear_key_head_dim")
+            hyb = hybrid(facts, state_pages(draft, options), options, target, head_k)
+        source, notes = source_data(facts, config, options, hyb)
         text = _header(facts, options, notes) + _dump(source)
         compile_source(text, f"<init {options.config_name}>")
     except ErrorList as err:
@@ -298,6 +253,15 @@ def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     except KvspecError as err:
         raise _not_compiling(err, [err.message], options) from None
     return text
+
+
+def _target(options: InitOptions) -> rules.Target:
+    try:
+        return rules.target(options.target)
+    except ValueError as exc:
+        raise KvspecError(str(exc), path="--target", found=options.target,
+                          hint="the GPU the deployment runs on decides some engine "
+                          "settings; see docs/engine-rules.md") from None
 
 
 def _not_compiling(err: KvspecError, messages: list[str], options: InitOptions) -> KvspecError:
@@ -312,13 +276,23 @@ def init_source(config: Mapping[str, Any], options: InitOptions) -> str:
     if not isinstance(config, Mapping):
         raise KvspecError("config.json must hold a JSON object", file=options.config_name,
                           found=type(config).__name__)
+    target = _target(options)
     try:
-        facts = describe(config, tp=options.tp, mamba_cache_dtype=options.mamba_cache_dtype,
+        heads = text_config(config).get("num_attention_heads")
+        if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
+            rules.tensor_parallel(heads, options.tp)
+        facts = describe(config, tp=options.tp, dtype=options.dtype, target=target,
+                         mamba_cache_dtype=options.mamba_cache_dtype,
                          mamba_ssm_cache_dtype=options.mamba_ssm_cache_dtype)
+        if options.dtype is not None:
+            rules.check_dtype(options.dtype, facts.model_type)
     except UnsupportedModelError as exc:
         raise KvspecError(str(exc), file=options.config_name,
                           hint="write the source by hand (see layouts/ for examples), or "
                           "import a per-layer spec dump with `kvspec import`") from None
+    except rules.EngineRefusal as exc:
+        raise KvspecError(f"vLLM 0.33.0 refuses this config: {exc}", file=options.config_name,
+                          hint=exc.hint) from None
     except ValueError as exc:
         raise KvspecError(f"cannot read the model from config.json: {exc}",
                           file=options.config_name) from None

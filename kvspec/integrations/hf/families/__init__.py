@@ -40,9 +40,19 @@ function says so in its docstring.  The vLLM behaviour followed, per family:
   ``full_attention_interval``-th layer is full attention.
 * Nemotron-H -- ``nemotron_h.py``: ``hybrid_override_pattern``: ``M`` Mamba-2,
   ``*`` attention, ``-`` MLP and ``E`` MoE (no cache state, so not listed).
-  When ``mamba_ssm_cache_dtype`` is ``"auto"``, vLLM's
-  ``NemotronHForCausalLMConfig`` (``models/config.py``) replaces it with the
-  config's ``mamba_ssm_cache_dtype`` or ``"float32"``.
+* Qwen3-MoE -- ``qwen3_moe.py``: full attention unless ``use_sliding_window``,
+  then the window on every layer (no ``max_window_layers`` rule there).
+* Mixtral, Phi-3 / Phi-4, GLM-4.5 / 4.6 / 4.7, MiniMax-M2 -- ``mixtral.py``,
+  ``phi3.py``, ``glm4_moe.py``, ``minimax_m2.py``: the model-level
+  ``sliding_window`` on every layer, or none.
+* Qwen3.5 / Qwen3.5-MoE -- ``qwen3_5.py``: Qwen3-Next's layers under
+  ``text_config``; the multimodal checkpoint nests them under ``language_model.``.
+
+The engine's config-stage rules (:mod:`kvspec.integrations.rules`) decide the
+rest: the served dtype (a float32 checkpoint is served in bf16), the SSM-state
+dtype hooks (Nemotron-H: the config's ``mamba_ssm_cache_dtype`` or float32;
+Qwen3.5: its ``mamba_ssm_dtype``), and the configs vLLM refuses (Qwen2/Qwen3
+sliding on some layers only).
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvspec.integrations import rules
 from kvspec.integrations.hf.families.dense import (
     GEMMA3_TEXT_DEFAULTS,
     _deepseek,
@@ -58,13 +69,16 @@ from kvspec.integrations.hf.families.dense import (
     _gpt_oss,
     _llama4,
     _llama_like,
+    _model_level_window,
     _qwen,
+    _qwen3_moe,
 )
 from kvspec.integrations.hf.families.facts import (
     Ctx,
     LayerFacts,
     ModelFacts,
     UnsupportedModelError,
+    architecture,
     cfg_int,
     model_dtype,
     text_config,
@@ -82,6 +96,7 @@ __all__ = [
     "UnsupportedModelError",
     "describe",
     "family_of",
+    "family_title",
 ]
 
 # --------------------------------------------------------------------------
@@ -115,6 +130,23 @@ _FAMILIES: dict[str, tuple[str, _Handler, tuple[str, ...], tuple[str, ...]]] = {
     "jamba": ("Jamba", _jamba, ("jamba",), ("JambaForCausalLM",)),
     "qwen3_next": ("Qwen3-Next", _qwen3_next, ("qwen3_next",), ("Qwen3NextForCausalLM",)),
     "nemotron_h": ("Nemotron-H", _nemotron_h, ("nemotron_h",), ("NemotronHForCausalLM",)),
+    "qwen3_moe": ("Qwen3-MoE", _qwen3_moe, ("qwen3_moe",), ("Qwen3MoeForCausalLM",)),
+    "mixtral": ("Mixtral", _model_level_window, ("mixtral",), ("MixtralForCausalLM",)),
+    "phi3": ("Phi-3", _model_level_window, ("phi3",), ("Phi3ForCausalLM",)),
+    "qwen3_5": (
+        "Qwen3.5",
+        _qwen3_next,
+        ("qwen3_5", "qwen3_5_text"),
+        ("Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"),
+    ),
+    "qwen3_5_moe": (
+        "Qwen3.5-MoE",
+        _qwen3_next,
+        ("qwen3_5_moe", "qwen3_5_moe_text"),
+        ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"),
+    ),
+    "glm4_moe": ("GLM-4.5", _model_level_window, ("glm4_moe",), ("Glm4MoeForCausalLM",)),
+    "minimax_m2": ("MiniMax-M2", _model_level_window, ("minimax_m2",), ("MiniMaxM2ForCausalLM",)),
 }
 
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
@@ -122,6 +154,11 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
 def _supported_names() -> str:
     return ", ".join(display for display, *_ in _FAMILIES.values())
+
+
+def family_title(family: str) -> str:
+    """A family's display name, e.g. ``family_title("qwen3_5") == "Qwen3.5"``."""
+    return _FAMILIES[family][0] if family in _FAMILIES else family
 
 
 def family_of(config: Mapping[str, Any]) -> str:
@@ -147,14 +184,27 @@ def describe(
     config: Mapping[str, Any],
     *,
     tp: int = 1,
+    dtype: str | None = None,
+    target: rules.Target = rules.COMMON,
     mamba_cache_dtype: str = "auto",
     mamba_ssm_cache_dtype: str = "auto",
 ) -> ModelFacts:
     """Per-layer cache facts for a parsed Hugging Face ``config.json``.
 
     ``tp`` is the tensor-parallel size; it only changes ``state_shapes`` (which
-    are per rank).  ``mamba_cache_dtype`` / ``mamba_ssm_cache_dtype`` mirror
-    vLLM's ``--mamba-cache-dtype`` / ``--mamba-ssm-cache-dtype``.
+    are per rank).  ``dtype`` is the dtype the model is served in (vLLM's
+    ``--dtype``); None resolves ``auto`` as vLLM does on ``target``
+    (:func:`rules.served_dtype`).  ``mamba_cache_dtype`` /
+    ``mamba_ssm_cache_dtype`` mirror vLLM's ``--mamba-cache-dtype`` /
+    ``--mamba-ssm-cache-dtype``; the model's own hook resolves "auto" first.
+    Raises :class:`UnsupportedModelError` for an unknown family,
+    :class:`rules.EngineRefusal` for a config vLLM refuses, ``ValueError``
+    for a config that cannot be read.
+
+    >>> import json
+    >>> facts = describe(json.load(open("tests/data/hf/phi-3-mini-4k-instruct.json")))
+    >>> facts.family, facts.count_by_kind(), facts.layers[0].sliding_window
+    ('phi3', {'sliding_window': 32}, 2047)
     """
     if not isinstance(config, Mapping):
         raise TypeError(f"config must be a mapping (a parsed config.json), got {type(config)}")
@@ -163,23 +213,18 @@ def describe(
     family = family_of(config)
     _, handler, _, _ = _FAMILIES[family]
     text = text_config(config)
-    ctx = Ctx(
-        config=config,
-        text=text,
-        tp=tp,
-        dtype=model_dtype(text, config),
-        mamba_cache_dtype=mamba_cache_dtype,
-        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
-    )
+    model_type = str(config.get("model_type") or text.get("model_type") or family)
+    checkpoint = model_dtype(config)
+    served = dtype or rules.served_dtype(checkpoint, model_type, target)
+    arch = architecture(config)
+    ctx = Ctx(config=config, text=text, tp=tp, dtype=served,
+              mamba_cache_dtype=mamba_cache_dtype,
+              mamba_ssm_cache_dtype=rules.ssm_cache_dtype(arch, text, mamba_ssm_cache_dtype))
     layers = handler(ctx)
     max_pos = text.get("max_position_embeddings")
     if max_pos is None and family == "gemma3":
         max_pos = GEMMA3_TEXT_DEFAULTS["max_position_embeddings"]
-    return ModelFacts(
-        family=family,
-        model_type=str(config.get("model_type") or text.get("model_type") or family),
-        num_layers=cfg_int(text, "num_hidden_layers"),
-        dtype=ctx.dtype,
-        max_position_embeddings=max_pos,
-        layers=layers,
-    )
+    return ModelFacts(family=family, model_type=model_type,
+                      num_layers=cfg_int(text, "num_hidden_layers"), dtype=checkpoint,
+                      max_position_embeddings=max_pos, layers=layers, served_dtype=served,
+                      architecture=arch)

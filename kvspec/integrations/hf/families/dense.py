@@ -1,10 +1,14 @@
-"""Families of attention-only models: Llama, Mistral, Qwen, Gemma, gpt-oss, Llama 4, DeepSeek."""
+"""Families of attention-only models: Llama, Mistral, Qwen, Gemma, gpt-oss, Llama 4, DeepSeek,
+Mixtral, Phi-3, GLM-4.5, MiniMax-M2."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from kvspec.integrations import rules
 from kvspec.integrations.hf.families.facts import (
+    LATENT,
     Ctx,
     LayerFacts,
     attention_layer,
@@ -32,25 +36,60 @@ def _llama_like(ctx: Ctx) -> list[LayerFacts]:
 
 
 def _qwen(ctx: Ctx) -> list[LayerFacts]:
-    """Qwen2 / Qwen3 (vLLM ``qwen2.py``, ``qwen3.py``).
+    """Qwen2 / Qwen3 (vLLM ``qwen2.py``; ``Qwen3Model`` is a ``Qwen2Model``).
 
-    ``layer_types`` when present.  Otherwise the window applies only when
-    ``use_sliding_window`` is true (vLLM's ``get_hf_config_sliding_window``
-    drops it otherwise -- Qwen2.5 ships ``sliding_window: 131072`` with
-    ``use_sliding_window: false``), and then only to layers
-    ``i >= max_window_layers`` (``Qwen2Config.layer_types``; default 28).
+    ``transformers``' ``Qwen2Config`` keeps ``sliding_window`` only when
+    ``use_sliding_window`` is true (Qwen2.5 ships ``sliding_window: 131072``
+    with it false) and derives ``layer_types``: sliding for
+    ``i >= max_window_layers`` (default 28). ``Qwen2Model`` refuses a mix of
+    sliding and full layers (:func:`kvspec.integrations.rules.qwen2_sliding_window`),
+    and its layers take the model-level window, which vLLM sets only when every
+    layer slides (``EngineArgs.create_engine_config``): so either every layer
+    slides or none does.
     """
     cfg = ctx.text
     n = cfg_int(cfg, "num_hidden_layers")
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
     window = cfg_get(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
     first_sliding = cfg_int(cfg, "max_window_layers", 28)
-    return [
-        attention_layer(i, cfg, sliding_window=window if i >= first_sliding else None)
-        for i in range(n)
-    ]
+    types = layer_types(cfg, n) or [
+        "sliding_attention" if window is not None and i >= first_sliding else "full_attention"
+        for i in range(n)]
+    rules.qwen2_sliding_window(types, first_sliding, n)
+    return uniform_window(cfg, n, window, types)
+
+
+def uniform_window(cfg: Mapping[str, Any], n: int, window: int | None,
+                   types: list[str] | None) -> list[LayerFacts]:
+    """Every layer with the model-level window, or none: vLLM's
+    ``cache_config.sliding_window`` is the config's ``sliding_window`` when
+    ``layer_types`` is absent or all sliding, else None
+    (``EngineArgs.create_engine_config``), and ``Attention`` takes it when its
+    model passes no per-layer window."""
+    if types is not None and any(t != "sliding_attention" for t in types):
+        window = None
+    return [attention_layer(i, cfg, sliding_window=window) for i in range(n)]
+
+
+def _model_level_window(ctx: Ctx) -> list[LayerFacts]:
+    """Mixtral (``mixtral.py``), Phi-3 / Phi-4 (``phi3.py``: a ``LlamaForCausalLM``
+    whose config has no ``layer_types``), GLM-4.5 (``glm4_moe.py``), MiniMax-M2
+    (``minimax_m2.py``, which ignores ``attn_type_list``): no per-layer window,
+    so :func:`uniform_window`. Phi-3-mini's ``sliding_window: 2047`` slides on
+    every layer; Phi-4, Mixtral, GLM-4.5 and MiniMax-M2 give none.
+    """
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    return uniform_window(cfg, n, cfg_get(cfg, "sliding_window"), layer_types(cfg, n))
+
+
+def _qwen3_moe(ctx: Ctx) -> list[LayerFacts]:
+    """Qwen3-MoE (vLLM ``qwen3_moe.py``): ``Qwen3MoeConfig`` keeps the window
+    only with ``use_sliding_window``; ``Qwen3MoeModel`` passes no per-layer
+    window and has no ``max_window_layers`` check, so :func:`uniform_window`."""
+    cfg = ctx.text
+    n = cfg_int(cfg, "num_hidden_layers")
+    window = cfg_get(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
+    return uniform_window(cfg, n, window, layer_types(cfg, n))
 
 
 def _gemma2(ctx: Ctx) -> list[LayerFacts]:
@@ -149,7 +188,7 @@ def _deepseek(ctx: Ctx) -> list[LayerFacts]:
     return [
         LayerFacts(
             index=i,
-            kind="mla",
+            kind=LATENT,
             num_kv_heads=1,
             head_size=rank + rope,
             mla_kv_lora_rank=rank,

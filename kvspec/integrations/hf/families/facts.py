@@ -7,6 +7,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvspec.model import kinds
+from kvspec.model.specs import (
+    MLA,
+    ChunkedLocal,
+    FullAttention,
+    MambaState,
+    SlidingWindow,
+)
+
+#: The layer kinds a family emits, named by the registry (:mod:`kvspec.model.kinds`).
+FULL = kinds.of(FullAttention).name
+SLIDING = kinds.of(SlidingWindow).name
+CHUNKED = kinds.of(ChunkedLocal).name
+LATENT = kinds.of(MLA).name
+STATE = kinds.of(MambaState).name
+
 
 class UnsupportedModelError(ValueError):
     """The config's architecture is not one kvspec knows how to import."""
@@ -23,7 +39,7 @@ class LayerFacts:
     """
 
     index: int
-    #: A layer kind's name (:mod:`kvspec.model.kinds`): full_attention, mla, mamba...
+    #: A layer kind's name (:mod:`kvspec.model.kinds`): :data:`FULL`, :data:`STATE`, ...
     kind: str
     num_kv_heads: int | None
     head_size: int | None
@@ -44,9 +60,11 @@ class ModelFacts:
     ``num_layers`` is the config's ``num_hidden_layers``; ``layers`` lists only
     the layers that hold cache state (Nemotron-H's MLP/MoE-only layers hold
     none), each with its index in the model.  ``dtype`` is the config's
-    ``torch_dtype`` (or the newer ``dtype`` key; for nested configs the text
-    config's, else the top level's), or ``None`` when the config names none --
-    gpt-oss's does not, and vLLM then picks the serving dtype itself.
+    ``dtype`` (``torch_dtype`` in older files; the top level's, else the text
+    config's), or ``None`` when the config names none -- gpt-oss's does not.
+    ``served_dtype`` is the dtype vLLM serves it in
+    (:func:`kvspec.integrations.rules.served_dtype`: a float32 or unnamed
+    checkpoint is served in bf16), or the caller's; state dtypes follow it.
     """
 
     family: str
@@ -55,6 +73,8 @@ class ModelFacts:
     dtype: str | None
     max_position_embeddings: int | None
     layers: list[LayerFacts]
+    served_dtype: str = "bfloat16"
+    architecture: str | None = None
 
     def count_by_kind(self) -> dict[str, int]:
         """Number of layers of each kind present, e.g. ``{"mamba": 54, ...}``."""
@@ -109,13 +129,25 @@ def kv_heads(cfg: Mapping[str, Any]) -> int:
     return cfg_int(cfg, "num_key_value_heads", cfg_int(cfg, "num_attention_heads"))
 
 
-def model_dtype(text: Mapping[str, Any], top: Mapping[str, Any]) -> str | None:
-    for cfg in (text, top):
-        for key in ("torch_dtype", "dtype"):
-            value = cfg.get(key)
+def model_dtype(config: Mapping[str, Any]) -> str | None:
+    """The checkpoint's dtype as vLLM reads it (``ModelArchConfigConvertorBase.get_torch_dtype``):
+    the top level's ``dtype`` (``torch_dtype`` in older files), else the text
+    config's, else the vision config's; None when none names one."""
+    for key in (None, "text_config", "vision_config"):
+        cfg = config if key is None else config.get(key)
+        if not isinstance(cfg, Mapping):
+            continue
+        for name in ("dtype", "torch_dtype"):
+            value = cfg.get(name)
             if isinstance(value, str):
                 return value.removeprefix("torch.")
     return None
+
+
+def architecture(config: Mapping[str, Any]) -> str | None:
+    """The config's first ``architectures`` entry (vLLM's ``model_config.architecture``)."""
+    archs = config.get("architectures") or []
+    return str(archs[0]) if archs else None
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -142,11 +174,11 @@ def attention_layer(
     chunk: int | None = None,
     head_size: int | None = None,
 ) -> LayerFacts:
-    kind = "full_attention"
+    kind = FULL
     if sliding_window is not None:
-        kind = "sliding_window"
+        kind = SLIDING
     elif chunk is not None:
-        kind = "chunked_local"
+        kind = CHUNKED
     return LayerFacts(
         index=index,
         kind=kind,
@@ -162,7 +194,7 @@ def from_layer_types(cfg: Mapping[str, Any], types: list[str]) -> list[LayerFact
     for i, layer_type in enumerate(types):
         if layer_type == "sliding_attention":
             layers.append(attention_layer(i, cfg, sliding_window=cfg_int(cfg, "sliding_window")))
-        elif layer_type == "full_attention":
+        elif layer_type == "full_attention":  # the HF layer type, not the kind
             layers.append(attention_layer(i, cfg))
         else:
             raise ValueError(f"layer {i}: unsupported layer type {layer_type!r}")
@@ -174,6 +206,8 @@ class Ctx:
     config: Mapping[str, Any]
     text: Mapping[str, Any]
     tp: int
-    dtype: str | None
+    #: The dtype the model is served in (state caches follow it under "auto").
+    dtype: str
     mamba_cache_dtype: str
+    #: ``--mamba-ssm-cache-dtype`` after the model's own hook (:func:`rules.ssm_cache_dtype`).
     mamba_ssm_cache_dtype: str

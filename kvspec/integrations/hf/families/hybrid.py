@@ -1,13 +1,14 @@
-"""Families of hybrid models with state (Mamba-style) layers: Jamba, Qwen3-Next, Nemotron-H."""
+"""Families of hybrid models with state (Mamba-style) layers: Jamba, Qwen3-Next, Qwen3.5,
+Nemotron-H."""
 
 from __future__ import annotations
 
 from kvspec.integrations.hf import state_shapes as ss
 from kvspec.integrations.hf.families.facts import (
+    STATE,
     Ctx,
     LayerFacts,
     attention_layer,
-    cfg_get,
     cfg_int,
     cfg_require,
     head_dim_of,
@@ -15,22 +16,18 @@ from kvspec.integrations.hf.families.facts import (
 )
 
 
-def mamba_layer(
-    index: int, mamba_type: str, shapes: tuple[tuple[int, ...], ...], ctx: Ctx, ssm_dtype: str
-) -> LayerFacts:
-    if ctx.dtype is None and "auto" in (ctx.mamba_cache_dtype, ssm_dtype):
-        raise ValueError(
-            "config.json names no torch_dtype, so the 'auto' state-cache dtype is unknown; "
-            "pass mamba_cache_dtype and mamba_ssm_cache_dtype explicitly"
-        )
+def mamba_layer(index: int, mamba_type: str, shapes: tuple[tuple[int, ...], ...],
+                ctx: Ctx) -> LayerFacts:
+    """A state layer: its shapes, and dtypes from the served dtype and the
+    (hook-resolved) ``--mamba-cache-dtype`` / ``--mamba-ssm-cache-dtype``."""
     return LayerFacts(
         index=index,
-        kind="mamba",
+        kind=STATE,
         num_kv_heads=None,
         head_size=None,
         state_shapes=shapes,
         state_dtypes=ss.state_dtypes(
-            mamba_type, ctx.dtype or "float32", ctx.mamba_cache_dtype, ssm_dtype
+            mamba_type, ctx.dtype, ctx.mamba_cache_dtype, ctx.mamba_ssm_cache_dtype
         ),
         mamba_type=mamba_type,
     )
@@ -60,12 +57,13 @@ def _jamba(ctx: Ctx) -> list[LayerFacts]:
         if i % period == offset:
             layers.append(attention_layer(i, cfg))
         else:
-            layers.append(mamba_layer(i, "mamba1", shapes, ctx, ctx.mamba_ssm_cache_dtype))
+            layers.append(mamba_layer(i, "mamba1", shapes, ctx))
     return layers
 
 
 def _qwen3_next(ctx: Ctx) -> list[LayerFacts]:
-    """Qwen3-Next (vLLM ``qwen3_next.py``).
+    """Qwen3-Next (vLLM ``qwen3_next.py``) and Qwen3.5 / Qwen3.5-MoE (``qwen3_5.py``,
+    whose decoder layers are Qwen3-Next's, nested under ``text_config``).
 
     ``layer_types`` when present, else ``Qwen3NextConfig``'s derivation: full
     attention when ``(i + 1) % full_attention_interval == 0`` (default 4),
@@ -95,9 +93,7 @@ def _qwen3_next(ctx: Ctx) -> list[LayerFacts]:
         if layer_type == "full_attention":
             layers.append(attention_layer(i, cfg))
         elif layer_type == "linear_attention":
-            layers.append(
-                mamba_layer(i, "gdn_attention", shapes, ctx, ctx.mamba_ssm_cache_dtype)
-            )
+            layers.append(mamba_layer(i, "gdn_attention", shapes, ctx))
         else:
             raise ValueError(f"layer {i}: unsupported Qwen3-Next layer type {layer_type!r}")
     return layers
@@ -112,8 +108,8 @@ def _nemotron_h(ctx: Ctx) -> list[LayerFacts]:
     mamba_num_heads * mamba_head_dim``, ``n_groups``, ``num_heads =
     mamba_num_heads``, ``head_dim = mamba_head_dim``, ``state_size =
     ssm_state_size``, ``conv_kernel``.  The attention head size is ``head_dim``
-    (older configs: ``attention_head_dim``).  SSM-state dtype: see the module
-    docstring (float32 unless the config or the caller says otherwise).
+    (older configs: ``attention_head_dim``).  SSM-state dtype: float32 unless
+    the config or the caller says otherwise (:func:`rules.ssm_cache_dtype`).
     """
     cfg = ctx.text
     n = cfg_int(cfg, "num_hidden_layers")
@@ -133,14 +129,11 @@ def _nemotron_h(ctx: Ctx) -> list[LayerFacts]:
         state_size=cfg_int(cfg, "ssm_state_size"),
         conv_kernel=cfg_int(cfg, "conv_kernel"),
     )
-    ssm_dtype = ctx.mamba_ssm_cache_dtype
-    if ssm_dtype == "auto":
-        ssm_dtype = cfg_get(cfg, "mamba_ssm_cache_dtype", "float32")
     attn_head = head_dim_of(cfg, "head_dim", "attention_head_dim")
     layers = []
     for i, char in enumerate(pattern):
         if char == "M":
-            layers.append(mamba_layer(i, "mamba2", shapes, ctx, ssm_dtype))
+            layers.append(mamba_layer(i, "mamba2", shapes, ctx))
         elif char == "*":
             layers.append(attention_layer(i, cfg, head_size=attn_head))
         elif char in "-E":
