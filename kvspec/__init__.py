@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvspec.errors import KvspecError
 
 
-def compile(path: Any, *, memory: int | None = None) -> Artifact:  # noqa: A001
+def compile(path: Any, *, memory: int | str | None = None) -> Artifact:  # noqa: A001
     """Compile the layout source at ``path`` into a verified :class:`Artifact`."""
     from kvspec.compiler import compile as _compile
     return _compile(path, memory=memory)

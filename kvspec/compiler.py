@@ -98,6 +98,8 @@ def size_pass(unit: Unit) -> Unit:
         try:
             resolved = resolve(plan, memory=memory)
         except KvspecError as err:
+            if unit.memory is not None and err.path == "engine.memory":
+                raise given_budget_error(err, unit.file, unit.memory) from None
             raise locate(err, unit) from None
     elif plan.engine.auto_max_model_len:
         raise locate(PlanError("max_model_len: auto needs a memory budget to fit it to",
@@ -131,6 +133,16 @@ def _path_tuple(path: str) -> tuple:
         if part:
             out.append(int(part) if part.isdigit() else part)
     return tuple(out)
+
+
+def given_budget_error(err: KvspecError, file: str, memory: int,
+                       name: str = "memory") -> KvspecError:
+    """A budget error about memory the caller gave (``name``: ``memory=`` or
+    ``--memory``), placed there and not at the source's ``engine.memory``."""
+    if err.path != "engine.memory":
+        return err
+    return err.replace(location=Location(file, None, None, name), found=f"{memory:,} bytes",
+                       hint=f"give the KV cache more memory ({name})")
 
 
 def locate(err: KvspecError, unit: Unit) -> KvspecError:

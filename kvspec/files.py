@@ -24,6 +24,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from kvspec.errors import KvspecError, SourceError, UsageError
@@ -131,6 +132,10 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader never sees a half-written file;
     a :class:`KvspecError` (``UsageError``) when the path cannot be written."""
     path = Path(path)
+    blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UsageError(f"cannot write {path}: {blocker} is a file, not a directory",
+                         file=str(path), hint="give -o a path in a writable directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
@@ -138,7 +143,8 @@ def write_atomic(path: str | Path, text: str) -> None:
         _clean_stale(path)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}{_TMP}", dir=path.parent)
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", file=str(path),
+        raise UsageError(f"cannot write {path}: cannot create a file in {path.parent} "
+                         f"({exc.strerror or exc})", file=str(path),
                          hint="give -o a path in a writable directory") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
@@ -165,10 +171,11 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 def refuse_overwrite(output: str | Path | None, force: bool, *,
                      inputs: tuple[str | Path, ...] = (),
-                     ours: str | None = None) -> None:
+                     ours: Callable[[str], bool] | None = None) -> None:
     """A usage error when writing ``output`` would lose something: it is one of the
     ``inputs`` (never, even with ``--force``), or it exists and ``--force`` was not
-    given (unless its text starts like kvspec's own kind of file, ``ours``)."""
+    given (unless ``ours(text)`` says it is kvspec's own kind of file, which the
+    command regenerates)."""
     if output is None:
         return
     for i in inputs:
@@ -180,12 +187,13 @@ def refuse_overwrite(output: str | Path | None, force: bool, *,
         return
     if ours is not None and path.is_file():
         try:
-            head = path.read_text(encoding="utf-8", errors="replace")[:200]
+            text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
-            head = ""
-        if ours in head:
+            text = ""
+        if ours(text):
             return
-    raise UsageError(f"{output} exists", hint="pass --force to overwrite it")
+    what = " and is not a file kvspec wrote" if ours is not None else ""
+    raise UsageError(f"{output} exists{what}", hint="pass --force to overwrite it")
 
 
 def emit(text: str, output: str | Path | None, *, quiet: bool = False) -> None:

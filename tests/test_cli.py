@@ -24,11 +24,42 @@ def test_compile_writes_artifact_and_summary(tmp_path: Path) -> None:
 
 def test_compile_failure_leaves_existing_output_untouched(tmp_path: Path) -> None:
     out = tmp_path / "x.kvlayout.json"
-    out.write_text("previous")
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
+    previous = out.read_bytes()
     code, _, stderr = invoke(["compile", "tests/errors/unknown-field.yaml", "-o", str(out)])
     assert code == 1
-    assert out.read_text() == "previous"
+    assert out.read_bytes() == previous
     assert list(tmp_path.iterdir()) == [out]
+
+
+def test_compile_replaces_its_own_artifact_but_nothing_else(tmp_path: Path) -> None:
+    out = tmp_path / "notes.json"
+    out.write_text('{"mine": true}\n')
+    code, _, stderr = invoke(["compile", LLAMA, "-o", str(out)])
+    assert code == 2
+    assert stderr == (f"kvspec: error: {out} exists and is not a file kvspec wrote\n"
+                      "  hint: pass --force to overwrite it\n")
+    assert out.read_text() == '{"mine": true}\n'
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out), "--force"])[0] == 0
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out), "--memory", "20GiB"])[0] == 0
+    assert Artifact.read(out).body["budget"]["num_blocks"] == 10240
+
+
+def test_compile_never_writes_over_its_source(tmp_path: Path) -> None:
+    src = tmp_path / "m.yaml"
+    src.write_text(Path(LLAMA).read_text())
+    code, _, stderr = invoke(["compile", str(src), "-o", str(src), "--force"])
+    assert code == 2 and "is the input" in stderr
+    assert src.read_text() == Path(LLAMA).read_text()
+
+
+def test_compile_streams(tmp_path: Path) -> None:
+    out = tmp_path / "a.kvlayout.json"
+    code, stdout, stderr = invoke(["compile", LLAMA, "-o", str(out)])
+    assert code == 0
+    assert "wrote" not in stdout and stdout.startswith("llama")
+    assert stderr == f"wrote {out}\n"
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[1:] == ("", "")
 
 
 def test_validate_ok() -> None:

@@ -64,7 +64,7 @@ def test_artifact_schema_describes_affine_byte_forms() -> None:
     schema = json.loads((SCHEMAS / "artifact.schema.json").read_text())
     tensor = schema["$defs"]["TensorEntry"]["properties"]
     forms = tensor["offset"]["anyOf"]
-    assert {"type": "integer"} in forms and {"$ref": "#/$defs/AffineBytes"} in forms
+    assert {"type": "integer", "minimum": 0} in forms and {"$ref": "#/$defs/AffineBytes"} in forms
     assert set(schema["$defs"]["AffineBytes"]["required"]) == {"per_block", "fixed"}
 
 

@@ -30,10 +30,22 @@ from kvspec import __version__
 from kvspec.errors import ArtifactError
 from kvspec.model.plan import Layout
 
-__all__ = ["FORMAT", "Artifact", "canonical_json", "envelope", "sha256_text"]
+__all__ = ["FORMAT", "Artifact", "canonical_json", "envelope", "is_artifact_text",
+           "sha256_text"]
 
 FORMAT = "kvspec.layout/2"
 COMPILER = f"kvspec {__version__}"
+
+
+def is_artifact_text(text: str) -> bool:
+    """Whether ``text`` is (any version of) a kvspec artifact: a JSON object whose
+    ``format`` is ``kvspec.layout/N``. Used to let ``compile`` replace its own
+    earlier output, and nothing else, without ``--force``."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and str(obj.get("format", "")).startswith("kvspec.layout/")
 
 
 def canonical_json(obj: Any, *, pretty: bool = False) -> str:

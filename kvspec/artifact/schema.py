@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvspec.artifact import FORMAT
 from kvspec.model.plan import STRATEGIES
+from kvspec.model.quant.formats import KV_CACHE_DTYPES
 from kvspec.source.schema import LayoutName
 
 # ---------------------------------------------------------------------------
@@ -34,12 +35,17 @@ class AffineBytes(_Closed):
     Written as a plain integer when ``per_block`` is 0.
     """
 
-    per_block: int = Field(description="Bytes per block of the pool (the coefficient of "
-                           "num_blocks).")
-    fixed: int = Field(description="Bytes independent of num_blocks.")
+    per_block: NonNeg = Field(description="Bytes per block of the pool (the coefficient of "
+                              "num_blocks).")
+    fixed: NonNeg = Field(description="Bytes independent of num_blocks.")
 
 
-Bytes = Annotated[int | AffineBytes, Field(
+Pos = Annotated[int, Field(ge=1)]
+NonNeg = Annotated[int, Field(ge=0)]
+#: A kv_cache_dtype the compiler accepts (kvspec.model.quant.formats.KV_CACHE_DTYPES).
+CacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
+
+Bytes = Annotated[NonNeg | AffineBytes, Field(
     description="Bytes: an integer, or {per_block, fixed} when it depends on num_blocks.")]
 Sha256 = Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
 
@@ -68,33 +74,34 @@ class EngineSettings(_Closed):
     """The engine policy the plan was made for, with derived values resolved."""
 
     async_scheduling: bool
-    block_size: int
-    decode_context_parallel_size: int
-    draft_block_size: int | None
+    block_size: Pos
+    decode_context_parallel_size: Pos
+    draft_block_size: Pos | None
     draft_pool: bool
-    draft_pool_blocks: int | None
+    draft_pool_blocks: Pos | None
     enable_prefix_caching: bool
     hybrid: bool
-    kv_cache_dtype: str
+    kv_cache_dtype: CacheDtype
     layout: LayoutName
-    mamba_block_size: int | None
+    mamba_block_size: Pos | None
     mamba_cache_mode: Literal["none", "align", "all"]
-    max_in_flight_tokens: int
-    max_model_len: int = Field(description="After fitting to the budget when the source "
+    max_in_flight_tokens: Pos
+    max_model_len: Pos = Field(description="After fitting to the budget when the source "
                                "says max_model_len: auto.")
-    max_num_batched_tokens: int
-    max_num_encoder_input_tokens: int | None
-    max_num_seqs: int
-    model_max_len: int
-    num_blocks: int | None = Field(description="A fixed block count from the source, if any.")
-    num_prefill_lookahead_tokens: int
-    original_max_model_len: int | None = Field(description="-1 when the source says auto.")
-    pipeline_parallel_size: int
-    pp_layer_partition: list[int] | None
-    prefix_match_unit: int | None
+    max_num_batched_tokens: Pos
+    max_num_encoder_input_tokens: NonNeg | None
+    max_num_seqs: Pos
+    model_max_len: Pos
+    num_blocks: Pos | None = Field(description="A fixed block count from the source, if any.")
+    num_prefill_lookahead_tokens: NonNeg
+    original_max_model_len: Annotated[int, Field(ge=-1)] | None = Field(
+        description="-1 when the source says auto.")
+    pipeline_parallel_size: Pos
+    pp_layer_partition: list[NonNeg] | None
+    prefix_match_unit: Pos | None
     speculative_method: str | None
-    tensor_parallel_size: int
-    total_num_hidden_layers: int | None
+    tensor_parallel_size: Pos
+    total_num_hidden_layers: Pos | None
 
 
 class CellPartEntry(_Closed):

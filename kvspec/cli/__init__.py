@@ -15,6 +15,7 @@ import sys
 import click
 
 from kvspec import __version__
+from kvspec.cli import common
 from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError
 
 #: The command modules, in the order ``kvspec --help`` lists them.
@@ -22,10 +23,14 @@ COMMANDS = ("compile", "validate", "plan", "import_", "explain", "diff", "check"
             "init")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"],
+                                "max_content_width": 100})
 @click.version_option(__version__, prog_name="kvspec")
-def cli() -> None:
+@click.option("--no-color", is_flag=True,
+              help="No colour in messages (also: the NO_COLOR environment variable).")
+def cli(no_color: bool) -> None:
     """Declare, review and load KV-cache memory layouts."""
+    common.COLOR = False if no_color else None
 
 
 for _name in COMMANDS:
@@ -37,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = cli.main(args=argv, prog_name="kvspec", standalone_mode=False)
     except KvspecError as err:
-        click.echo(err.render(), err=True)
+        common.error(err)
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

@@ -29,7 +29,7 @@ import click
 
 from kvspec import __version__
 from kvspec.artifact import sha256_text
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import USAGE, echo_json, quiet_option
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -60,6 +60,10 @@ class Finding:
     @property
     def ok(self) -> bool:
         return self.status in ("current", "fixed")
+
+    def as_dict(self) -> dict[str, object]:
+        return {"source": str(self.source) if self.source else None,
+                "artifact": str(self.artifact), "status": self.status, "detail": self.detail}
 
     def line(self) -> str:
         where = self.source if self.status == "invalid" else self.artifact
@@ -146,7 +150,10 @@ def check_pair(source: Path | None, artifact: Path) -> Finding:
         return Finding(source, artifact, "invalid", f"does not compile: {first}")
     if not artifact.exists():
         return Finding(source, artifact, "missing", f"compile {source}", expected)
-    current = artifact.read_text(encoding="utf-8")
+    try:
+        current = artifact.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return Finding(source, artifact, "stale", f"not a readable artifact ({exc})", expected)
     if current == expected:
         return Finding(source, artifact, "current")
     return Finding(source, artifact, "stale", _why_stale(current, text, source), expected)
@@ -183,36 +190,55 @@ def fix(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-@click.command("check")
+@click.command("check", short_help="Check that committed artifacts are current.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--fix", "do_fix", is_flag=True,
               help="Rewrite stale artifacts and write missing ones.")
 @click.option("-v", "--verbose", is_flag=True, help="List current artifacts too.")
-def command(paths: tuple[Path, ...], do_fix: bool, verbose: bool) -> None:
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: every finding as an object on stdout "
+              "(docs/cli.md).")
+@quiet_option
+def command(paths: tuple[Path, ...], do_fix: bool, verbose: bool, fmt: str,
+            quiet: bool) -> None:
     """Check that each committed artifact is what its source compiles to.
 
     PATHS are sources, artifacts or directories (default: layouts/). Exit 0
     when every artifact is current, 1 when any is stale, missing or orphaned,
-    or a source does not compile.
+    a source does not compile, or there is nothing to check.
     """
     findings = check_paths(paths or (Path("layouts"),))
+    if not findings:
+        raise KvspecError("no layout sources or artifacts to check",
+                          file=", ".join(map(str, paths)) or "layouts",
+                          hint="give a directory holding X.yaml sources (with `kvspec: 1`) "
+                               "and their X.kvlayout.json artifacts")
     if do_fix:
         findings = fix(findings)
-    for f in findings:
-        if verbose or f.status != "current":
-            click.echo(f.line())
+    if fmt == "json":
+        echo_json({"ok": all(f.ok for f in findings), "findings": [f.as_dict() for f in findings]})
+    else:
+        for f in findings:
+            if (verbose or f.status != "current") and not (quiet and f.ok):
+                click.echo(f.line())
     bad = [f for f in findings if not f.ok]
     if not bad:
         fixed = sum(f.status == "fixed" for f in findings)
-        click.echo(f"{len(findings)} artifact(s) checked: all current"
-                   + (f" ({fixed} rewritten)" if fixed else ""))
+        if fmt == "text" and not quiet:
+            click.echo(f"{len(findings)} artifact(s) checked: all current"
+                       + (f" ({fixed} rewritten)" if fixed else ""))
         return
+    raise _not_current(bad, findings, paths)
+
+
+def _not_current(bad: list[Finding], findings: list[Finding],
+                 paths: tuple[Path, ...]) -> StaleArtifactError:
     counts: dict[str, int] = {}
     for f in bad:
         counts[f.status] = counts.get(f.status, 0) + 1
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     fixable = any(f.status in ("stale", "missing") for f in bad)
-    raise StaleArtifactError(
+    return StaleArtifactError(
         f"{len(bad)} of {len(findings)} artifact(s) not current: {summary}",
         file=", ".join(str(p) for p in paths) or "layouts",
         hint=f"run `{' '.join(['kvspec check --fix', *map(str, paths)])}` (or `kvspec "
@@ -225,7 +251,7 @@ def command(paths: tuple[Path, ...], do_fix: bool, verbose: bool) -> None:
 EXITS = (
     (EXIT_OK, "every artifact is current (after `--fix`: current or rewritten)"),
     (EXIT_INVALID, "an artifact is stale, missing or orphaned, a source does not "
-                   "compile, or a path does not exist"),
+                   "compile, a path does not exist, or there is nothing to check"),
     (EXIT_USAGE, USAGE + "; a path that is neither a `.yaml` source nor a "
                  "`.kvlayout.json` artifact"),
 )

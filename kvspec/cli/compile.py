@@ -2,32 +2,52 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, default_artifact_path, parse_bytes
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.cli.common import USAGE, default_artifact_path, note, single_memory, warn
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@click.command("compile")
-@click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.command("compile", short_help="Compile a source into a frozen layout artifact.")
+@click.argument("source", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Artifact path (default: SOURCE with .kvlayout.json).")
 @click.option("--memory", help="Plan the artifact's budget section for this memory per rank.")
+@click.option("--force", is_flag=True,
+              help="Overwrite an output file that is not a kvspec artifact.")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
-def command(source: Path, output: Path | None, memory: str | None, quiet: bool) -> None:
-    """Compile SOURCE into a frozen layout artifact and print its summary."""
-    from kvspec.compiler import compile_unit
-    from kvspec.reports.summary import summary
+def command(source: Path, output: Path | None, memory: str | None, force: bool,
+            quiet: bool) -> None:
+    """Compile SOURCE into a frozen layout artifact and print its summary.
 
-    unit = compile_unit(source, memory=parse_bytes(memory) if memory else None)
-    assert unit.artifact is not None
+    The summary goes to stdout, warnings and "wrote ..." to stderr. An existing
+    output is replaced only when it is a kvspec artifact (or with --force); the
+    source itself never is.
+    """
+    from kvspec.artifact import is_artifact_text
+    from kvspec.compiler import compile_unit
+    from kvspec.files import refuse_overwrite
+    from kvspec.reports.summary import summary, summary_warnings
+
     out = output or default_artifact_path(source)
+    refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)
+    try:
+        unit = compile_unit(source, memory=single_memory(memory))
+    except KvspecError as err:
+        if err.path == "memory":  # the budget was --memory's
+            raise err.replace(location=dataclasses.replace(err.location, path="--memory"),
+                              hint="give the KV cache more memory (--memory)") from None
+        raise
+    assert unit.artifact is not None
     unit.artifact.write(out)
     if not quiet:
-        click.echo(summary(unit.artifact))
-        click.echo(f"wrote {out}")
+        click.echo(summary(unit.artifact, warnings=False))
+    for w in summary_warnings(unit.artifact):
+        warn(w, quiet=quiet)
+    note(f"wrote {out}", quiet=quiet)
 
 
 #: ``kvspec compile``'s exit codes and what each means (docs/cli.md).

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import EXIT_DIFFER
+from kvspec.cli.common import EXIT_DIFFER, single_memory
 from kvspec.errors import EXIT_OK, EXIT_USAGE, KvspecError
 
 
@@ -21,26 +21,29 @@ class DiffInputError(KvspecError):
     exit_code = EXIT_USAGE
 
 
-@click.command("diff")
+@click.command("diff", short_help="Compare two layouts: groups, pages, capacity.")
 @click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--memory", help="Compare capacity at this memory per rank (40GiB). "
               "Default: A's budget (its engine.memory, or the artifact's).")
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text",
               show_default=True, help="Output format.")
-def command(a: Path, b: Path, memory: str | None, fmt: str) -> int:
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print nothing; only the exit status says whether the plans differ.")
+def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
     """Compare layouts A and B (sources or artifacts, mixed allowed): groups added,
     removed or changed, pages, padding, bytes per block, engine settings, and the
     capacity change for the same budget. Exits 0 when the plans are identical,
     1 when they differ, 2 on error."""
-    from kvspec.cli.common import parse_bytes
     from kvspec.reports.diff import diff, render_diff
 
+    budget = single_memory(memory)
     try:
-        result = diff(a, b, memory=parse_bytes(memory) if memory else None)
+        result = diff(a, b, memory=budget)
     except KvspecError as err:
         raise err.as_type(DiffInputError) from None  # 1 means "the plans differ" here
-    click.echo(render_diff(result, fmt), nl=False)
+    if not quiet:
+        click.echo(render_diff(result, fmt), nl=False)
     return 0 if result.identical else EXIT_DIFFER
 
 

@@ -6,32 +6,37 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import USAGE, quiet_option, single_memory
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
-FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md"}
+FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md",
+                    ".json": "json"}
 
 
-@click.command("explain")
-@click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
+@click.command("explain", short_help="Explain what a layout does with memory.")
+@click.argument("layout", type=click.Path(path_type=Path))
 @click.option("--memory", help="Memory per rank for the capacity (40GiB, 42949672960). "
               "Default: the source's engine.memory or the artifact's budget.")
-@click.option("--format", "fmt", type=click.Choice(["text", "md", "html"]),
-              help="Output format (default: from -o's suffix, else text).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--format", "fmt", type=click.Choice(["text", "md", "html", "json"]),
+              help="Output format (default: from -o's suffix, else text); json: the "
+              "report's data (docs/reports.md).")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Write the report here (atomically) instead of stdout.")
-def command(layout: Path, memory: str | None, fmt: str | None, output: Path | None) -> None:
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@quiet_option
+def command(layout: Path, memory: str | None, fmt: str | None, output: Path | None,
+            force: bool, quiet: bool) -> None:
     """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
     padding, pools, capacity for a budget, waste by cause and warnings."""
-    from kvspec.cli.common import parse_bytes
-    from kvspec.files import emit
+    from kvspec.files import emit, refuse_overwrite
     from kvspec.reports.explain import explain, render
+    from kvspec.reports.explain.export import report_json
 
     if fmt is None:
         fmt = FORMAT_BY_SUFFIX.get(output.suffix.lower(), "text") if output else "text"
-    report = explain(layout, memory=parse_bytes(memory) if memory else None)
-    text = render(report, fmt)
-    emit(text, output)
+    refuse_overwrite(output, force, inputs=(layout,))
+    report = explain(layout, memory=single_memory(memory))
+    emit(report_json(report) if fmt == "json" else render(report, fmt), output, quiet=quiet)
 
 
 #: ``kvspec explain``'s exit codes and what each means (docs/cli.md).

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import USAGE, quiet_option
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -16,12 +16,13 @@ from kvspec.errors import (
 )
 
 
-@click.command("import")
+@click.command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the source (default: stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
-def command(dump: Path, output: Path | None, force: bool) -> None:
+@quiet_option
+def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
     from kvspec.compiler import compile_source
     from kvspec.files import emit, refuse_overwrite
@@ -42,8 +43,8 @@ def command(dump: Path, output: Path | None, force: bool) -> None:
         problem = in_dump(err, **where)
     except KvspecError as err:
         raise in_dump(err, **where) from None
-    refuse_overwrite(output, force)
-    emit(text, output)
+    refuse_overwrite(output, force, inputs=(dump,))
+    emit(text, output, quiet=quiet)
     if problem is not None:
         raise problem
 

@@ -43,7 +43,7 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
     return name.lower() or str(config.get("model_type") or "model")
 
 
-@click.command("init")
+@click.command("init", short_help="Write a layout source from a Hugging Face config.json.")
 @click.option("--from-hf", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="The model's Hugging Face config.json.")
 @click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),

@@ -2,58 +2,98 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, echo_json, parse_bytes, parse_memory_range
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
+from kvspec.cli.common import (
+    USAGE,
+    echo_json,
+    parse_bytes,
+    parse_memory_range,
+    quiet_option,
+    warn,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 
 
-@click.command("plan")
-@click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
+@click.command("plan", short_help="Print the plan of a layout for a memory budget.")
+@click.argument("layout", type=click.Path(path_type=Path))
 @click.option("--memory", help="Memory per rank (40GiB, 42949672960), or a sweep "
-              "20GiB..80GiB[:10GiB]. Default: the source's engine.memory.")
-@click.option("--num-blocks", type=int, help="Plan for this many blocks instead.")
+              "20GiB..80GiB[:10GiB]. Default: the layout's own budget.")
+@click.option("--num-blocks", type=click.IntRange(min=1), help="Plan for this many blocks "
+              "instead of a memory budget.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reference view as JSON.")
 @click.option("--views", is_flag=True, help="With --json: include every layer's view.")
-def command(source: Path, memory: str | None, num_blocks: int | None, as_json: bool,
-            views: bool) -> int:
-    """Print the plan of SOURCE for a memory budget."""
-    from kvspec.compiler import PLAN_PASSES, compile_unit, locate
+@quiet_option
+def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: bool,
+            views: bool, quiet: bool) -> int:
+    """Print the plan of LAYOUT (a source, or a .kvlayout.json artifact) for a memory
+    budget. An artifact keeps the max_model_len it was compiled for."""
+    from kvspec.compiler import given_budget_error
     from kvspec.planner import resolve
     from kvspec.reports.refview import error_view, reference_view
-    from kvspec.reports.summary import plan_table, sweep_table
+    from kvspec.reports.summary import plan_table, plan_warnings, sweep_table
 
-    unit = compile_unit(source, passes=PLAN_PASSES)
-    assert unit.plan is not None and unit.source is not None
+    if views and not as_json:
+        raise UsageError("--views needs --json", hint="kvspec plan SOURCE --json --views")
+    if num_blocks is not None and memory is not None:
+        raise UsageError("--memory and --num-blocks exclude each other",
+                         hint="a fixed block count decides the memory, and the other way")
+    plan, budget, locate = _plan_of(layout)
     if memory and ".." in memory:
         rows = []
-        for budget in parse_memory_range(memory):
+        for b in parse_memory_range(memory):
             try:
-                rows.append((budget, resolve(unit.plan, memory=budget), None))
+                rows.append((b, resolve(plan, memory=b), None))
             except KvspecError as err:
-                rows.append((budget, None, err))
+                rows.append((b, None, err))
         if as_json:
-            echo_json([reference_view(unit.plan, r) if r else
-                       {"memory": b, **error_view(e)} for b, r, e in rows])
+            echo_json([reference_view(plan, r) if r else {"memory": b, **error_view(e)}
+                       for b, r, e in rows])
         else:
             click.echo(sweep_table(rows))
-        return 0
-    budget = parse_bytes(memory) if memory else (
-        int(unit.source.engine.memory) if unit.source.engine.memory is not None else None)
+        return EXIT_OK
+    given = parse_bytes(memory) if memory else None
     try:
-        resolved = resolve(unit.plan, memory=budget, num_blocks=num_blocks)
+        resolved = resolve(plan, memory=given if given is not None else budget,
+                           num_blocks=num_blocks)
     except KvspecError as err:
+        err = given_budget_error(err, str(layout), given, "--memory") \
+            if given and err.path == "engine.memory" else locate(err)
         if as_json:
             echo_json(error_view(err))
             return EXIT_INVALID
-        raise locate(err, unit) from None
+        raise err from None
     if as_json:
-        echo_json(reference_view(unit.plan, resolved, with_views=views))
-    else:
-        click.echo(plan_table(unit.plan, resolved))
-    return 0
+        echo_json(reference_view(plan, resolved, with_views=views))
+        return EXIT_OK
+    click.echo(plan_table(plan, resolved, warnings=False))
+    for w in plan_warnings(plan, resolved):
+        warn(w, quiet=quiet)
+    return EXIT_OK
+
+
+def _plan_of(path: Path):  # noqa: ANN202 - (plan, budget, error locator)
+    """A source's plan, or an artifact's (its max_model_len fixed as compiled)."""
+    from kvspec.compiler import PLAN_PASSES, compile_unit, locate
+    from kvspec.errors import Location
+    from kvspec.reports.explain import is_artifact_path
+
+    if is_artifact_path(path):
+        from kvspec.artifact import Artifact
+
+        layout = Artifact.read(path).layout
+        engine = dataclasses.replace(layout.engine, original_max_model_len=None)
+        budget = layout.budget.memory if layout.budget is not None else None
+        return dataclasses.replace(layout.plan, engine=engine), budget, \
+            lambda e: e.at(Location(str(path), None, None, e.path))
+    unit = compile_unit(path, passes=PLAN_PASSES)
+    assert unit.plan is not None and unit.source is not None
+    memory = unit.source.engine.memory
+    return unit.plan, (int(memory) if memory is not None else None), \
+        lambda e: locate(e, unit)
 
 
 #: ``kvspec plan``'s exit codes and what each means (docs/cli.md).

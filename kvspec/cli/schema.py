@@ -6,29 +6,33 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import USAGE, note, quiet_option
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 from kvspec.reports.schemas import StaleSchemaError, check_schemas, write_schemas
 
 
-@click.command("schema")
+@click.command("schema", short_help="Generate (or --check) the JSON Schemas.")
 @click.option("-o", "--output-dir", "directory", default="schemas", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory of source.schema.json and artifact.schema.json.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when the schemas there are stale or missing.")
-def command(directory: Path, check: bool) -> None:
-    """Generate the source and artifact JSON Schemas from kvspec's models."""
+@quiet_option
+def command(directory: Path, check: bool, quiet: bool) -> None:
+    """Generate the source and artifact JSON Schemas from kvspec's models.
+
+    "wrote ..." goes to stderr; with --check, the stale files and their diffs go
+    to stdout."""
     if not check:
         changed = write_schemas(directory)
         for f in changed:
-            click.echo(f"wrote {f.path}")
+            note(f"wrote {f.path}", quiet=quiet)
         if not changed:
-            click.echo(f"{directory}: schemas are current")
+            note(f"{directory}: schemas are current", quiet=quiet)
         return
     stale = check_schemas(directory)
     if not stale:
-        click.echo(f"{directory}: schemas are current")
+        note(f"{directory}: schemas are current", quiet=quiet)
         return
     for f in stale:
         click.echo(f"{f.path}: {'missing' if f.current is None else 'stale'}")

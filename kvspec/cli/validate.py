@@ -6,27 +6,60 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.cli.common import USAGE, echo_json, error, note, quiet_option, warn
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@click.command("validate")
-@click.argument("sources", nargs=-1, required=True,
-                type=click.Path(dir_okay=False, path_type=Path))
-def command(sources: tuple[Path, ...]) -> None:
-    """Check SOURCES without writing anything."""
+@click.command("validate", short_help="Check sources without writing anything.")
+@click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="text: one line per source (problems on stderr); "
+              "json: one object per source on stdout (docs/cli.md).")
+@quiet_option
+def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
+    """Check SOURCES without writing anything: every source, every problem.
+
+    Each source is checked, also after one that fails; the exit code is 1 when
+    any has a problem.
+    """
     from kvspec.compiler import compile_unit
+    from kvspec.reports.summary import summary_warnings
 
+    results = []
     for source in sources:
-        compile_unit(source)
-        click.echo(f"{source}: ok")
+        try:
+            unit = compile_unit(source)
+            warnings = summary_warnings(unit.artifact) if unit.artifact is not None else []
+            results.append({"file": str(source), "ok": True, "errors": [],
+                            "warnings": warnings})
+        except KvspecError as err:
+            results.append({"file": str(source), "ok": False, "errors": _errors(err),
+                            "warnings": []})
+            if fmt == "text":
+                error(err)
+            continue
+        if fmt == "text" and not quiet:
+            click.echo(f"{source}: ok")
+            for w in warnings:
+                warn(f"{source}: {w}")
+    if fmt == "json":
+        echo_json(results)
+    bad = sum(not r["ok"] for r in results)
+    if fmt == "text" and bad and len(results) > 1:
+        note(f"{bad} of {len(results)} sources have problems", quiet=quiet)
+    return EXIT_OK if all(r["ok"] for r in results) else EXIT_INVALID
+
+
+def _errors(err: KvspecError) -> list[dict[str, object]]:
+    data = err.as_dict()
+    return list(data["errors"]) if "errors" in data else [data]  # type: ignore[arg-type]
 
 
 #: ``kvspec validate``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "every source is valid"),
-    (EXIT_INVALID, "a source has problems (all problems of a file are reported "
-                   "together); the sources after it are not checked"),
+    (EXIT_INVALID, "a source has problems (every source is checked, and all problems of "
+                   "each are reported together)"),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -109,7 +109,7 @@ def resolve(plan: Plan, *, memory: int | None = None, num_blocks: int | None = N
         engine = _fit_max_model_len(engine, stages, check)
     for st, c in zip(stages, check):
         if st.groups:
-            check_fits(engine, st.groups, c, stage=st.index)
+            check_fits(engine, st.groups, c, stage=st.index, block_bytes=st.bytes_per_block)
     n_min = min(override if override is not None else st.blocks_for(a)
                 for st, a in zip(stages, avail))
     results = tuple(StageResult(

@@ -82,12 +82,15 @@ def _gib(n: int) -> str:
 
 
 def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
-               stage: int = 0) -> None:
+               stage: int = 0, block_bytes: int = 0) -> None:
     """Raise when one request at ``max_model_len`` does not fit ``available``
-    (the pool less its null block), with the reference's numbers."""
+    (the pool less its null block of ``block_bytes``), with the reference's numbers."""
     if available <= 0:
+        budget = available + block_bytes
         raise NotEnoughMemoryError(
-            "no memory is left for KV cache blocks",
+            "no memory is left for KV cache blocks" + (
+                f": {budget:,} bytes do not hold the null block and one more block "
+                f"({block_bytes:,} bytes each)" if block_bytes else ""),
             needed_bytes=memory_usage(engine, groups), available_bytes=available,
             max_model_len=engine.max_model_len, estimated_max_model_len=0,
             path="engine.memory",

@@ -20,7 +20,8 @@ from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request, group_blocks_per_request
 from kvspec.reports.format import human_bytes, layers_brief, table
 
-__all__ = ["human_bytes", "plan_table", "summary", "sweep_table"]
+__all__ = ["human_bytes", "plan_table", "plan_warnings", "summary", "summary_warnings",
+           "sweep_table"]
 
 
 def _pages(group: Group) -> str:
@@ -30,8 +31,15 @@ def _pages(group: Group) -> str:
     return " / ".join(human_bytes(p) for p in pages)
 
 
-def summary(artifact: Artifact) -> str:
-    """What ``kvspec compile`` prints: groups, pages, bytes per block, capacity."""
+def summary_warnings(artifact: Artifact) -> list[str]:
+    """The planner's warnings and the early checks of a compiled layout."""
+    layout = artifact.layout
+    return [m for lv, m in layout.plan.log if lv == "WARNING"] + list(layout.warnings)
+
+
+def summary(artifact: Artifact, *, warnings: bool = True) -> str:
+    """What ``kvspec compile`` prints: groups, pages, bytes per block, capacity
+    (and, with ``warnings``, the warnings as ``warning:`` lines)."""
     layout = artifact.layout
     eng, st0 = layout.engine, layout.stage(0)
     rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
@@ -55,12 +63,18 @@ def summary(artifact: Artifact) -> str:
     else:
         out.append("no memory budget: the loader sizes the pool (engine.memory or --memory "
                    "to plan one)")
-    warnings = [m for lv, m in layout.plan.log if lv == "WARNING"] + list(layout.warnings)
-    out += [f"warning: {w}" for w in warnings]
+    if warnings:
+        out += [f"warning: {w}" for w in summary_warnings(artifact)]
     return "\n".join(out)
 
 
-def plan_table(plan: Plan, resolved: Resolved) -> str:
+def plan_warnings(plan: Plan, resolved: Resolved) -> list[str]:
+    """The planner's warnings and the early checks for the resolved budget."""
+    return [m for lv, m in plan.log if lv == "WARNING"] + early_checks(
+        plan, resolved.engine, resolved.num_blocks)
+
+
+def plan_table(plan: Plan, resolved: Resolved, *, warnings: bool = True) -> str:
     """What ``kvspec plan`` prints: per group and totals for one budget."""
     engine = resolved.engine
     st0 = plan.stages[0]
@@ -91,9 +105,9 @@ def plan_table(plan: Plan, resolved: Resolved) -> str:
     if len(resolved.stages) > 1:
         lines.append("per stage:            " + ", ".join(
             f"stage {s.index}: {human_bytes(s.memory_usage)}/request" for s in resolved.stages))
-    warnings = [m for lv, m in plan.log if lv == "WARNING"]
-    warnings += early_checks(plan, engine, resolved.num_blocks)
-    return "\n".join(lines + [f"warning: {m}" for m in warnings])
+    if warnings:
+        lines += [f"warning: {m}" for m in plan_warnings(plan, resolved)]
+    return "\n".join(lines)
 
 
 def sweep_table(rows: Sequence[tuple[int, Resolved | None, KvspecError | None]]) -> str:

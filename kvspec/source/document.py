@@ -118,8 +118,8 @@ class _Builder:
             self.doc.positions.setdefault(path, _mark(node))
             if len(path) > MAX_DEPTH:
                 raise _fail(f"the document is nested more than {MAX_DEPTH} levels deep",
-                            node, self.doc.file, path, hint="a source needs a few levels; "
-                            "check the brackets and indentation")
+                            node, self.doc.file, path[:3], hint="a source needs a few "
+                            "levels; check the brackets and indentation")
             if id(node) in self.built:
                 value = self.built[id(node)]
             elif isinstance(node, yaml.ScalarNode):
@@ -206,6 +206,12 @@ def _python_parser_error(text: str) -> yaml.YAMLError | None:
 def parse_yaml(text: str, file: str = "<input>") -> Document:
     """Parse one YAML document, keeping positions; every problem is a
     :class:`SourceError` with its line and column."""
+    if (bad := _SURROGATE.search(text)) is not None:  # only from a Python str, never a file
+        line = text.count("\n", 0, bad.start()) + 1
+        column = bad.start() - (text.rfind("\n", 0, bad.start()) + 1) + 1
+        raise SourceError("the text holds a lone surrogate, which UTF-8 cannot store",
+                          file=file, line=line, column=column, found=ascii(bad.group()),
+                          hint="pass text that came from decoding UTF-8")
     try:
         node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:

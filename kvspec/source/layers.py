@@ -111,7 +111,7 @@ class _Expander:
             self.errors.append(self.doc.error(f"bad layer_name template {template!r}: {problem}",
                                               path, expected="a name with {index} where the "
                                               "decoder-layer index goes", found=template))
-            return template
+            return f"{template}\0{self.index}"  # unique: no second error for a repeated name
         return template.format(index=self.index)
 
     def pattern(self, entry: PatternEntry, base: tuple) -> None:

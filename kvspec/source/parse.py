@@ -51,7 +51,7 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
     loc = clean_loc(err["loc"])
     kind = err["type"]
     found = err.get("input")
-    found_s = None if isinstance(found, (dict, list)) else repr(found)
+    found_s = None if isinstance(found, (dict, list)) else yaml_repr(found)
     if kind == "extra_forbidden":
         key = loc[-1]
         allowed = allowed_fields(loc[:-1])
@@ -67,7 +67,25 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
     if kind == "literal_error":
         return _literal_error(doc, loc, err, found, found_s)
     return doc.error(f"invalid value for {format_path(loc)}", loc,
-                     expected=expected_of(err), found=found_s)
+                     expected=expected_of(err), found=found_s, hint=_type_hint(kind, found))
+
+
+def yaml_repr(value: Any) -> str:
+    """A scalar as the user wrote it in YAML: ``true``, ``null``, ``'8'``, ``16``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _type_hint(kind: str, found: Any) -> str | None:
+    """A hint for a value of the wrong type: a quoted number, a boolean for a number."""
+    if kind.startswith("int_") and isinstance(found, str) and found.strip().isdigit():
+        return f"write {found.strip()} without quotes: a quoted value is a string"
+    if kind.startswith(("int_", "float_")) and isinstance(found, bool):
+        return "true and false are not numbers here; write the number"
+    return None
 
 
 #: What a value of each pydantic error type should have been, in the user's words.

@@ -21,7 +21,7 @@ from pydantic import (
 from kvspec.errors import ErrorList, SourceError
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
-from kvspec.source.document import Document, parse_yaml
+from kvspec.source.document import Document, format_path, parse_yaml
 
 Kind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
 Layout = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
@@ -127,7 +127,7 @@ def _message(err: dict[str, Any]) -> tuple[str, str | None, str]:
         return f"invalid value for {loc[-1]!r}", err.get("ctx", {}).get("expected"), _FORMAT
     if kind == "too_short" and loc == ("layers",):
         return "a dump needs at least one layer", "a non-empty 'layers' list", _FORMAT
-    where = ".".join(map(str, loc))
+    where = format_path(loc)
     expected = _EXPECTED.get(kind)
     if expected is None and kind.startswith(("greater_than", "too_")):
         expected = err["msg"].removeprefix("Input should be ").removeprefix("Value should have ")

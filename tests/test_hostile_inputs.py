@@ -1,0 +1,301 @@
+"""Inputs a fuzzer or a tired user produces: each gets a clear error with its
+position (never a traceback), and nothing the user had is lost.
+
+The error goldens in tests/errors/ hold the source-file cases; this module
+holds the ones that need a command line, a dump, an API call, a generated
+file or an edited artifact.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kvspec
+from kvspec.artifact import Artifact, envelope_hash
+from kvspec.artifact.codec import encode
+from kvspec.artifact.verify import replan, verified
+from kvspec.errors import ArtifactError, KvspecError
+from tests.conftest import CONFORMANCE, ROOT, invoke
+
+LLAMA = "layouts/llama-3.1-8b.yaml"
+BASE = """kvspec: 1
+name: t
+engine: {block_size: 16, max_model_len: 4096, memory: 8GiB}
+defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
+layer_types:
+  full: {kind: full_attention}
+layers:
+  - {type: full, repeat: 4}
+"""
+
+
+# the Python API takes what the command line takes --------------------------------
+
+def test_the_api_reads_sizes_like_the_command_line() -> None:
+    by_string = kvspec.compile(LLAMA, memory="20GiB")
+    assert by_string.text() == kvspec.compile(LLAMA, memory=20 * 2**30).text()
+    assert by_string.body["budget"]["num_blocks"] == 10240
+    assert by_string.num_blocks_for(memory="40GiB") == 20480
+    assert by_string.num_blocks_for(memory=40 * 2**30) == 20480
+
+
+@pytest.mark.parametrize("memory", ["lots", "40GiB,", "40,000,000,000", -5, True, 2.5,
+                                    "20GiB..40GiB", [1]])
+def test_the_api_refuses_what_is_not_a_size(memory: Any) -> None:
+    with pytest.raises(KvspecError, match="cannot read .* as a size"):
+        kvspec.compile(LLAMA, memory=memory)
+    with pytest.raises(KvspecError, match="cannot read .* as a size"):
+        kvspec.compile(LLAMA).num_blocks_for(memory=memory)
+
+
+def test_loading_a_source_says_to_compile_it() -> None:
+    pytest.importorskip("torch", reason="the loader needs torch")
+    with pytest.raises(ArtifactError) as info:
+        kvspec.load(LLAMA, device="meta")
+    assert info.value.hint.startswith(f"{LLAMA} looks like a layout source: compile it")
+
+
+# a budget is reported where it came from ----------------------------------------------
+
+def test_a_budget_too_small_is_reported_at_the_flag_not_the_source() -> None:
+    code, _, err = invoke(["compile", LLAMA, "--memory", "1MiB", "-o", "never.json"])
+    assert code == 1
+    assert err == (
+        f"{LLAMA}: error: no memory is left for KV cache blocks: 1,048,576 bytes do not "
+        "hold the null block and one more block (2,097,152 bytes each)\n"
+        "  at: --memory\n  found: 1,048,576 bytes\n"
+        "  hint: give the KV cache more memory (--memory)\n")
+    code, _, plan_err = invoke(["plan", LLAMA, "--memory", "1MiB"])
+    assert (code, plan_err) == (1, err)
+    with pytest.raises(KvspecError) as info:
+        kvspec.compile(LLAMA, memory="1MiB")
+    assert (info.value.file, info.value.line, info.value.path) == (LLAMA, None, "memory")
+    # the source's own engine.memory is reported at its line
+    code, _, err = invoke(["validate", "tests/errors/not-enough-memory.yaml"])
+    assert err.startswith("tests/errors/not-enough-memory.yaml:3:41: error:")
+
+
+def test_a_request_too_long_for_the_flag_points_at_max_model_len() -> None:
+    for layout in (LLAMA, "layouts/llama-3.1-8b.kvlayout.json"):
+        code, _, err = invoke(["plan", layout, "--memory", "1GiB"])
+        assert code == 1
+        assert err.startswith(f"{layout}:") and "estimated maximum model length is 8176" in err
+        assert "  at: engine.max_model_len\n" in err
+
+
+# output paths ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [["compile", LLAMA], ["explain", LLAMA],
+                                     ["init", "--from-hf", "tests/data/hf/qwen3-8b.json"],
+                                     ["import", str(CONFORMANCE / "cases" / "gemma-2-9b-tp1.json")]])
+def test_an_output_under_a_file_is_a_clear_error(command: list[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "afile"
+    blocker.write_text("keep me\n")
+    code, out, err = invoke([*command, "-o", str(blocker / "x.out")])
+    assert code == 2, err
+    assert f"cannot write {blocker}/x.out: {blocker} is a file, not a directory" in err
+    assert "Traceback" not in err
+    assert blocker.read_text() == "keep me\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+def test_stale_temporaries_are_cleaned_on_the_next_write(tmp_path: Path) -> None:
+    out = tmp_path / "a.kvlayout.json"
+    stale = tmp_path / ".a.kvlayout.json.kvspec-tmp-dead"  # left by a kill -9
+    stale.write_text("{")
+    import os
+    os.utime(stale, (0, 0))
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kvlayout.json"]
+
+
+# dumps -------------------------------------------------------------------------------
+
+def _dump() -> dict[str, Any]:
+    return json.loads((CONFORMANCE / "cases" / "gemma-2-9b-tp1.json").read_text())
+
+
+def _config_x(d: dict) -> None:
+    d["config"] = "x"
+
+
+def _layer_number(d: dict) -> None:
+    d["layers"][3] = 7
+
+
+def _tp_word(d: dict) -> None:
+    d["config"]["tensor_parallel_size"] = "two"
+
+
+def _no_layers(d: dict) -> None:
+    d["layers"] = []
+
+
+def _not_object(d: dict) -> None:
+    d.clear()
+    d["__list__"] = True
+
+
+@pytest.mark.parametrize("edit,where,message", [
+    (_config_x, "config", "invalid value for config"),
+    (_layer_number, "layers[3]", "invalid value for layers[3]"),
+    (_tp_word, "config.tensor_parallel_size", "invalid value for config.tensor_parallel_size"),
+    (_no_layers, "layers", "a dump needs at least one layer"),
+], ids=["config-a-string", "layer-a-number", "tp-a-word", "no-layers"])
+def test_a_malformed_dump_is_a_clear_error(edit, where: str, message: str,
+                                           tmp_path: Path) -> None:
+    data = _dump()
+    edit(data)
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps(data, indent=1))
+    code, out, err = invoke(["import", str(path)])
+    assert (code, out) == (1, "")
+    first = err.splitlines()[0]
+    assert first.startswith(f"{path}:") and first.endswith(f"error: {message}")
+    assert first.split(":")[1].isdigit(), "a line number"
+    assert f"  at: {where}\n" in err
+
+
+@pytest.mark.parametrize("text,message", [
+    ("[1, 2]", "a spec dump must be a JSON object"),
+    ('{"layers": [', "not valid JSON"),
+    ("", "not valid JSON"),
+])
+def test_a_dump_that_is_not_a_dump(text: str, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text(text)
+    code, _, err = invoke(["import", str(path)])
+    assert code == 1 and message in err and "Traceback" not in err, err
+
+
+# large inputs: refused or planned, never unbounded ---------------------------------------
+
+def test_a_megabyte_of_keys_is_one_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text(BASE + "extra:\n" + "".join(f"  k{i}: {i}\n" for i in range(50_000)))
+    assert path.stat().st_size > 700_000
+    code, _, err = invoke(["validate", str(path)])
+    assert code == 1
+    assert err.splitlines()[0] == f"{path}:9:1: error: unknown field 'extra'"
+
+
+def test_fifty_thousand_layer_types_are_read(tmp_path: Path) -> None:
+    types = "".join(f"  t{i}: {{kind: full_attention}}\n" for i in range(50_000))
+    path = tmp_path / "types.yaml"
+    path.write_text(BASE.replace("  full: {kind: full_attention}\n",
+                                 "  full: {kind: full_attention}\n" + types))
+    assert path.stat().st_size > 1_000_000
+    assert invoke(["validate", str(path)])[:2] == (0, f"{path}: ok\n")
+
+
+def test_a_lone_surrogate_anywhere_is_refused_at_its_position() -> None:
+    from kvspec.compiler import compile_source
+
+    for text in (BASE.replace("name: t", 'name: t\nmodel: "\\ud800"'),
+                 BASE.replace("name: t", 'name: t\ndescription: "x\\udfff"')):
+        with pytest.raises(KvspecError) as info:
+            compile_source(text, "s.yaml")
+        assert info.value.line == 3 and info.value.column is not None
+
+
+def test_a_lone_surrogate_from_a_python_string_is_refused() -> None:
+    from kvspec.compiler import compile_source
+
+    with pytest.raises(KvspecError, match="lone surrogate") as info:
+        compile_source(BASE.replace("name: t", "name: t\nmodel: 'a\udc80b'"), "s.yaml")
+    assert info.value.line == 3
+
+
+# edited artifacts with their hash recomputed ------------------------------------------------
+
+TAMPER_SOURCES = ["tests/data/runtime/tiny.yaml", "layouts/example-hidden-state.yaml",
+                  "layouts/example-mamba-cache-all.yaml"]
+
+
+def _leaves(obj: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in _leaves(v, path + (k,))] + [path]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in _leaves(v, path + (i,))] + [path]
+    return [path]
+
+
+def _mutations(value: Any) -> list[Any]:
+    if isinstance(value, bool):
+        return [not value, None]
+    if isinstance(value, int):
+        return [0, value + 1, -1, str(value), None]
+    if isinstance(value, str):
+        return ["", value + "x", 0]
+    if isinstance(value, list):
+        return [[], value[:-1], {}]
+    if isinstance(value, dict):
+        return [{}, []]
+    return [0]
+
+
+def _set(data: Any, path: tuple, value: Any) -> None:
+    for key in path[:-1]:
+        data = data[key]
+    data[path[-1]] = value
+
+
+def _variants(data: dict) -> list[tuple[str, dict]]:
+    out = []
+    for path in _leaves(data["body"]):
+        if not path:
+            continue
+        value = data["body"]
+        for key in path:
+            value = value[key]
+        for new in _mutations(value):
+            edited = copy.deepcopy(data)
+            _set(edited["body"], path, new)
+            out.append(("body." + ".".join(map(str, path)) + f"={new!r}", edited))
+    for key in ("compiler", "source_sha256", "format"):
+        edited = copy.deepcopy(data)
+        edited[key] = "0" * 64 if key == "source_sha256" else "kvspec 9.9"
+        out.append((key, edited))
+        removed = copy.deepcopy(data)
+        del removed[key]
+        out.append((f"no {key}", removed))
+    return out
+
+
+@pytest.mark.parametrize("source", TAMPER_SOURCES, ids=lambda s: Path(s).stem)
+def test_an_edited_artifact_is_refused_or_is_what_kvspec_compiles(source: str) -> None:
+    """Every one-field edit of the body (the hash recomputed) is either refused with
+    an ArtifactError or describes exactly the plan kvspec makes of its own inputs
+    (e.g. a changed max_num_seqs); nothing else is raised."""
+    data = json.loads(kvspec.compile(ROOT / source).text())
+    refused = accepted = 0
+    for name, edited in _variants(data):
+        edited.pop("sha256", None)
+        edited["sha256"] = envelope_hash(edited)
+        try:
+            art = verified(edited, origin="x.kvlayout.json")
+        except ArtifactError as err:
+            assert err.file == "x.kvlayout.json", name
+            refused += 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - the point of the test
+            pytest.fail(f"{name}: {type(exc).__name__}: {exc}")
+        assert encode(replan(art.data, "x")) == art.data["body"], name
+        accepted += 1
+    assert refused > 10 * max(accepted, 1), (refused, accepted)
+
+
+def test_a_zero_layer_stride_is_refused() -> None:
+    """Every layer's view on the same bytes: what the first round accepted."""
+    data = json.loads(kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text())
+    for tensor in data["body"]["stages"][0]["tensors"]:
+        tensor["layer_stride"] = {"fixed": 0, "per_block": 0}
+    data["sha256"] = envelope_hash(data)
+    with pytest.raises(ArtifactError, match="not what kvspec plans") as info:
+        Artifact.from_text(json.dumps(data), origin="x.kvlayout.json")
+    assert info.value.path == "body.stages[0].tensors[0].layer_stride.per_block"
