@@ -20,7 +20,7 @@ from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError
 
 #: The command modules, in the order ``kvspec --help`` lists them.
 COMMANDS = ("compile", "validate", "plan", "import_", "explain", "diff", "check", "schema",
-            "init")
+            "init", "verify", "engine_args")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"],

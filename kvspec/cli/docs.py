@@ -44,7 +44,8 @@ DEFAULT_EXITS = (
 
 
 def _module(name: str):  # noqa: ANN202
-    return importlib.import_module(f"kvspec.cli.{'import_' if name == 'import' else name}")
+    module = "import_" if name == "import" else name.replace("-", "_")
+    return importlib.import_module(f"kvspec.cli.{module}")
 
 
 _PREAMBLE = """\

@@ -1,4 +1,68 @@
 """The vLLM bridge (``pip install 'kvspec[vllm]'``): layer specs from vLLM's own model
 code, a cross-check of a plan against the installed vLLM, and a plugin that makes
 vLLM serve a reviewed artifact. Nothing here is imported by the compiler.
+
+Everything that touches vLLM's API lives in one adapter per vLLM version
+(:mod:`.v0_33`); the rest of the bridge (spec conversion, comparison, the
+by-design table, the plugin's checks, ``engine-args``) works on plain data and
+needs no vLLM. :func:`adapter` picks the adapter for the installed version.
 """
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from kvspec.errors import UsageError
+
+#: The pip extra that brings vLLM.
+EXTRA = "pip install 'kvspec[vllm]'"
+#: vLLM versions with an adapter, and the adapter's module.
+ADAPTERS = {"0.33.0": "kvspec.integrations.vllm.v0_33"}
+#: The version the flags, rules and by-design table are written for.
+TARGET = "0.33.0"
+
+#: Settings for running vLLM's code offline (no engine, no GPU): the CPU
+#: platform builds models on the meta device; logs go to stderr, not stdout.
+OFFLINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+               "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+               "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
+
+def installed_version() -> str | None:
+    """The installed vLLM's version (without importing it), or None."""
+    from importlib import metadata
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def require() -> str:
+    """The installed vLLM version with an adapter; a usage error naming the
+    extra when vLLM is missing, or the versions kvspec supports when it differs."""
+    version = installed_version()
+    if version is None or importlib.util.find_spec("vllm") is None:
+        raise UsageError("this needs vLLM, which is not installed",
+                         hint=f"install the integration: {EXTRA} (vLLM {TARGET})")
+    base = version.split("+")[0]
+    if base not in ADAPTERS:
+        raise UsageError(f"vLLM {version} is installed; kvspec has adapters for "
+                         + ", ".join(ADAPTERS),
+                         hint=f"install vLLM {TARGET}: {EXTRA}")
+    return base
+
+
+def adapter(*, offline: bool = True) -> ModuleType:
+    """The adapter for the installed vLLM. ``offline``: set :data:`OFFLINE_ENV`
+    first (for init and verify; never inside a running engine)."""
+    version = require()
+    if offline:
+        for key, value in OFFLINE_ENV.items():
+            os.environ.setdefault(key, value)
+        import logging
+
+        import torch  # noqa: F401 - its import sets its loggers' levels; quiet them after
+        logging.getLogger("torch").setLevel(logging.ERROR)
+    return importlib.import_module(ADAPTERS[version])

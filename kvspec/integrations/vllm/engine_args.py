@@ -1,0 +1,202 @@
+"""``kvspec engine-args ARTIFACT --engine vllm``: the ``vllm serve`` flags of a plan.
+
+Every engine setting the plan depends on becomes the vLLM 0.33.0 flag (or
+environment variable) that sets it, so the engine is started with what the
+artifact was planned for; settings with no flag are listed as such. The
+plugin's environment line comes first: with it, the engine also checks itself
+against the artifact (docs/vllm.md). Needs no vLLM.
+
+>>> from kvspec.artifact import Artifact
+>>> args = engine_args(Artifact.read("layouts/llama-3.1-8b.kvlayout.json"),
+...                    "layouts/llama-3.1-8b.kvlayout.json")
+>>> [f.flag for f in args.flags][:4]
+['--tensor-parallel-size', '--pipeline-parallel-size', '--decode-context-parallel-size', '--dtype']
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvspec.artifact import Artifact
+from kvspec.integrations.vllm import TARGET
+from kvspec.integrations.vllm.by_design import applicable
+from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
+from kvspec.model.specs import Attention, MambaState, layer_specs
+
+
+#: dtypes ``--dtype`` takes.
+_MODEL_DTYPES = ("bfloat16", "float16", "float32")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One ``vllm serve`` flag: the flag, its value (None: a switch), what it sets."""
+
+    flag: str
+    value: str | None
+    why: str
+
+    def words(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """Everything ``vllm serve`` needs to reproduce an artifact's plan."""
+
+    model: str
+    artifact: str
+    fingerprint: str
+    env: dict[str, str]
+    flags: tuple[Flag, ...]
+    #: ``(setting, why it has no flag)``.
+    no_flag: tuple[tuple[str, str], ...] = field(default=())
+    #: Settings vLLM would not run as planned whatever the flags.
+    conflicts: tuple[str, ...] = field(default=())
+
+
+def _model_dtype(artifact: Artifact) -> str | None:
+    dtypes = [e.spec.dtype for e in artifact.layout.layers.values()
+              if isinstance(e.spec, Attention) and e.kv_cache_dtype in (None, "auto")
+              and e.spec.dtype in _MODEL_DTYPES]
+    return Counter(dtypes).most_common(1)[0][0] if dtypes else None
+
+
+def _state_dtypes(artifact: Artifact) -> tuple[str, ...] | None:
+    states = [e.spec for e in artifact.layout.layers.values() if isinstance(e.spec, MambaState)]
+    return states[0].dtypes if states else None
+
+
+def _parallel(engine: Any) -> list[Flag]:
+    return [Flag("--tensor-parallel-size", str(engine.tensor_parallel_size), "KV heads per rank"),
+            Flag("--pipeline-parallel-size", str(engine.pipeline_parallel_size),
+                 "the layers of each stage"),
+            Flag("--decode-context-parallel-size", str(engine.decode_context_parallel_size),
+                 "tokens per rank of DCP-sharded caches")]
+
+
+def _cache(artifact: Artifact) -> list[Flag]:
+    layout = artifact.layout
+    engine, planned = layout.engine, layout.plan.engine
+    out = []
+    dtype = _model_dtype(artifact)
+    if dtype is not None:
+        out.append(Flag("--dtype", dtype, "the page size of unquantized layers"))
+    out.append(Flag("--kv-cache-dtype", engine.kv_cache_dtype, "quantization of the KV cache"))
+    out.append(Flag("--block-size", str(engine.block_size), "tokens per attention block"))
+    out.append(Flag("--max-model-len", "auto" if planned.auto_max_model_len
+                    else str(engine.max_model_len), "blocks per request and the fit check"))
+    out.append(Flag("--enable-prefix-caching" if engine.enable_prefix_caching
+                    else "--no-enable-prefix-caching", None,
+                    "prefix caching (hybrids: mamba_cache_mode follows it)"))
+    out.append(Flag("--enable-hybrid-kv-cache-manager" if engine.hybrid
+                    else "--disable-hybrid-kv-cache-manager", None,
+                    "one group per attention type, or local attention as full"))
+    states = _state_dtypes(artifact)
+    if states is not None:
+        out.append(Flag("--mamba-ssm-cache-dtype", states[-1], "the SSM state's dtype"))
+        if engine.mamba_block_size is not None:
+            out.append(Flag("--mamba-block-size", str(engine.mamba_block_size),
+                            "tokens per state block"))
+    if engine.prefix_match_unit is not None:
+        out.append(Flag("--prefix-match-unit", str(engine.prefix_match_unit),
+                        "tokens per prefix-cache key"))
+    return out
+
+
+def _scheduler(engine: Any) -> list[Flag]:
+    return [Flag("--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+                 "in-flight tokens of sliding-window and chunked layers"),
+            Flag("--max-num-seqs", str(engine.max_num_seqs), "requests per step"),
+            Flag("--async-scheduling" if engine.async_scheduling_resolved
+                 else "--no-async-scheduling", None, "batches in flight")]
+
+
+def _budget(artifact: Artifact, pin_blocks: bool) -> list[Flag]:
+    layout = artifact.layout
+    if layout.engine.num_gpu_blocks_override is not None or (pin_blocks and layout.budget):
+        n = layout.engine.num_gpu_blocks_override or layout.budget.num_blocks  # type: ignore
+        return [Flag("--num-gpu-blocks-override", str(n), "the block count")]
+    if layout.budget is not None:
+        return [Flag("--kv-cache-memory-bytes", str(layout.budget.memory),
+                     f"the KV cache budget per rank ({layout.budget.num_blocks} blocks)")]
+    return []
+
+
+def _env(artifact: Artifact, path: str, mode: str) -> dict[str, str]:
+    engine = artifact.layout.plan.engine
+    env = {LAYOUT_ENV: path, MODE_ENV: mode}
+    if engine.axis_order.name != "LBNHC":
+        env["VLLM_KV_CACHE_LAYOUT"] = engine.axis_order.name
+    if engine.pp_layer_partition is not None:
+        env["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, engine.pp_layer_partition))
+    return env
+
+
+def _no_flag(artifact: Artifact) -> list[tuple[str, str]]:
+    layout = artifact.layout
+    engine = layout.plan.engine
+    out = []
+    if any(isinstance(s, MambaState) for g in layout.groups for s in layer_specs(g.spec)):
+        out.append((f"mamba_cache_mode {engine.mamba_cache_mode}",
+                    "follows --enable-prefix-caching (--mamba-cache-mode has no effect in "
+                    f"vLLM {TARGET})"))
+    if engine.speculative_method is not None:
+        out.append((f"speculative_method {engine.speculative_method}",
+                    "set the drafter with --speculative-config '{\"method\": ...}'"))
+    if engine.max_num_encoder_input_tokens is not None:
+        out.append(("max_num_encoder_input_tokens", "vLLM derives it from the model's encoder"))
+    out += [(f"by design: {r.id}", f"{r.title}: vLLM {TARGET} {r.upstream}")
+            for r in applicable(layout.plan) if r.fields == ("*",)]
+    return out
+
+
+def _conflicts(artifact: Artifact) -> list[str]:
+    engine = artifact.layout.plan.engine
+    if not any(isinstance(e.spec, MambaState) for e in artifact.layout.layers.values()):
+        return []
+    want = "align" if engine.enable_prefix_caching else "none"
+    if engine.mamba_cache_mode in (want, "all"):
+        return []
+    return [f"mamba_cache_mode is {engine.mamba_cache_mode}, but vLLM {TARGET} runs a hybrid "
+            f"{'with' if engine.enable_prefix_caching else 'without'} prefix caching in mode "
+            f"{want}: set engine.mamba_cache_mode: {want} (kvspec init does) and recompile"]
+
+
+def engine_args(artifact: Artifact, path: str, *, model: str | None = None,
+                mode: str = "verify", pin_blocks: bool = False) -> EngineArgs:
+    """The ``vllm serve`` flags and environment that reproduce ``artifact``'s plan."""
+    layout = artifact.layout
+    flags = [*_parallel(layout.engine), *_cache(artifact), *_scheduler(layout.engine),
+             *_budget(artifact, pin_blocks)]
+    return EngineArgs(model or layout.model or "MODEL", path, artifact.fingerprint,
+                      _env(artifact, path, mode), tuple(flags), tuple(_no_flag(artifact)),
+                      tuple(_conflicts(artifact)))
+
+
+def render_shell(args: EngineArgs) -> str:
+    """A shell command (one flag a line) with the no-flag settings as comments."""
+    lines = [f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
+             f"vLLM {TARGET}"]
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in args.env.items())
+    lines.append(f"{env} \\")
+    words = [f"vllm serve {shlex.quote(args.model)}"]
+    words += ["  " + " ".join(shlex.quote(w) for w in f.words()) for f in args.flags]
+    lines.append(" \\\n".join(words))
+    for setting, why in args.no_flag:
+        lines.append(f"# no flag: {setting}: {why}")
+    for text in args.conflicts:
+        lines.append(f"# warning: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(args: EngineArgs) -> dict[str, Any]:
+    return {"engine": "vllm", "vllm": TARGET, "model": args.model, "artifact": args.artifact,
+            "fingerprint": args.fingerprint, "env": args.env,
+            "flags": [{"flag": f.flag, "value": f.value, "sets": f.why} for f in args.flags],
+            "argv": ["vllm", "serve", args.model] + [w for f in args.flags for w in f.words()],
+            "no_flag": [{"setting": s, "why": w} for s, w in args.no_flag],
+            "conflicts": list(args.conflicts)}

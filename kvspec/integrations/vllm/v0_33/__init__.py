@@ -1,0 +1,41 @@
+"""The adapter for vLLM 0.33.0: everything in kvspec that calls vLLM's API.
+
+* :mod:`.specs` -- spec objects <-> plain descriptions, configs as views;
+* :mod:`.config` -- a ``VllmConfig`` for a plan's engine settings, and back;
+* :mod:`.planning` -- vLLM's planning calls, as the engine core makes them;
+* :mod:`.meta` -- a model built on the meta device, its layers' real specs;
+* :mod:`.gpu` -- the GPU rules where the CPU platform decides its own way;
+* :mod:`.builder` -- the plugin's ``KVCacheConfigBuilder`` and its hooks.
+
+A later vLLM gets a sibling package with the same functions.
+"""
+
+VERSION = "0.33.0"
+
+
+def plan(settings, stages, memory):
+    """vLLM's plan of per-stage vLLM descriptions (see :func:`.planning.plan`)."""
+    from kvspec.integrations.vllm.v0_33.planning import plan as _plan
+    return _plan(settings, stages, memory)
+
+
+def class_defaults():
+    from kvspec.integrations.vllm.v0_33.specs import class_defaults as _defaults
+    return _defaults()
+
+
+def install(expectation):
+    """Route this process's KV-cache planning through kvspec's builder."""
+    from kvspec.integrations.vllm.v0_33.builder import install as _install
+    _install(expectation)
+
+
+def uninstall():
+    from kvspec.integrations.vllm.v0_33.builder import uninstall as _uninstall
+    _uninstall()
+
+
+def build(path, settings, dtype=None, progress=None):
+    """Every pipeline stage's layers of the model at ``path`` (see :func:`.meta.build`)."""
+    from kvspec.integrations.vllm.v0_33.meta import build as _build
+    return _build(path, settings, dtype, progress)
