@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 #: Package folders and the import each needs.
-_OPTIONAL = {"kvspec/runtime": "torch", "kvspec/integrations/vllm": "vllm"}
+_OPTIONAL = {"kvspec/runtime": "torch", "kvspec/integrations/vllm/v0_33": "vllm"}
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:  # noqa: ANN001

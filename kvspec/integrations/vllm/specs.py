@@ -110,6 +110,7 @@ def spec_differences(want: dict[str, Any], got: dict[str, Any],
     [('block_size', 16, 32)]
     """
     out: list[tuple[str, Any, Any]] = []
+    want, got = effective(want), effective(got)
     if want.get("class") != got.get("class"):
         return [("class", want.get("class"), got.get("class"))]
     cls_defaults = (defaults or {}).get(str(want.get("class")), {})
@@ -126,6 +127,22 @@ def spec_differences(want: dict[str, Any], got: dict[str, Any],
         if not same_value(field, a, b):
             out.append((field, a, b))
     return out
+
+
+def effective(desc: dict[str, Any]) -> dict[str, Any]:
+    """A description with ``MultipleOf(n)`` alignments that change nothing left out:
+    a backend with fixed kernel blocks of ``n`` tokens publishes one
+    (``customize_attention_spec``), and when ``n`` divides the block size the
+    block stride needs no alignment (``get_block_stride_alignment`` is 1).
+
+    >>> effective({"block_size": 64, "block_stride_alignment": {"MultipleOf": 64}})
+    {'block_size': 64, 'block_stride_alignment': None}
+    """
+    align = desc.get("block_stride_alignment")
+    if isinstance(align, dict) and "MultipleOf" in align and isinstance(
+            desc.get("block_size"), int) and desc["block_size"] % align["MultipleOf"] == 0:
+        return {**desc, "block_stride_alignment": None}
+    return desc
 
 
 def _member_differences(want: dict[str, Any], got: dict[str, Any],

@@ -31,7 +31,8 @@ from kvspec.integrations.vllm.v0_33 import specs as vspecs
 from kvspec.integrations.vllm.v0_33.config import settings_of
 
 QUALNAME = f"{__name__}.KvspecBuilder"
-logger = logging.getLogger("kvspec.vllm")
+#: Under vLLM's logger, so its handlers show the lines with the engine's own.
+logger = logging.getLogger("vllm.kvspec")
 
 _state: dict[str, Any] = {}
 

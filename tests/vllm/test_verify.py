@@ -1,0 +1,63 @@
+"""``kvspec verify --against vllm`` on every conformance case, with the real vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import invoke
+from tests.vllm.cases import BY_DESIGN, CASES, source
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+
+def _verify(path: Path, *extra: str) -> tuple[int, dict]:
+    code, out, err = invoke(["verify", str(path), "--against", "vllm", "--format", "json",
+                             *extra])
+    assert out, err
+    return code, json.loads(out)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_every_case_agrees_or_differs_only_by_design(name: str, tmp_path: Path) -> None:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(source(name))
+    code, result = _verify(path)
+    rules = {d["rule"] for d in result["differences"]}
+    if name in BY_DESIGN:
+        assert code == 1 and result["by_design_only"], result["differences"][:5]
+        assert rules <= BY_DESIGN[name] and rules
+        assert _verify(path, "--allow-by-design")[0] == 0
+    else:
+        assert code == 0 and result["agrees"], result["differences"][:5]
+
+
+def test_an_artifact_is_verified_as_its_source_is(tmp_path: Path) -> None:
+    code, result = _verify(Path("layouts/llama-3.1-8b.kvlayout.json"))
+    assert code == 0 and result["agrees"] and result["memory_origin"] == "the layout's budget"
+
+
+def test_a_layout_without_a_budget_is_compared_at_one_it_can_serve(tmp_path: Path) -> None:
+    path = tmp_path / "gemma.yaml"
+    path.write_text(source("gemma-2-9b-tp1", budget=False))
+    code, result = _verify(path)
+    assert code == 0 and "twice" in result["memory_origin"]
+
+
+def test_text_output_is_a_table_naming_the_rule(tmp_path: Path) -> None:
+    path = tmp_path / "stride.yaml"
+    path.write_text(source("syn-stride-alignment"))
+    code, out, _ = invoke(["verify", str(path), "--against", "vllm"])
+    assert code == 1
+    assert "differs by design: block-stride-alignment" in out
+    assert out.splitlines()[-1].startswith("differs from vLLM 0.33.0 by design only")
+
+
+def test_a_layout_that_does_not_load_cannot_be_verified(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kvspec: 1\nname: x\n")
+    code, out, err = invoke(["verify", str(bad), "--against", "vllm"])
+    assert code == 2 and out == "" and "error" in err
