@@ -321,3 +321,11 @@ def test_dump_layers_keep_only_what_expansion_does_not_derive() -> None:
     layer = dump_layer("model.layers.3.self_attn.attn", specs.to_vllm(fp8),
                        {**engine, "kv_cache_dtype": "fp8"}, "bfloat16")
     assert layer["cache_dtype_str"] == "fp8" and layer["dtype"] == "bfloat16"
+
+
+def test_verify_notes_what_vllm_would_change_before_planning() -> None:
+    layout = Artifact.read("layouts/qwen3-next-80b-a3b-thinking.kvlayout.json").layout
+    if layout.plan.engine.mamba_cache_mode == "align":
+        pytest.skip("the layout already has what vLLM sets")
+    verdict = verify_plan(layout.plan, 40 * 2**30, adapter=FakeAdapter(layout.plan))
+    assert verdict.agrees and "mamba_cache_mode is none" in verdict.notes[0]

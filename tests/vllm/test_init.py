@@ -132,3 +132,12 @@ def test_engine_args_flags_give_vllm_the_artifacts_settings(tmp_path: Path, adap
         gpu.undo_cpu_config(vc, {"enable_prefix_caching": True})
         Expectation(Artifact.read(artifact), str(artifact), "verify").check_engine(
             {**settings_of(vc), "kv_cache_layout": None})
+
+
+def test_mla_keeps_the_block_size_and_prefix_caching_asked_for():
+    """The CPU platform forces MLA models to block size 16 without prefix caching."""
+    code, out, err = invoke(["init", "--from-vllm", str(HF / "deepseek-v3.json"), "--tp", "8",
+                             "--block-size", "64", "--kv-cache-dtype", "fp8_ds_mla"])
+    assert code == 0, err
+    assert "block_size: 64" in out and "prefix_caching: true" in out
+    assert "fp8_ds_mla" in out and "state_content_bytes" not in out  # kvspec derives 656

@@ -24,6 +24,7 @@ from kvspec.artifact import Artifact
 from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
+from kvspec.model.plan import Plan
 from kvspec.model.specs import Attention, MambaState, layer_specs
 
 
@@ -154,9 +155,10 @@ def _no_flag(artifact: Artifact) -> list[tuple[str, str]]:
     return out
 
 
-def _conflicts(artifact: Artifact) -> list[str]:
-    engine = artifact.layout.plan.engine
-    if not any(isinstance(e.spec, MambaState) for e in artifact.layout.layers.values()):
+def conflicts(plan: Plan) -> list[str]:
+    """Settings vLLM's config stage would change whatever the flags say."""
+    engine = plan.engine
+    if not any(isinstance(s, MambaState) for s in plan.specs.values()):
         return []
     want = "align" if engine.enable_prefix_caching else "none"
     if engine.mamba_cache_mode in (want, "all"):
@@ -174,7 +176,7 @@ def engine_args(artifact: Artifact, path: str, *, model: str | None = None,
              *_budget(artifact, pin_blocks)]
     return EngineArgs(model or layout.model or "MODEL", path, artifact.fingerprint,
                       _env(artifact, path, mode), tuple(flags), tuple(_no_flag(artifact)),
-                      tuple(_conflicts(artifact)))
+                      tuple(conflicts(layout.plan)))
 
 
 def render_shell(args: EngineArgs) -> str:

@@ -222,7 +222,8 @@ def _command_line(options: InitOptions) -> str:
 
 def header(built: dict[str, Any], options: InitOptions, version: str) -> str:
     facts = built["model"]
-    counts = Counter(d.get("mamba_type", "").lower() or d["class"].removesuffix("Spec")
+    counts = Counter(_KVSPEC_MAMBA.get(d.get("mamba_type") or "")
+                     or getattr(kind_of_class(d["class"]), "name", d["class"])
                      for st in built["stages"] for d in st.values())
     what = ", ".join(f"{n} {k}" for k, n in counts.items())
     lines = [f"# yaml-language-server: $schema={options.schema}"]

@@ -61,6 +61,7 @@ def render_text(v: Verdict) -> str:
         for rule in v.rules_used:
             lines.append(f"by design, {rule.id}: {rule.title}. The reference (kvspec) "
                          f"{rule.reference}; vLLM {v.vllm_version} {rule.upstream}.")
+    lines += [f"note: {text}" for text in v.notes]
     lines.append(summary(v))
     return "\n".join(lines) + "\n"
 
@@ -77,7 +78,7 @@ def as_json(v: Verdict) -> dict[str, Any]:
     return {"path": v.path, "vllm": v.vllm_version, "memory": v.memory,
             "memory_origin": v.memory_origin, "agrees": v.agrees,
             "by_design_only": v.by_design_only, "summary": summary(v),
-            "rules_applicable": [r.id for r in v.rules],
+            "rules_applicable": [r.id for r in v.rules], "notes": list(v.notes),
             "differences": [{"field": r.field, "kvspec": r.kvspec, "vllm": r.vllm,
                              "status": r.status, "rule": r.rule.id if r.rule else None}
                             for r in v.rows]}

@@ -36,6 +36,8 @@ class Verdict:
     memory_origin: str
     rows: tuple[Row, ...]
     rules: tuple[Rule, ...]
+    #: Settings vLLM's config stage would change before it plans (engine-args warns too).
+    notes: tuple[str, ...] = ()
     kvspec: dict[str, Any] = field(repr=False, default_factory=dict)
     vllm: dict[str, Any] = field(repr=False, default_factory=dict)
 
@@ -104,7 +106,10 @@ def verify_plan(plan: Plan, memory: int, *, adapter: Any, path: str = "<plan>",
     rules = applicable(plan)
     inputs = kvspec_inputs(plan) if vl.get("input_specs") else None
     rows = compare(kv, vl, rules, inputs, adapter.class_defaults())
-    return Verdict(path, adapter.VERSION, memory, memory_origin, tuple(rows), rules, kv, vl)
+    from kvspec.integrations.vllm.engine_args import conflicts
+
+    return Verdict(path, adapter.VERSION, memory, memory_origin, tuple(rows), rules,
+                   tuple(conflicts(plan)), kv, vl)
 
 
 def verify_path(path: str | Path, *, memory: int | None = None, adapter: Any) -> Verdict:

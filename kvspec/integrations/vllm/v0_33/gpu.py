@@ -13,7 +13,8 @@ come from the model code and are the same on both; these choices are not:
   a GPU stand-in with FlashAttention's ``MultipleOf(16)`` replaces it, and the
   base ``Platform.update_block_size_for_backend`` (hybrid alignment: one
   attention page holds one state) runs instead of the CPU one;
-* prefix caching: the CPU platform turns it off for MLA models; a GPU keeps it;
+* MLA models: the CPU platform forces block size 16 (its MLA kernel's) and turns
+  prefix caching off; a GPU keeps both as asked;
 * kernels the CPU lacks: fp8 MLA caches and some per-rank MoE shapes are
   refused at backend selection; weights are on meta, so a CPU backend is
   taken anyway (the KV specs do not depend on it).
@@ -44,9 +45,12 @@ def config_stage() -> Iterator[None]:
 
 def undo_cpu_config(vc: Any, s: dict[str, Any]) -> None:
     """Choices ``CpuPlatform.check_and_update_config`` made that a GPU does not:
-    MLA models lose prefix caching (and get a CPU-sized batch); the scheduler
-    runs synchronously."""
-    if vc.model_config.use_mla and s.get("enable_prefix_caching", True):
+    MLA models get block size 16 (the CPU MLA kernel's) and lose prefix caching;
+    the scheduler runs synchronously. (DeepSeek-V4's 256 is its GPU backends' too.)"""
+    mc = vc.model_config
+    if mc.use_mla and getattr(mc.hf_config, "model_type", None) != "deepseek_v4":
+        vc.cache_config.block_size = s.get("block_size") or vc.cache_config.block_size
+    if mc.use_mla and s.get("enable_prefix_caching", True):
         vc.cache_config.enable_prefix_caching = True
     vc.scheduler_config.async_scheduling = vc.parallel_config.pipeline_parallel_size == 1
 
