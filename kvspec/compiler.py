@@ -17,9 +17,9 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvspec.artifact import Artifact, envelope, sha256_text
-from kvspec.artifact.codec import encode
+from kvspec.collector import paused
 from kvspec.errors import KvspecError, Location, PlanError
 from kvspec.model.plan import Layout, Plan
 from kvspec.planner import layout_of, plan_layers, resolve
@@ -29,6 +29,9 @@ from kvspec.source.expand import Expanded, expand
 from kvspec.source.parse import parse_source
 from kvspec.source.schema import Source
 from kvspec.source.validate import validate_source
+
+if TYPE_CHECKING:
+    from kvspec.artifact import Artifact
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,13 @@ def unsized_pass(unit: Unit) -> Unit:
 def freeze_pass(unit: Unit) -> Unit:
     """The Layout IR -> the frozen, hashed artifact (pure serialisation)."""
     assert unit.layout is not None
+    from kvspec.artifact import (  # only freezing needs them
+        Artifact,
+        envelope,
+        sha256_text,
+    )
+    from kvspec.artifact.codec import encode
+
     data = envelope(encode(unit.layout), source_sha256=sha256_text(unit.text))
     return dataclasses.replace(unit, artifact=Artifact(data, unit.layout))
 
@@ -165,11 +175,14 @@ PASSES: tuple[Pass, ...] = (load, parse, expand_pass, validate, plan_pass, size_
                             freeze_pass)
 #: The passes that need no memory budget (``kvspec plan`` sizes the plan itself).
 PLAN_PASSES: tuple[Pass, ...] = PASSES[:5]
+#: Every pass that can fail (``kvspec validate``): freezing is pure serialisation.
+CHECK_PASSES: tuple[Pass, ...] = PASSES[:-1]
 
 
 def run(unit: Unit, passes: tuple[Pass, ...] = PASSES) -> Unit:
-    for p in passes:
-        unit = p(unit)
+    with paused():  # large inputs: see kvspec.collector
+        for p in passes:
+            unit = p(unit)
     return unit
 
 

@@ -22,6 +22,7 @@ m.yaml:3:15: error: block_size must be a power of two
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -132,6 +133,8 @@ class KvspecError(Exception):
 
     # -- rendering ---------------------------------------------------------------
     def render(self) -> str:
+        """The message as printed; control characters from the input are escaped
+        (``\\x00``), so a message never rewrites the terminal."""
         lines = [f"{self.location.prefix()}: error: {self.message}"]
         if self.location.path:
             lines.append(f"  at: {self.location.path}")
@@ -141,7 +144,7 @@ class KvspecError(Exception):
             lines.append(f"  found: {self.found}")
         if self.hint:
             lines.append(f"  hint: {self.hint}")
-        return "\n".join(lines)
+        return "\n".join(_UNPRINTABLE.sub(_escape, line) for line in lines)
 
     def __str__(self) -> str:
         return self.render()
@@ -153,6 +156,17 @@ class KvspecError(Exception):
         return {"type": type(self).__name__, "message": self.message, "file": self.file,
                 "line": self.line, "column": self.column, "path": self.path,
                 "expected": self.expected, "found": self.found, "hint": self.hint}
+
+
+#: Characters a message must not print as they are: C0/C1 controls (but the
+#: newline between a message's lines), lone surrogates, bidirectional overrides.
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e"
+                          "\u2066-\u2069]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    return m.group().encode("unicode_escape", "backslashreplace").decode("ascii") \
+        if not "\ud800" <= m.group() <= "\udfff" else f"\\u{ord(m.group()):04x}"
 
 
 def _rebuild(cls: type[KvspecError], state: dict[str, Any]) -> KvspecError:

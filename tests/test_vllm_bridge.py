@@ -329,3 +329,11 @@ def test_verify_notes_what_vllm_would_change_before_planning() -> None:
         pytest.skip("the layout already has what vLLM sets")
     verdict = verify_plan(layout.plan, 40 * 2**30, adapter=FakeAdapter(layout.plan))
     assert verdict.agrees and "mamba_cache_mode is none" in verdict.notes[0]
+
+
+def test_engine_args_lists_layers_kept_unquantized() -> None:
+    data = json.loads(invoke(["engine-args", "layouts/example-mixed-precision.kvlayout.json",
+                              "--engine", "vllm", "--format", "json"])[1])
+    argv = data["argv"]
+    i = argv.index("--kv-cache-dtype-skip-layers")
+    assert argv[i + 1:i + 7] == ["3", "7", "11", "15", "19", "23"]

@@ -88,11 +88,20 @@ def _stage(st: Stage, layout: Layout) -> dict[str, Any]:
 def encode(layout: Layout) -> dict[str, Any]:
     """The artifact body of ``layout`` (plain JSON data)."""
     layers = {}
+    # Layers sharing a spec object share its description (the body is read-only data).
+    described: dict[int, dict[str, Any]] = {}
+    parts: dict[int, list[dict[str, Any]] | None] = {}
     for name, e in layout.layers.items():
-        layers[name] = {"group": e.group, "stage": e.stage, "spec": kinds.describe(e.spec),
-                        "kv_cache_dtype": e.kv_cache_dtype,
-                        "cell_parts": [p.as_dict() for p in e.cell_parts] if e.cell_parts
-                        else None, "per_tensor_scales": e.per_tensor_scales}
+        spec = described.get(id(e.spec))
+        if spec is None:
+            spec = described[id(e.spec)] = kinds.describe(e.spec)
+        cells = parts.get(id(e.cell_parts), False)
+        if cells is False:
+            cells = parts[id(e.cell_parts)] = [p.as_dict() for p in e.cell_parts] \
+                if e.cell_parts else None
+        layers[name] = {"group": e.group, "stage": e.stage, "spec": spec,
+                        "kv_cache_dtype": e.kv_cache_dtype, "cell_parts": cells,
+                        "per_tensor_scales": e.per_tensor_scales}
     b = layout.budget
     return {
         "name": layout.name, "model": layout.model, "engine": encode_engine(layout),
@@ -141,14 +150,19 @@ def decode_inputs(body: Mapping[str, Any]) -> Inputs:
     """The planning inputs of a body; ``KeyError``/``TypeError``/``ValueError``
     when it is not one."""
     layers = body["layers"]
-    memo: dict[str, LayerSpec] = {}
+    by_id: dict[int, LayerSpec] = {}  # a compiled body shares one description per spec
+    by_text: dict[str, LayerSpec] = {}  # a read one: equal descriptions, equal text
 
     def spec_of(name: str) -> LayerSpec:
         data = layers[name]["spec"]
-        key = repr(sorted(data.items()))
-        if key not in memo:
-            memo[key] = kinds.spec_from_dict(data)
-        return memo[key]
+        spec = by_id.get(id(data))
+        if spec is None:
+            key = repr(data)  # JSON read from canonical text keeps its keys sorted
+            spec = by_text.get(key)
+            if spec is None:
+                spec = by_text[key] = kinds.spec_from_dict(data)
+            by_id[id(data)] = spec
+        return spec
 
     stages = tuple({n: spec_of(n) for n in st["layers"]} for st in body["stages"])
     budget = body["budget"]

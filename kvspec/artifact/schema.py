@@ -234,6 +234,40 @@ class LayoutArtifact(_Closed):
 assert FORMAT == "kvspec.layout/2", "update LayoutArtifact.format with the artifact format"
 
 
+class _InputsBody(BaseModel):
+    """The parts of a body the planner reads as they are (not re-derived)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, strict=True, defer_build=True)
+
+    name: str
+    model: str | None
+    engine: EngineSettings
+    layers: dict[str, Any]
+    stages: list[Any]
+    budget: BudgetEntry | None
+
+
+class _InputsEnvelope(_Closed):
+    format: Literal["kvspec.layout/2"]
+    compiler: str = Field(pattern=r"^kvspec \S+$")
+    source_sha256: Sha256
+    sha256: Sha256
+    body: _InputsBody
+
+
+def input_problems(data: Any) -> list[str]:
+    """What in ``data``'s envelope and planning inputs (engine, budget, names) does
+    not match the schema: the cheap check made on every read. What the planner
+    derives is checked by planning again, so the full schema
+    (:func:`schema_problems`) is needed only to explain a failure."""
+    try:
+        _InputsEnvelope.model_validate(data)
+    except ValidationError as exc:
+        return [f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+                for e in exc.errors(include_url=False)]
+    return []
+
+
 def schema_problems(data: Any) -> list[str]:
     """What in ``data`` (a parsed artifact) does not match the schema (empty: it does)."""
     try:

@@ -2,13 +2,16 @@
 
 1. the envelope: a JSON object of this format, whose ``sha256`` (over
    everything else: format, compiler, source hash and body) matches;
-2. the artifact schema (:mod:`.schema`): every field present, of its type and
-   range (a removed ``compiler``, ``max_num_seqs: -1``, an unknown cache mode);
-3. planning the body's inputs again gives exactly this body -- so an edited
-   body with a recomputed hash (``layer_stride: 0``, a removed group, a
-   changed page) is refused, naming the first field that differs.
+2. the envelope and the planning inputs the planner takes as they are (engine,
+   budget, name) match the schema: every field present, of its type and range
+   (a removed ``compiler``, ``max_num_seqs: -1``, an unknown cache mode);
+3. planning the body's inputs again gives exactly this body, compared as
+   canonical text -- so an edited body with a recomputed hash
+   (``layer_stride: 0``, a removed group, a changed page) is refused, naming
+   the first field that differs.
 
-The schema costs about a seventh of re-planning, so it always runs.
+Everything in the body that is not an input is re-derived in 3, so the full
+schema (:mod:`.schema`) runs only to explain a failure precisely.
 """
 
 from __future__ import annotations
@@ -16,7 +19,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvspec.artifact import COMPILER, FORMAT, Artifact, envelope_hash
+from kvspec.artifact import (
+    COMPILER,
+    FORMAT,
+    Artifact,
+    canonical_json,
+    envelope_texts,
+    sha256_text,
+)
 from kvspec.artifact.codec import decode_inputs, encode
 from kvspec.errors import ArtifactError, KvspecError
 
@@ -66,7 +76,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _envelope(data: Any, origin: str) -> None:
+def _envelope(data: Any, origin: str) -> str | None:
+    """Check the envelope; the body's canonical text (None when not a dict)."""
     if not isinstance(data, dict) or "body" not in data:
         raise ArtifactError("not a kvspec layout artifact", file=origin,
                             expected="a JSON object with format, compiler, source_sha256, "
@@ -77,11 +88,13 @@ def _envelope(data: Any, origin: str) -> None:
         raise ArtifactError(f"unsupported artifact format {fmt!r}", file=origin,
                             expected=FORMAT, found=str(fmt),
                             hint="recompile the source with this kvspec version")
-    want, got = data.get("sha256"), envelope_hash(data)
+    text, body = envelope_texts(data)
+    want, got = data.get("sha256"), sha256_text(text)
     if want != got:
         raise ArtifactError("the artifact does not match its sha256: it was edited or "
                             "corrupted", file=origin, expected=str(want), found=got,
                             hint=_RECOMPILE)
+    return body
 
 
 def _schema_problem(data: dict[str, Any], origin: str, cause: str) -> ArtifactError:
@@ -114,17 +127,21 @@ def replan(data: dict[str, Any], origin: str = "<artifact>"):
 
 def verified(data: Any, *, origin: str = "<artifact>") -> Artifact:
     """``data`` (a parsed artifact) as a verified :class:`Artifact`."""
-    _envelope(data, origin)
-    problem = _schema_problem(data, origin, "")
-    if "schema" in problem.message:
-        raise problem
+    stored = _envelope(data, origin)
+    from kvspec.artifact.schema import input_problems
+    if input_problems(data):
+        raise _schema_problem(data, origin, "")
     layout = replan(data, origin)
     try:
         body = encode(layout)
+        same = stored is not None and canonical_json(body) == stored  # one string compare
     except Exception as exc:  # noqa: BLE001 - a body planned from malformed inputs
         raise _schema_problem(data, origin, f"{type(exc).__name__}: {exc}") from None
-    diff = first_difference(data["body"], body)
+    diff = None if same else first_difference(data["body"], body)
     if diff is not None:
+        err = _schema_problem(data, origin, "")
+        if "schema" in err.message:  # the precise message: what is malformed
+            raise err
         path, stored, planned = diff
         newer = data.get("compiler") != COMPILER
         raise ArtifactError(

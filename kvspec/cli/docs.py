@@ -200,9 +200,11 @@ def commands(group: click.Group | None = None) -> list[tuple[str, click.Command]
     """The CLI's commands, in documentation order."""
     if group is None:
         from kvspec.cli import cli as group
-    names = sorted(group.commands, key=lambda n: (ORDER.index(n) if n in ORDER
-                                                  else len(ORDER), n))
-    return [(n, group.commands[n]) for n in names]
+    ctx = click.Context(group, info_name="kvspec")
+    names = sorted(group.list_commands(ctx), key=lambda n: (ORDER.index(n) if n in ORDER
+                                                            else len(ORDER), n))
+    found = [(n, group.get_command(ctx, n)) for n in names]  # commands load on demand
+    return [(n, c) for n, c in found if c is not None]
 
 
 def exit_codes(name: str) -> tuple[tuple[int, str], ...]:

@@ -22,14 +22,14 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     Each source is checked, also after one that fails; the exit code is 1 when
     any has a problem.
     """
-    from kvspec.compiler import compile_unit
+    from kvspec.compiler import CHECK_PASSES, compile_unit
     from kvspec.reports.summary import summary_warnings
 
     results = []
     for source in sources:
         try:
-            unit = compile_unit(source)
-            warnings = summary_warnings(unit.artifact) if unit.artifact is not None else []
+            unit = compile_unit(source, passes=CHECK_PASSES)
+            warnings = summary_warnings(unit.layout) if unit.layout is not None else []
             results.append({"file": str(source), "ok": True, "errors": [],
                             "warnings": warnings})
         except KvspecError as err:

@@ -55,7 +55,17 @@ class Group:
 
     def page_bytes(self) -> int:
         """Bytes one block of this group holds across its layers."""
-        return sum(self.layer_spec(n).page_size_bytes for n in self.layer_names)
+        if not isinstance(self.spec, UniformType):
+            return self.spec.page_size_bytes * len(self.layer_names)
+        specs = self.spec.specs
+        return sum(specs[n].page_size_bytes for n in self.layer_names)
+
+    def layer_specs(self) -> tuple[LayerSpec, ...]:
+        """The distinct specs of this group's layers."""
+        if not isinstance(self.spec, UniformType):
+            return (self.spec,) if self.layer_names else ()
+        specs = self.spec.specs
+        return tuple(dict.fromkeys(specs[n] for n in self.layer_names))
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,14 @@ from kvspec.model.plan import (
     StageFigures,
 )
 from kvspec.model.quant import cell_parts, format_for
-from kvspec.model.specs import Attention, LayerSpec, MambaState, layer_specs
+from kvspec.model.quant.cells import CellPart
+from kvspec.model.specs import (
+    Attention,
+    LayerSpec,
+    MambaState,
+    UniformType,
+    layer_specs,
+)
 from kvspec.planner.checks import early_checks
 from kvspec.planner.resolve import Resolved, min_blocks_to_serve
 from kvspec.planner.size import block_sizes, group_blocks_per_request, memory_usage
@@ -35,7 +42,11 @@ def _group_figures(gid: int, group: Group, engine: Engine, plan: Plan) -> GroupF
     st0 = plan.stages[0]
     local = st0.groups[gid] if gid < len(st0.groups) else None
     names = local.layer_names if local is not None else ()
-    useful = sum(group.layer_spec(n).unpadded_page_size_bytes for n in names)
+    if isinstance(group.spec, UniformType):
+        specs = group.spec.specs
+        useful = sum(specs[n].unpadded_page_size_bytes for n in names)
+    else:
+        useful = group.spec.unpadded_page_size_bytes * len(names)
     allocated = local.page_bytes() if (local is not None and group.own_pool) \
         else st0.bytes_per_block
     try:
@@ -54,19 +65,27 @@ def needs_zeroing(groups: tuple[Group, ...]) -> bool:
     return len({(s.dtype, s.kv_quant_mode) for s in specs if isinstance(s, Attention)}) > 1
 
 
-def layer_entry(name: str, spec: LayerSpec, stage: int, group: int | None,
-                kv_cache_dtype: str | None) -> LayerEntry:
-    """A layer with its quantization mode and the addressable parts of its cells."""
+def cells_of(spec: LayerSpec, kv_cache_dtype: str | None
+             ) -> tuple[tuple[CellPart, ...] | None, bool]:
+    """The addressable parts of a layer's cells and whether it has per-tensor scales."""
     if not isinstance(spec, Attention) or kv_cache_dtype is None:
-        return LayerEntry(name, spec, stage, group)
+        return None, False
     try:
         parts = cell_parts(kv_cache_dtype, kind="mla" if kinds.of(spec).latent else "attention",
                            dtype=spec.dtype, head_size=spec.head_size,
                            head_size_v=spec.head_size_v or 0,
                            cell_bytes=spec.state_content_size_bytes)
-        per_tensor = format_for(kv_cache_dtype).per_tensor_scales
+        return parts, format_for(kv_cache_dtype).per_tensor_scales
     except KvspecError:
-        parts, per_tensor = None, False
+        return None, False
+
+
+def layer_entry(name: str, spec: LayerSpec, stage: int, group: int | None,
+                kv_cache_dtype: str | None) -> LayerEntry:
+    """A layer with its quantization mode and the addressable parts of its cells."""
+    if not isinstance(spec, Attention) or kv_cache_dtype is None:
+        return LayerEntry(name, spec, stage, group)
+    parts, per_tensor = cells_of(spec, kv_cache_dtype)
     return LayerEntry(name, spec, stage, group, kv_cache_dtype, parts, per_tensor)
 
 
@@ -81,10 +100,19 @@ def layout_of(name: str, model: str | None, plan: Plan, resolved: Resolved | Non
     engine = resolved.engine if resolved is not None else plan.engine
     group_of = plan.group_of()
     layers = {}
+    cells: dict[tuple[int, str | None], tuple] = {}  # layers sharing a spec share their cells
+    specs = plan.specs
     for st in plan.stages:
         for n in st.layer_names:
-            layers[n] = layer_entry(n, plan.specs[n], st.index, group_of.get(n),
-                                    kv_cache_dtypes.get(n))
+            spec, dtype = specs[n], kv_cache_dtypes.get(n)
+            if not isinstance(spec, Attention) or dtype is None:
+                layers[n] = LayerEntry(n, spec, st.index, group_of.get(n))
+                continue
+            key = (id(spec), dtype)
+            found = cells.get(key)
+            if found is None:
+                found = cells[key] = cells_of(spec, dtype)
+            layers[n] = LayerEntry(n, spec, st.index, group_of.get(n), dtype, *found)
     need = min_blocks_to_serve(engine, plan.stages)
     stage_figures = tuple(StageFigures(memory_usage(engine, st.groups) if st.groups else 0,
                                        need) for st in plan.stages)

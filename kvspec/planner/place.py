@@ -43,14 +43,13 @@ def bytes_per_block(groups: Sequence[Group]) -> int:
     widest = max(g.page_bytes() for g in groups)
     if widest <= 0:
         raise PlanError("a KV cache group holds no bytes per block")
-    aligns = [g.layer_spec(n).block_stride_alignment or 1 for g in groups
-              for n in g.layer_names]
+    aligns = [s.block_stride_alignment or 1 for g in groups for s in g.layer_specs()]
     return round_up(widest, math.lcm(*aligns) if aligns else 1)
 
 
 def validate_axis_order(order: AxisOrder, groups: Sequence[Group]) -> None:
     """Reject an axis order that cannot express mixed page sizes."""
-    pages = {g.layer_spec(n).page_size_bytes for g in groups for n in g.layer_names}
+    pages = {s.page_size_bytes for g in groups for s in g.layer_specs()}
     if len(pages) <= 1:
         return
     if not order.is_block_compact or (len(groups) > 1 and order.is_layer_compact):

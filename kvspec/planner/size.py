@@ -59,12 +59,28 @@ def memory_usage(engine: Engine, groups: Sequence[Group]) -> int:
 
 def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: int) -> int:
     """The longest ``max_model_len`` (up to the configured one) whose request
-    fits ``available`` bytes; 0 when not even one token fits (binary search)."""
-    def fits(length: int) -> bool:
-        return memory_usage(dataclasses.replace(engine, max_model_len=length),
-                            groups) <= available
+    fits ``available`` bytes; 0 when not even one token fits (binary search).
+
+    Outside the state-slot layout a request costs whole blocks of one size, so
+    the search compares block counts, with each group's figures taken once."""
+    if slots.layout_of(groups) is None:
+        per_block = bytes_per_block(groups)
+        limit = available // per_block
+
+        def fits(length: int) -> bool:
+            at = dataclasses.replace(engine, max_model_len=length)
+            try:
+                return sum(group_blocks_per_request(at, g) for g in groups) <= limit
+            except ValueError as exc:
+                raise PlanError(str(exc)) from exc
+    else:
+        def fits(length: int) -> bool:
+            return memory_usage(dataclasses.replace(engine, max_model_len=length),
+                                groups) <= available
 
     lo, hi = 1, engine.max_model_len
+    if fits(hi):  # the common case: the configured length fits
+        return hi
     if not fits(lo):
         return 0
     best = 1

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from kvspec.artifact import Artifact
 from kvspec.errors import KvspecError
 from kvspec.model.kinds import ref_kind_name
-from kvspec.model.plan import Group, Plan
+from kvspec.model.plan import Group, Layout, Plan
 from kvspec.planner import Resolved
 from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request, group_blocks_per_request
@@ -31,9 +31,9 @@ def _pages(group: Group) -> str:
     return " / ".join(human_bytes(p) for p in pages)
 
 
-def summary_warnings(artifact: Artifact) -> list[str]:
+def summary_warnings(artifact: Artifact | Layout) -> list[str]:
     """The planner's warnings and the early checks of a compiled layout."""
-    layout = artifact.layout
+    layout = artifact if isinstance(artifact, Layout) else artifact.layout
     return [m for lv, m in layout.plan.log if lv == "WARNING"] + list(layout.warnings)
 
 

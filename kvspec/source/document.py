@@ -29,12 +29,34 @@ Path_ = tuple[str | int, ...]
 #: Deeper than any source is nested (a source needs about 6 levels).
 MAX_DEPTH = 64
 
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser (where present) with the safe resolver, minus the path
+    resolvers no source uses: tags are resolved exactly as ``SafeLoader`` does."""
+
+    def resolve(self, kind: type, value: Any, implicit: Any) -> str:
+        if kind is yaml.ScalarNode:
+            if implicit[0]:
+                table = self.yaml_implicit_resolvers
+                for tag, regexp in table.get(value[0] if value else "", ()):
+                    if regexp.match(value):
+                        return tag
+                for tag, regexp in table.get(None, ()):
+                    if regexp.match(value):
+                        return tag
+            return self.DEFAULT_SCALAR_TAG
+        if kind is yaml.SequenceNode:
+            return self.DEFAULT_SEQUENCE_TAG
+        return self.DEFAULT_MAPPING_TAG
+
+
+assert not _Loader.yaml_path_resolvers
+_LOADER = _Loader
 _CONSTRUCTOR = yaml.SafeLoader("")  # builds scalars by their tag
 _SCALARS = _CONSTRUCTOR.yaml_constructors
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _MERGE = "tag:yaml.org,2002:merge"
 _SEQ, _MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
+_STR, _INT = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int"
 
 
 def format_path(path: Sequence[str | int]) -> str:
@@ -50,16 +72,35 @@ def format_path(path: Sequence[str | int]) -> str:
 
 @dataclass(frozen=True)
 class Document:
-    """A parsed YAML document and where each of its values starts."""
+    """A parsed YAML document and where each of its values starts.
+
+    With ``text``, positions are found when first asked for (an error is being
+    reported), by composing the text again: a document that compiles never pays
+    for them."""
 
     data: Any
     file: str
     positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
     #: Where each mapping key starts (for "unknown field" errors).
     key_positions: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    #: The YAML text, when positions are still to be found from it.
+    text: str | None = field(default=None, repr=False, compare=False)
+    _located: list[bool] = field(default_factory=list, repr=False, compare=False)
+
+    def _locate(self) -> None:
+        if self.text is None or self._located:
+            return
+        self._located.append(True)
+        try:
+            node = yaml.compose(self.text, Loader=_LOADER)
+        except (yaml.YAMLError, RecursionError):  # it composed once: cannot happen
+            return
+        if node is not None:
+            _Builder(self, record=True).build(node)
 
     def position(self, path: Sequence[str | int]) -> tuple[int, int] | None:
         """1-based (line, column) of the value at ``path``, or of its nearest parent."""
+        self._locate()
         path = tuple(path)
         while True:
             if path in self.positions:
@@ -69,6 +110,7 @@ class Document:
             path = path[:-1]
 
     def key_position(self, path: Sequence[str | int]) -> tuple[int, int] | None:
+        self._locate()
         return self.key_positions.get(tuple(path)) or self.position(path)
 
     def error(self, message: str, path: Sequence[str | int], *, key: bool = False,
@@ -91,11 +133,19 @@ def _fail(message: str, node: yaml.Node, file: str, path: Path_, **kw: Any) -> S
 class _Builder:
     """Builds Python data from a node tree without recursion, recording positions."""
 
-    def __init__(self, doc: Document) -> None:
+    def __init__(self, doc: Document, *, record: bool = False) -> None:
         self.doc = doc
+        self.record = record  # keep every value's and key's position
         self.built: dict[int, Any] = {}  # aliases share what their anchor built
 
     def scalar(self, node: yaml.ScalarNode, path: Path_) -> Any:
+        tag, text = node.tag, node.value
+        if tag == _STR:  # the common cases, as SafeConstructor builds them
+            # the text has no surrogates (parse_yaml): only a "\u" escape makes one
+            if node.style != '"' or _SURROGATE.search(text) is None:
+                return text
+        elif tag == _INT and text.isdigit() and (text[0] != "0" or text == "0"):
+            return int(text)
         try:
             build = _SCALARS.get(node.tag) or _SCALARS[None]
             value = build(_CONSTRUCTOR, node)
@@ -115,7 +165,8 @@ class _Builder:
         stack: list[tuple[yaml.Node, Path_, Any, Any]] = [(root, (), out, 0)]
         while stack:
             node, path, parent, key = stack.pop()
-            self.doc.positions.setdefault(path, _mark(node))
+            if self.record:
+                self.doc.positions.setdefault(path, _mark(node))
             if len(path) > MAX_DEPTH:
                 raise _fail(f"the document is nested more than {MAX_DEPTH} levels deep",
                             node, self.doc.file, path[:3], hint="a source needs a few "
@@ -155,11 +206,14 @@ class _Builder:
                 raise _fail(f"duplicate key {key!r}", key_node, self.doc.file, path + (key,),
                             hint=f"it is already set on line {seen[key]}; keep one")
             seen[key] = key_node.start_mark.line + 1
-            self.doc.key_positions[path + (key,)] = _mark(key_node)
+            if self.record:
+                self.doc.key_positions[path + (key,)] = _mark(key_node)
             pairs.append((value_node, path + (key,), value, key))
         return pairs
 
     def _merged(self, node: yaml.MappingNode, path: Path_) -> list[tuple]:
+        if all(k.tag != _MERGE for k, _ in node.value):
+            return node.value
         own = [(k, v) for k, v in node.value if k.tag != _MERGE]
         merges = [v for k, v in node.value if k.tag == _MERGE]
         keys = {k.value for k, _ in own if isinstance(k, yaml.ScalarNode)}
@@ -219,9 +273,8 @@ def parse_yaml(text: str, file: str = "<input>") -> Document:
     except RecursionError:
         raise SourceError(f"the document is nested more than {MAX_DEPTH} levels deep",
                           file=file, line=1, column=1) from None
-    doc = Document(None, file)
     if node is None:
         raise SourceError("the file is empty", file=file, line=1, column=1,
                           expected="kvspec: 1, name: ..., engine: ..., layers: ...",
                           hint="see layouts/ for examples")
-    return Document(_Builder(doc).build(node), file, doc.positions, doc.key_positions)
+    return Document(_Builder(Document(None, file)).build(node), file, text=text)

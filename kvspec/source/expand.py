@@ -11,6 +11,7 @@ stages. Specs are built from the layer kinds' registry
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvspec.errors import KvspecError, Location, PlanError, raise_all
 from kvspec.model import kinds
@@ -89,20 +90,52 @@ def _duplicates(layers: list[ExpandedLayer], doc: Document) -> list[KvspecError]
     return errors
 
 
+def _spec_key(fields: dict[str, Any], cache: str) -> tuple | None:
+    """What a layer's spec is built from, hashable (None when it is not): the
+    fields but the name, which a flat layer list gives every layer. Equal keys
+    mean equal fields (fields in another order only miss the cache)."""
+    key = (cache, *((k, v) for k, v in fields.items() if k != "layer_name"))
+    try:
+        hash(key)  # scalars only: the common case
+    except TypeError:
+        key = (cache, *((k, _frozen(v)) for k, v in fields.items() if k != "layer_name"))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+    return key
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    return value
+
+
 def _specs(layers: list[ExpandedLayer], engine: Engine, source: Source, doc: Document,
            errors: list[KvspecError]) -> tuple[dict[str, LayerSpec], dict[str, str | None]]:
     specs: dict[str, LayerSpec] = {}
     dtypes: dict[str, str | None] = {}
     memo: dict[tuple, LayerSpec] = {}
     failed: dict[str, tuple[KvspecError, list[str]]] = {}
+    by_value: dict[tuple, LayerSpec] = {}
     for layer in layers:
         cache = layer_cache_dtype(layer, source)
         kind = layer.fields.get("kind")
         key = (id(layer.fields), cache)  # layers of one type share their fields
         try:
-            if key not in memo:  # identical layers of a pattern share one spec object
-                memo[key] = build_spec(layer, engine, cache, doc)
-            specs[layer.name] = memo[key]
+            spec = memo.get(key)
+            if spec is None:  # identical layers share one spec object
+                value = _spec_key(layer.fields, cache)
+                spec = by_value.get(value) if value is not None else None
+                if spec is None:
+                    spec = build_spec(layer, engine, cache, doc)
+                    if value is not None:
+                        by_value[value] = spec
+                memo[key] = spec
+            specs[layer.name] = spec
         except KvspecError as exc:
             err = exc if exc.file else exc.at(_loc(doc, layer.path))
             failed.setdefault(err.render(), (err, []))[1].append(layer.name)

@@ -93,14 +93,17 @@ class _Expander:
         self.layers: list[ExpandedLayer] = []
         self.errors: list[KvspecError] = []
         self.index = 0
-        self._typed: dict[str, tuple[dict[str, Any], dict[str, Path]]] = {}
+        self._typed: dict[str | None, tuple[dict[str, Any], dict[str, Path]]] = {}
         self._templates: dict[str, str | None] = {}
 
-    def typed_fields(self, type_name: str) -> tuple[dict[str, Any], dict[str, Path]]:
+    def typed_fields(self, type_name: str | None) -> tuple[dict[str, Any], dict[str, Path]]:
+        """The defaults merged with a layer type's fields (None: the defaults alone),
+        once per type."""
         if type_name not in self._typed:
             self._typed[type_name] = merge_fields(
                 (self.source.defaults, ("defaults",)),
-                (self.source.layer_types[type_name], ("layer_types", type_name)))
+                (self.source.layer_types[type_name] if type_name is not None else None,
+                 ("layer_types", type_name)))
         return self._typed[type_name]
 
     def render(self, template: str, path: tuple) -> str:
@@ -140,8 +143,9 @@ class _Expander:
                 self.errors.append(unknown_type(self.doc, base + ("type",), entry.type,
                                                 self.source))
                 return
-        fields, origins = merge_fields((self.source.defaults, ("defaults",)),
-                                       (t, ("layer_types", entry.type)), (entry, base))
+        typed, typed_origins = self.typed_fields(entry.type if t is not None else None)
+        own, own_origins = merge_fields((entry, base))
+        fields, origins = {**typed, **own}, {**typed_origins, **own_origins}
         if entry.name is not None:
             if entry.repeat > 1:
                 self.errors.append(self.doc.error(

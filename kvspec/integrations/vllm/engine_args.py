@@ -25,6 +25,7 @@ from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
 from kvspec.model.plan import Plan
+from kvspec.planner.stages import layer_index
 from kvspec.model.specs import Attention, MambaState, layer_specs
 
 
@@ -39,9 +40,13 @@ class Flag:
     flag: str
     value: str | None
     why: str
+    #: The value is several arguments (separated by spaces).
+    many: bool = False
 
     def words(self) -> list[str]:
-        return [self.flag] if self.value is None else [self.flag, self.value]
+        if self.value is None:
+            return [self.flag]
+        return [self.flag, *self.value.split()] if self.many else [self.flag, self.value]
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,15 @@ def _state_dtypes(artifact: Artifact) -> tuple[str, ...] | None:
     return states[0].dtypes if states else None
 
 
+def _skip_layers(artifact: Artifact) -> list[int]:
+    """Decoder layers whose cache stays unquantized under a quantized engine dtype."""
+    engine = artifact.layout.engine
+    if engine.kv_cache_dtype == "auto":
+        return []
+    return sorted({i for n, e in artifact.layout.layers.items()
+                   if e.kv_cache_dtype == "auto" and (i := layer_index(n)) is not None})
+
+
 def _parallel(engine: Any) -> list[Flag]:
     return [Flag("--tensor-parallel-size", str(engine.tensor_parallel_size), "KV heads per rank"),
             Flag("--pipeline-parallel-size", str(engine.pipeline_parallel_size),
@@ -87,6 +101,10 @@ def _cache(artifact: Artifact) -> list[Flag]:
     if dtype is not None:
         out.append(Flag("--dtype", dtype, "the page size of unquantized layers"))
     out.append(Flag("--kv-cache-dtype", engine.kv_cache_dtype, "quantization of the KV cache"))
+    skipped = _skip_layers(artifact)
+    if skipped:
+        out.append(Flag("--kv-cache-dtype-skip-layers", " ".join(map(str, skipped)),
+                        "decoder layers kept in the model dtype", many=True))
     out.append(Flag("--block-size", str(engine.block_size), "tokens per attention block"))
     out.append(Flag("--max-model-len", "auto" if planned.auto_max_model_len
                     else str(engine.max_model_len), "blocks per request and the fit check"))

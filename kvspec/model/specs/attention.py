@@ -70,7 +70,11 @@ class Attention(LayerSpec):
 
     @property
     def unpadded_page_size_bytes(self) -> int:
-        return self.num_heads * self.num_states * self.state_content_size_bytes
+        page = self._page_memo
+        if not page:
+            page = self.num_heads * self.num_states * self.state_content_size_bytes
+            object.__setattr__(self, "_page_memo", page)
+        return page
 
     @property
     def page_size_bytes(self) -> int:

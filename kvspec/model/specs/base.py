@@ -125,6 +125,9 @@ class LayerSpec:
     dcp_sharded: bool = False
     #: Bytes the distance between physical blocks must be a multiple of.
     block_stride_alignment: int | None = None
+    #: The unpadded page, computed on first use (a spec's fields never change
+    #: after construction; not a field of the format: no init, compare or repr).
+    _page_memo: int = field(default=0, init=False, repr=False, compare=False)
 
     # -- page geometry -------------------------------------------------------
     @property

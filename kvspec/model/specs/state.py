@@ -63,13 +63,17 @@ class MambaState(LayerSpec):
 
     @property
     def unpadded_page_size_bytes(self) -> int:
-        return self.state_content_size_bytes
+        page = self._page_memo
+        if not page:
+            page = self.state_content_size_bytes
+            object.__setattr__(self, "_page_memo", page)
+        return page
 
     @property
     def page_size_bytes(self) -> int:
         if self.page_size_padded is not None:
             return self.page_size_padded
-        return self.state_content_size_bytes
+        return self.unpadded_page_size_bytes
 
     @property
     def block_table_token_alignment(self) -> int | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvspec.model.engine import Engine
@@ -31,6 +31,8 @@ class UniformType(LayerSpec):
     ref_class: ClassVar[str] = "UniformTypeKVCacheSpecs"
 
     members: tuple[tuple[str, LayerSpec], ...]
+    _by_name: dict[str, LayerSpec] | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
 
     def __post_init__(self) -> None:
         if self.members:
@@ -38,7 +40,12 @@ class UniformType(LayerSpec):
 
     @property
     def specs(self) -> dict[str, LayerSpec]:
-        return dict(self.members)
+        """Member specs by layer name (built once)."""
+        by_name = self._by_name
+        if by_name is None:
+            by_name = dict(self.members)
+            object.__setattr__(self, "_by_name", by_name)
+        return by_name
 
     @property
     def first(self) -> LayerSpec:
@@ -54,7 +61,15 @@ class UniformType(LayerSpec):
 
     @property
     def page_size_bytes(self) -> int:
-        return sum(s.page_size_bytes for _, s in self.members)
+        page = self._page_memo
+        if not page:
+            page = sum(s.page_size_bytes for _, s in self.members)
+            object.__setattr__(self, "_page_memo", page)
+        return page
+
+    def distinct(self) -> tuple[LayerSpec, ...]:
+        """The members' distinct specs, in first-seen order."""
+        return tuple(dict.fromkeys(s for _, s in self.members))
 
     @property
     def block_table_token_alignment(self) -> int | None:
@@ -66,7 +81,7 @@ class UniformType(LayerSpec):
 
     def max_memory_usage_pages(self, engine: Engine) -> int:
         return max(cdiv(s.max_memory_usage_bytes(engine), s.page_size_bytes)
-                   for _, s in self.members)
+                   for s in self.distinct())
 
     def max_memory_usage_bytes(self, engine: Engine) -> int:
         return self.max_memory_usage_pages(engine) * self.page_size_bytes

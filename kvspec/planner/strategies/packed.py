@@ -63,16 +63,26 @@ class _Bucket:
 
 
 def _buckets(specs: Mapping[str, LayerSpec]) -> list[_Bucket]:
-    groups: list[dict[str, LayerSpec]] = []
+    """Each layer joins the first bucket it is of one type with (else opens one).
+
+    Every kind's "same type" test compares each layer with the bucket's first
+    alone, so a layer fits a bucket exactly when it fits with that first layer:
+    one test per bucket and distinct spec, not one per layer pair."""
+    groups: list[tuple[LayerSpec, dict[str, LayerSpec]]] = []
+    fits: dict[tuple[int, int], bool] = {}
     for name, spec in specs.items():
-        for bucket in groups:
-            if is_uniform_type([*bucket.values(), spec]):
+        for i, (first, bucket) in enumerate(groups):
+            key = (i, id(spec))
+            ok = fits.get(key)
+            if ok is None:
+                ok = fits[key] = is_uniform_type([first, spec])
+            if ok:
                 bucket[name] = spec
                 break
         else:
-            groups.append({name: spec})
+            groups.append((spec, {name: spec}))
     out = []
-    for bucket in groups:
+    for _, bucket in groups:
         uniform = UniformType.of(bucket)
         assert uniform is not None
         by_page: dict[int, list[str]] = defaultdict(list)

@@ -1,0 +1,59 @@
+"""The click application: the top-level group, loading each command on demand.
+
+A command's module is imported only when that command runs (or ``--help``
+lists them all), so ``kvspec validate`` pays for nothing ``schema`` or
+``explain`` needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from kvspec import __version__
+from kvspec.cli import COMMANDS, common
+from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError
+
+#: Command name -> module (``import`` lives in ``import_``, ``engine-args`` in ``engine_args``).
+MODULES = {m.rstrip("_").replace("_", "-"): m for m in COMMANDS}
+
+
+class _Commands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(MODULES)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = MODULES.get(cmd_name)
+        if module is None:
+            return None
+        return importlib.import_module(f"kvspec.cli.{module}").command
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"],
+                                              "max_content_width": 100})
+@click.version_option(__version__, prog_name="kvspec")
+@click.option("--no-color", is_flag=True,
+              help="No colour in messages (also: the NO_COLOR environment variable).")
+def cli(no_color: bool) -> None:
+    """Declare, review and load KV-cache memory layouts."""
+    common.COLOR = False if no_color else None
+
+
+def run(argv: list[str] | None) -> None:
+    """Run the CLI, turn errors into messages and exit codes."""
+    try:
+        code = cli.main(args=argv, prog_name="kvspec", standalone_mode=False)
+    except KvspecError as err:
+        common.error(err)
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(EXIT_INVALID)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+    sys.exit(code if isinstance(code, int) else 0)
