@@ -170,3 +170,35 @@ def test_the_entry_point_refuses_a_tampered_artifact_in_a_fresh_process(tmp_path
     run = _engine_core("synthetic-swa-hybrid", {"KVSPEC_LAYOUT": str(path)})
     assert run.returncode != 0
     assert "the artifact is refused" in run.stderr
+
+
+@pytest.mark.parametrize("mode", ["verify", "enforce"])
+@pytest.mark.parametrize("init", ["--from-hf", "--from-vllm"])
+@pytest.mark.parametrize("config", ["llama-3.1-8b", "gemma-3-27b-it", "deepseek-v3",
+                                    "qwen3-next-80b-a3b-thinking", "nemotron-h-56b-base-8k"])
+def test_real_models_layers_plan_to_the_artifact(config, init, mode, adapter, installed,
+                                                 tmp_path):
+    """The specs vLLM's own model code reports (built on meta, hybrid pages padded by
+    the engine) against an artifact made by either init: vLLM plans the artifact."""
+    from pathlib import Path as P
+
+    from kvspec.artifact import Artifact
+    from kvspec.integrations.vllm.init import settings
+    from tests.conftest import invoke
+    from tests.vllm.compare_init import HF, options
+
+    src = tmp_path / f"{config}.yaml"
+    code, _, err = invoke(["init", init, str(HF / f"{config}.json"), "--tp", "2",
+                           "--max-model-len", "8192", "--memory", "24GiB", "-o", str(src)])
+    assert code == 0, err
+    assert invoke(["compile", str(src)])[0] == 0
+    path = P(str(src).removesuffix(".yaml") + ".kvlayout.json")
+    art = Artifact.read(path)
+    built = adapter.build(HF / f"{config}.json",
+                          {**settings(options(config, 2, max_model_len=8192))})
+    installed(path, mode)
+    out = adapter.plan(Expectation(art, "-", "verify").settings(), built["stages"],
+                       art.layout.budget.memory)
+    assert out["ok"], out["error"]
+    assert [(w["num_blocks"], w["kv_cache_tensors"]) for w in out["workers"]] == \
+        _kvspec_workers(art, art.layout.budget.memory)
