@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from kvspec.model import kinds
@@ -30,10 +31,21 @@ from kvspec.model.specs import LayerSpec
 # ---------------------------------------------------------------------------
 
 
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass of plain values as a dict (``dataclasses.asdict`` deep-copies
+    every value, which costs more than the rest of encoding)."""
+    return {name: getattr(obj, name) for name in _field_names(type(obj))}
+
+
+@cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
 def encode_engine(layout: Layout) -> dict[str, Any]:
     """The engine settings the plan was made for, derived values resolved."""
     planned, final = layout.plan.engine, layout.engine
-    out = dataclasses.asdict(planned)
+    out = _fields(planned)
     out["layout"] = out.pop("axis_order").name
     out["max_model_len"] = final.max_model_len
     out["model_max_len"] = planned.max_model_len
@@ -110,7 +122,7 @@ def encode(layout: Layout) -> dict[str, Any]:
         "stages": [_stage(st, layout) for st in layout.stages],
         "scheduler_block_size": layout.scheduler_block_size,
         "hash_block_size": layout.hash_block_size, "needs_zeroing": layout.needs_zeroing,
-        "budget": None if b is None else dataclasses.asdict(b),
+        "budget": None if b is None else _fields(b),
         "log": [{"level": lv, "message": m} for lv, m in layout.plan.log],
         "warnings": list(layout.warnings),
     }

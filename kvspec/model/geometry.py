@@ -133,6 +133,23 @@ def view_geometry(layers: Sequence[str], layer_stride: int, block_stride: int, o
     ``ratio`` kernel blocks a constant stride apart, which needs each block to
     be one dense page.
     """
+    first, step = tensor_geometry(layers, layer_stride, block_stride, offset, spec,
+                                  num_blocks, axis_order, kernel_block_size)
+    if first is None:
+        return []
+    size = dtype_size(first.dtype)
+    return [ViewGeometry(layer=name, dtype=first.dtype, shape=first.shape, stride=first.stride,
+                         storage_offset=(first.byte_offset + i * step) // size,
+                         byte_stride=first.byte_stride, byte_offset=first.byte_offset + i * step)
+            for i, name in enumerate(layers)]
+
+
+def tensor_geometry(layers: Sequence[str], layer_stride: int, block_stride: int, offset: int,
+                    spec: LayerSpec, num_blocks: int, axis_order: AxisOrder,
+                    kernel_block_size: int | None = None) -> tuple[ViewGeometry | None, int]:
+    """The first layer's view of a tensor and the bytes between consecutive
+    layers' views (every layer of a tensor shares dtype, shape and strides):
+    :func:`view_geometry` without building one record per layer."""
     shape = page_shape(spec, num_blocks, kernel_block_size)
     ratio = shape[0] // num_blocks if num_blocks else 1
     if ratio > 1:
@@ -156,11 +173,12 @@ def view_geometry(layers: Sequence[str], layer_stride: int, block_stride: int, o
     bs = (byte_strides[1], byte_strides[2], byte_strides[3], byte_strides[4])
     elem = (bs[0] // size, bs[1] // size, bs[2] // size, 1 if bs[3] == 1 else bs[3])
     view_shape = (shape[0], shape[1], shape[2], c_bytes // size)
-    out = []
-    for i, name in enumerate(layers):
-        off = offset + i * byte_strides[0]
+    step = byte_strides[0]
+    if not layers:
+        return None, step
+    for i, name in enumerate(layers[:2]):  # offset + i * step: aligned iff these two are
+        off = offset + i * step
         if off % size:
             raise PlanError(f"layer {name} starts at byte {off}, not aligned to {dtype}")
-        out.append(ViewGeometry(layer=name, dtype=dtype, shape=view_shape, stride=elem,
-                                storage_offset=off // size, byte_stride=bs, byte_offset=off))
-    return out
+    return ViewGeometry(layer=layers[0], dtype=dtype, shape=view_shape, stride=elem,
+                        storage_offset=offset // size, byte_stride=bs, byte_offset=offset), step

@@ -23,14 +23,13 @@ offset divide by the dtype's size (C's stays 1). Kernel-block splitting views a 
 blocks: ``B' = B * ratio``, ``N' = N / ratio`` and ``block_stride' =
 block_stride / ratio`` (only where a block is one dense page).
 
-This module imports torch; :func:`kvspec.model.geometry.view_geometry` (torch-free)
+This module imports torch; :func:`kvspec.model.geometry.tensor_geometry` (torch-free)
 does the arithmetic.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 
 import torch
 
@@ -38,15 +37,17 @@ from kvspec.errors import ArtifactError, KvspecError
 from kvspec.model import kinds
 from kvspec.model.axes import AxisOrder
 from kvspec.model.dtypes import canonical_dtype, dtype_size
-from kvspec.model.geometry import view_geometry
+from kvspec.model.geometry import tensor_geometry
 from kvspec.model.plan import Tensor
 from kvspec.model.quant import CellPart
 from kvspec.model.specs import Attention, LayerSpec
 from kvspec.model.specs.attention import windows_of
+from kvspec.runtime.meta import LayerMeta, TensorMeta
 
 __all__ = [
     "KVViews",
     "LayerMeta",
+    "TensorMeta",
     "LayoutViews",
     "build_tensor_views",
     "conventions",
@@ -66,51 +67,6 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ArtifactError(f"this torch ({torch.__version__}) has no dtype {name!r}",
                             hint="upgrade torch, or compile without that dtype")
     return dtype
-
-
-@dataclass(frozen=True, slots=True)
-class LayerMeta:
-    """What a kernel needs to know about one layer's view, besides the view."""
-
-    name: str
-    #: Global KV cache group id (the block table this layer reads).
-    group: int
-    #: The layer's kind, e.g. ``full_attention``, ``sliding_window``, ``mamba``.
-    kind: str
-    #: Tokens per manager block (the block pool's unit).
-    block_size: int
-    #: Tokens per B entry of the view (== block_size unless kernel-block split).
-    kernel_block_size: int
-    sliding_window: int | None
-    attention_chunk_size: int | None
-    #: ``device``, ``draft`` (a drafter's own region of the device allocation)
-    #: or ``host``.
-    pool: str
-    #: Manager blocks of that pool.
-    num_blocks: int
-    dtype: str
-    #: Index of the artifact tensor in the stage, and the layer's place in it.
-    tensor: int
-    slot: int
-    #: ``(B, H, N, C)`` and strides in elements of ``dtype``.
-    shape: tuple[int, int, int, int]
-    stride: tuple[int, int, int, int]
-    storage_offset: int
-    #: The same geometry in bytes of the pool allocation.
-    byte_offset: int
-    byte_stride: tuple[int, int, int, int]
-    #: K and V head sizes when a cell holds K||V (dense attention), else None.
-    head_size: int | None
-    head_size_v: int | None
-    role: str
-
-    @property
-    def kernel_blocks_per_block(self) -> int:
-        return self.block_size // self.kernel_block_size
-
-    @property
-    def holds_kv(self) -> bool:
-        return self.head_size is not None
 
 
 def _kv_sizes(spec: LayerSpec, cell: int) -> tuple[int | None, int | None]:
@@ -139,42 +95,46 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, spec: L
         # (B, H, N, C) in dtype: storage_offset = byte_offset / itemsize
     """
     try:
-        geoms = view_geometry(tensor.layers, tensor.layer_stride.at(num_blocks),
-                              tensor.block_stride.at(num_blocks), tensor.offset.at(num_blocks),
-                              spec, pool_blocks, order, kernel_block_size)
+        first, step = tensor_geometry(tensor.layers, tensor.layer_stride.at(num_blocks),
+                                      tensor.block_stride.at(num_blocks),
+                                      tensor.offset.at(num_blocks), spec, pool_blocks, order,
+                                      kernel_block_size)
     except KvspecError as err:
         raise err.replace(message=f"tensor {index} ({tensor.layers[0]}, ...): {err.message}"
                           ) from None
-    if not geoms:
+    if first is None:
         return []
     # Every layer of a tensor shares its dtype, shape and strides: only the
     # offset moves (by layer_stride), so the per-layer work is one as_strided.
-    first = geoms[0]
     dtype = torch_dtype(first.dtype)
     item = dtype_size(first.dtype)
     byte_shape = (first.shape[0], first.shape[1], first.shape[2], first.shape[3] * item)
     extent = sum((n - 1) * s for n, s in zip(byte_shape, first.byte_stride)) + 1
     k, v = _kv_sizes(spec, first.shape[3])
-    kernel = kernel_block_size if kernel_block_size is not None else spec.block_size
     window, chunk = windows_of(spec)
+    shared = TensorMeta(
+        group=tensor.group, kind=spec.kind, block_size=spec.block_size,
+        kernel_block_size=kernel_block_size if kernel_block_size is not None
+        else spec.block_size, sliding_window=window, attention_chunk_size=chunk, pool=pool,
+        num_blocks=pool_blocks, dtype=first.dtype, tensor=index, shape=first.shape,
+        stride=first.stride, byte_stride=first.byte_stride, head_size=k, head_size_v=v,
+        role=tensor.role)
     base, limit = buffer.storage_offset(), buffer.numel()
+    offsets = [first.byte_offset + i * step for i in range(len(tensor.layers))]
+    low, high = min(offsets), max(offsets)  # every view in the pool: checked at both ends
+    if low < 0 or high + extent > limit:
+        bad = tensor.layers[offsets.index(high if high + extent > limit else low)]
+        raise ArtifactError(
+            f"layer {bad}'s view reaches byte {(high if high + extent > limit else low) + extent}"
+            f" of a {limit}-byte {pool} pool at {num_blocks} blocks",
+            hint="the artifact is inconsistent: recompile it from its source")
+    strided, stride = torch.as_strided, first.byte_stride
     out: list[tuple[torch.Tensor, LayerMeta]] = []
-    for slot, g in enumerate(geoms):
-        if g.byte_offset < 0 or g.byte_offset + extent > limit:
-            raise ArtifactError(
-                f"layer {g.layer}'s view reaches byte {g.byte_offset + extent} of a "
-                f"{limit}-byte {pool} pool at {num_blocks} blocks",
-                hint="the artifact is inconsistent: recompile it from its source")
-        view = torch.as_strided(buffer, byte_shape, g.byte_stride, base + g.byte_offset)
+    for slot, (name, off) in enumerate(zip(tensor.layers, offsets)):
+        view = strided(buffer, byte_shape, stride, base + off)
         if dtype is not torch.int8:
             view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
-        out.append((view, LayerMeta(
-            name=g.layer, group=tensor.group, kind=spec.kind, block_size=spec.block_size,
-            kernel_block_size=kernel, sliding_window=window, attention_chunk_size=chunk,
-            pool=pool, num_blocks=pool_blocks, dtype=g.dtype, tensor=index, slot=slot,
-            shape=g.shape, stride=g.stride, storage_offset=g.storage_offset,
-            byte_offset=g.byte_offset, byte_stride=g.byte_stride, head_size=k,
-            head_size_v=v, role=tensor.role)))
+        out.append((view, LayerMeta(name, slot, off // item, off, shared)))
     return out
 
 
@@ -236,8 +196,14 @@ class KVViews(Mapping[str, tuple[torch.Tensor, torch.Tensor]]):
     def __init__(self, views: Mapping[str, torch.Tensor], metadata: Mapping[str, LayerMeta]):
         self._views = views
         self._meta = metadata
-        self._names = tuple(n for n, m in metadata.items() if m.holds_kv)
+        self._kv_names: tuple[str, ...] | None = None  # found on first listing
         self._made: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def _names(self) -> tuple[str, ...]:
+        if self._kv_names is None:
+            self._kv_names = tuple(n for n, m in self._meta.items() if m.head_size is not None)
+        return self._kv_names
 
     def __getitem__(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         made = self._made.get(name)
