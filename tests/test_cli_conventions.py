@@ -221,3 +221,17 @@ def test_colour_on_a_terminal_only() -> None:
     assert "\x1b[" not in _stderr_on_a_terminal(["compile", "missing.yaml"], NO_COLOR="1")
     code, _, err = invoke(["compile", "missing.yaml"])  # not a terminal: plain
     assert code == 1 and "\x1b[" not in err
+
+
+def test_init_quiet_and_never_over_its_config(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text((ROOT / "tests" / "data" / "hf" / "qwen3-8b.json").read_text())
+    out = tmp_path / "m.yaml"
+    assert invoke(["init", "-q", "--from-hf", str(config), "-o", str(out)]) == (0, "", "")
+    assert "\nkvspec: 1\n" in out.read_text()
+    before = config.read_text()
+    code, _, err = invoke(["init", "--from-hf", str(config), "-o", str(config), "--force"])
+    assert code == 2 and "is the input" in err
+    assert config.read_text() == before
+    code, _, err = invoke(["init", "--from-hf", str(config), "--memory", "20GiB..40GiB"])
+    assert code == 2 and "--memory takes one size here" in err

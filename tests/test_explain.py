@@ -257,11 +257,17 @@ def test_state_slots_below_max_num_seqs(runner, cases, tmp_path) -> None:
     res = explain(runner, src)
     assert res.exit_code == 0
     # the planner's early check, made for the report's budget
-    assert "  - state layers hold 1333 requests' states in 4002 blocks (3 state blocks per" \
+    assert "  - state layers hold 1333 requests' states at once in 4002 blocks (3 state" \
         in res.stdout.splitlines()
     assert res.stdout.count("state layers hold") == 1
     # a larger budget has the slots
     res = explain(runner, src, "--memory", "32GiB")
+    assert "state layers hold" not in res.stdout
+    # more sequences than blocks: vLLM refuses to start (its CUDA-graph check)
+    src.write_text(text.replace("max_num_seqs: 2048", "max_num_seqs: 5000"))
+    res = explain(runner, src)
+    assert "max_num_seqs 5000 is more than the pool's 4002 blocks: vLLM 0.33.0 refuses" \
+        in res.stdout.replace("\n    ", " ")
     assert "state layers hold" not in res.stdout
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import USAGE, quiet_option
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import read_json
 
@@ -80,11 +80,12 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the source (default: stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@quiet_option
 def command(config_path: Path | None, vllm_model: Path | None, target: str | None, tp: int,
             pp: int, max_model_len: str | None, memory: str | None, kv_cache_dtype: str,
             dtype: str | None, block_size: int, no_prefix_caching: bool,
             mamba_cache_dtype: str, mamba_ssm_cache_dtype: str, name: str | None,
-            model_id: str | None, output: Path | None, force: bool) -> None:
+            model_id: str | None, output: Path | None, force: bool, quiet: bool) -> None:
     """Write a layout source for a model: from its Hugging Face config.json, or
     from vLLM's own model code.
 
@@ -95,7 +96,7 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     size and mamba_cache_mode; docs/engine-rules.md). It compiles; review it
     before committing it.
     """
-    from kvspec.cli.common import parse_bytes
+    from kvspec.cli.common import single_memory
     from kvspec.files import emit, refuse_overwrite
     from kvspec.integrations.options import InitOptions
 
@@ -109,14 +110,14 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         except ValueError as exc:
             raise UsageError(f"--target: {exc}", found=target,
                              hint="see docs/engine-rules.md") from None
-    refuse_overwrite(output, force)
     source = config_path if config_path is not None else vllm_model
     assert source is not None
+    refuse_overwrite(output, force, inputs=(source,))
     config = read_config(config_path) if config_path is not None else {}
     options = InitOptions(
         name=name or _default_name(source, output, config),
         model=model_id, tp=tp, pp=pp, max_model_len=_max_model_len(max_model_len),
-        memory=parse_bytes(memory) if memory else None, kv_cache_dtype=kv_cache_dtype,
+        memory=single_memory(memory), kv_cache_dtype=kv_cache_dtype,
         dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=str(source), target=target,
         prefix_caching=not no_prefix_caching)
@@ -126,7 +127,7 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     else:
         from kvspec.integrations.hf.init import init_source
         text = init_source(config, options)
-    emit(text, output)
+    emit(text, output, quiet=quiet)
 
 
 #: ``kvspec init``'s exit codes and what each means (docs/cli.md).

@@ -20,7 +20,7 @@ class VerifyInputError(KvspecError):
     exit_code = EXIT_USAGE
 
 
-@click.command("verify")
+@click.command("verify", short_help="Check a plan against the installed vLLM's own planner.")
 @click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--against", type=click.Choice(["vllm"]), required=True,
               help="The engine whose own planner checks the plan (the installed vLLM).")
@@ -30,8 +30,10 @@ class VerifyInputError(KvspecError):
               "one the by-design table explains (docs/vllm.md).")
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text",
               show_default=True, help="Output format.")
+@click.option("--quiet", "-q", is_flag=True,
+              help="Print nothing; only the exit status says whether the plans agree.")
 def command(layout: Path, against: str, memory: str | None, allow_by_design: bool,
-            fmt: str) -> int:
+            fmt: str, quiet: bool) -> int:
     """Check a plan against the installed vLLM's own planner.
 
     Plan LAYOUT (a source or an artifact) with vLLM's planning code and compare it
@@ -40,18 +42,19 @@ def command(layout: Path, against: str, memory: str | None, allow_by_design: boo
     hash block sizes, max concurrency and token capacity. Differences the
     reference planner and upstream vLLM have on purpose are marked "differs by
     design" with the rule's name. Needs kvspec[vllm]."""
-    from kvspec.cli.common import parse_bytes
+    from kvspec.cli.common import single_memory
     from kvspec.integrations import vllm as bridge
     from kvspec.integrations.vllm.render import render
     from kvspec.integrations.vllm.verify import verify_path
 
-    mem = parse_bytes(memory) if memory else None
+    mem = single_memory(memory)
     adapter = bridge.adapter()
     try:
         verdict = verify_path(layout, memory=mem, adapter=adapter)
     except KvspecError as err:
         raise err.as_type(VerifyInputError) from None
-    click.echo(render(verdict, fmt), nl=False)
+    if not quiet:
+        click.echo(render(verdict, fmt), nl=False)
     if verdict.agrees or (allow_by_design and verdict.by_design_only):
         return EXIT_OK
     return EXIT_INVALID

@@ -3,8 +3,10 @@
 Each check returns warnings with the numbers behind them; the engine would
 only find these out after a model load, or never say them at all.
 
-* state slots below ``max_num_seqs`` (vLLM issue 49064: "max_num_seqs exceeds
-  available Mamba cache blocks" after a ten-minute load);
+* a model with state layers whose ``max_num_seqs`` exceeds the pool's blocks
+  (vLLM 0.33.0 then fails at start-up, "max_num_seqs exceeds available Mamba
+  cache blocks", after a ten-minute load; vLLM issue 49064), or whose states
+  fit fewer requests than ``max_num_seqs`` at once;
 * page unification that inflates an attention group's block size, so prompts
   shorter than one block never hit the prefix cache (vLLM issue 40696);
 * a scheduler block (LCM over groups) far above the configured block size
@@ -24,25 +26,38 @@ from kvspec.planner.size import block_sizes, group_blocks_per_request
 PADDING_WARN = 0.10
 #: Scheduler block (LCM over groups) over the configured block size to flag.
 LCM_WARN = 8
-#: The start of the state-slot warning (it depends on the budget).
+#: The start of the state-slot warnings (they depend on the budget).
 STATE_SLOTS = "state layers hold"
+STATE_BLOCKS = "max_num_seqs"
 
 
-def state_slot_warning(engine: Engine, stage: Stage, num_blocks: int) -> str | None:
-    """State slots for ``num_blocks`` below ``max_num_seqs``, or None."""
+def state_slot_warnings(engine: Engine, stage: Stage, num_blocks: int) -> list[str]:
+    """What the pool's block count means for a model with state layers:
+
+    * vLLM 0.33.0 refuses to start when ``max_num_seqs`` exceeds the pool's
+      blocks and CUDA graphs capture full decodes (its default): each decoding
+      sequence needs a state block (``CompilationConfig``, vllm/config/compilation.py);
+    * fewer requests' states than ``max_num_seqs`` fit at once: the rest wait
+      for blocks (not an error, but ``max_num_seqs`` promises more).
+    """
     groups = [g for g in stage.groups if g.layer_names
               and all(isinstance(s, MambaState) for s in layer_specs(g.spec))]
     if not groups:
-        return None
+        return []
+    seqs = engine.max_num_seqs
+    if seqs > num_blocks:
+        return [f"{STATE_BLOCKS} {seqs} is more than the pool's {num_blocks} blocks: vLLM "
+                f"0.33.0 refuses to start with full CUDA graphs (its default: 'max_num_seqs "
+                f"({seqs}) exceeds available Mamba cache blocks ({num_blocks})'); lower "
+                f"max_num_seqs to {num_blocks} or less, or give the KV cache more memory"]
     per_request = sum(group_blocks_per_request(engine, g) for g in groups)
     slots = (num_blocks - 1) // per_request if per_request else 0
-    if slots >= engine.max_num_seqs:
-        return None
-    return (f"{STATE_SLOTS} {slots} requests' states in {num_blocks} blocks "
-            f"({per_request} state blocks per request), below max_num_seqs "
-            f"{engine.max_num_seqs}: lower max_num_seqs to {max(slots, 1)} or give the KV "
-            "cache more memory (vLLM fails at start-up with 'max_num_seqs exceeds "
-            "available Mamba cache blocks')")
+    if slots >= seqs:
+        return []
+    return [f"{STATE_SLOTS} {slots} requests' states at once in {num_blocks} blocks "
+            f"({per_request} state blocks per request), below max_num_seqs {seqs}: more "
+            f"running requests wait for blocks; lower max_num_seqs to {max(slots, 1)} to "
+            "match, or give the KV cache more memory"]
 
 
 def _inflated_blocks(engine: Engine, plan: Plan) -> list[str]:
@@ -106,8 +121,6 @@ def early_checks(plan: Plan, engine: Engine, num_blocks: int | None = None) -> l
     st0 = plan.stages[0]
     warnings = []
     if num_blocks is not None:
-        slot = state_slot_warning(engine, st0, num_blocks)
-        if slot is not None:
-            warnings.append(slot)
+        warnings += state_slot_warnings(engine, st0, num_blocks)
     return warnings + _inflated_blocks(engine, plan) + _scheduler_block(engine, st0) \
         + _padding(engine, st0)
