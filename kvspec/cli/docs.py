@@ -57,7 +57,7 @@ _PREAMBLE = """\
 `kvspec COMMAND --help` prints the same usage and options in a terminal. For a first
 walk through the commands, see [getting-started.md](getting-started.md).
 
-    kvspec [--version] [-h | --help] COMMAND [ARGS]...
+    kvspec [--version] [--no-color] [-h | --help] COMMAND [ARGS]...
 
 | command | what it does |
 | --- | --- |
@@ -67,7 +67,18 @@ walk through the commands, see [getting-started.md](getting-started.md).
 
 * **Exit codes.** 0 ok, 1 invalid input, 2 usage error, unless a command's table below
   says otherwise (`kvspec diff`: 1 means "the plans differ"; `kvspec check`: 1 means an
-  artifact is stale). Errors go to stderr, results to stdout.
+  artifact is stale).
+* **Streams.** Results go to stdout, so they can be piped; errors, warnings and notes
+  such as `wrote X` go to stderr. `--quiet` (`-q`) drops the warnings and notes (errors
+  are always printed); on `diff` and `verify` it drops the report too, leaving the exit
+  status. Colour is used on a terminal only, never with `--no-color` or `NO_COLOR` set.
+* **JSON.** `--format json` (`validate`, `check`, `explain`, `diff`, `verify`) and
+  `plan --json` print one JSON document on stdout, with sorted keys. `validate`: a list
+  with one object per source, `{{"file", "ok", "errors": [...], "warnings": [...]}}`,
+  each error `{{"type", "message", "file", "line", "column", "path", "expected", "found",
+  "hint"}}`; `check`: `{{"ok", "findings": [{{"source", "artifact", "status",
+  "detail"}}]}}`;
+  `explain`: the report's data ([reports.md](reports.md#json)).
 * **Error messages** name the file, line and column, the path into the YAML, what was
   expected, what was found and a hint:
 
@@ -82,7 +93,9 @@ walk through the commands, see [getting-started.md](getting-started.md).
 * **Layouts** are sources (`X.yaml`, compiled on the fly) or artifacts
   (`X.kvlayout.json`, verified against their hash) wherever a command says LAYOUT;
   a source's artifact lives beside it as `X.kvlayout.json`.
-* Files written with `-o` are written atomically: a reader never sees half a file.
+* **Files** written with `-o` are written atomically: a reader never sees half a file.
+  A command never writes over its own input, and replaces an existing file only with
+  `--force` (`compile` also replaces its own earlier artifact).
 """
 
 
