@@ -118,6 +118,39 @@ class _Expander:
         return template.format(index=self.index)
 
     def pattern(self, entry: PatternEntry, base: tuple) -> None:
+        plan = self._pattern_plan(entry, base)
+        if plan is None:  # a problem in the pattern: reported layer by layer below
+            return self._pattern_slow(entry, base)
+        layers, index = self.layers, self.index
+        for _ in range(entry.repeat):
+            for path, members in plan:
+                for type_name, fields, origins, template in members:
+                    layers.append(ExpandedLayer(template.format(index=index), index, fields,
+                                                path, type_name, origins))
+                index += 1
+        self.index = index
+
+    def _pattern_plan(self, entry: PatternEntry, base: tuple) -> list[tuple] | None:
+        """Per pattern item: its path and its layers' (type, fields, origins, name
+        template), worked out once for every repeat; None if any item has a problem."""
+        plan = []
+        for p, item in enumerate(entry.pattern):
+            members = []
+            if item.strip() != SKIP:
+                for type_name in (t.strip() for t in item.split("+")):
+                    if type_name not in self.source.layer_types:
+                        return None
+                    fields, origins = self.typed_fields(type_name)
+                    template = fields.get("layer_name") or self.source.layer_name
+                    if template not in self._templates:
+                        self._templates[template] = template_problem(template)
+                    if self._templates[template] is not None:
+                        return None
+                    members.append((type_name, fields, origins, template))
+            plan.append((base + ("pattern", p), members))
+        return plan
+
+    def _pattern_slow(self, entry: PatternEntry, base: tuple) -> None:
         for _ in range(entry.repeat):
             for p, item in enumerate(entry.pattern):
                 path = base + ("pattern", p)
