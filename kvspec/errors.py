@@ -159,9 +159,10 @@ class KvspecError(Exception):
 
 
 #: Characters a message must not print as they are: C0/C1 controls (but the
-#: newline between a message's lines), lone surrogates, bidirectional overrides.
-_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\u202a-\u202e"
-                          "\u2066-\u2069]")
+#: newline between a message's lines), lone surrogates, zero-width and bidirectional
+#: marks, line and paragraph separators, byte-order marks.
+_UNPRINTABLE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\ud800-\udfff\u200b-\u200f"
+                          "\u2028-\u202e\u2066-\u2069\ufeff]")
 
 
 def _escape(m: re.Match[str]) -> str:

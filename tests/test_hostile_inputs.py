@@ -173,6 +173,70 @@ def test_a_dump_that_is_not_a_dump(text: str, message: str, tmp_path: Path) -> N
     assert code == 1 and message in err and "Traceback" not in err, err
 
 
+_HEADS = '"layers": [{"name": "a", "kind": "full_attention", "num_kv_heads": "x"}]'
+
+
+@pytest.mark.parametrize("text,first,expected", [
+    ('{"config": {"block_size": 16,\n  "block_size": 32}}',
+     "2:3: error: the dump has the key 'block_size' twice in one object", "each key once"),
+    ('{"facts": ' + "[" * 70 + "]" * 70 + "}",
+     "1:75: error: the dump is nested more than 64 levels deep",
+     "config and layers a few levels deep"),
+    ("[" * 5000 + "]" * 5000,
+     "1:66: error: the dump is nested more than 64 levels deep",
+     "config and layers a few levels deep"),
+    ('{"config": {"block_size": 1' + "0" * 5000 + "}}",
+     "1:27: error: a number with 5,001 digits: more than a dump can hold",
+     "a number of at most 4,300 digits"),
+    ('{"config": {"block_size": NaN}}',
+     "1:27: error: not valid JSON: NaN is not a JSON number", "a finite number, or null"),
+    ('{"config": {"max_model_len": -Infinity}}',
+     "1:30: error: not valid JSON: -Infinity is not a JSON number",
+     "a finite number, or null"),
+    ("", "1:1: error: not valid JSON: Expecting value",
+     'a JSON object, {"config": {...}, "layers": [...]}'),
+], ids=["duplicate-key", "too-deep", "deeper-than-python-recurses", "5001-digits", "nan",
+        "infinity", "empty"])
+def test_json_that_python_reads_loosely_is_refused_at_its_spot(
+        text: str, first: str, expected: str, tmp_path: Path) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text(text)
+    code, out, err = invoke(["import", str(path)])
+    assert (code, out) == (1, "")
+    assert err.splitlines()[0] == f"{path}:{first}", err
+    assert f"  expected: {expected}\n" in err and "  hint: " in err
+
+
+def test_a_key_twice_does_not_cost_the_other_errors_their_lines(tmp_path: Path) -> None:
+    """A duplicate is refused first, at its line; fixed, the rest keep theirs."""
+    path = tmp_path / "dump.json"
+    path.write_text('{"config": {"block_size": 16, "max_model_len": 64},\n ' + _HEADS + "}\n")
+    code, _, err = invoke(["import", str(path)])
+    assert code == 1 and err.startswith(f"{path}:2:"), err
+
+
+def test_an_attention_layer_without_heads_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text('{"config": {"block_size": 16, "max_model_len": 64},\n "layers": '
+                    '[{"name": "a", "kind": "full_attention"}]}\n')
+    code, out, err = invoke(["import", str(path)])
+    assert (code, out) == (1, "") and "Traceback" not in err, err
+    assert err.startswith(f"{path}:2:"), err
+    assert "num_kv_heads" in err
+
+
+@pytest.mark.parametrize("value", ["x", "1/0", "auto", "1e3", "-4", "0"])
+def test_a_dump_tokens_per_state_that_is_no_number_is_a_clear_error(value: str,
+                                                                 tmp_path: Path) -> None:
+    path = tmp_path / "dump.json"
+    path.write_text('{"config": {"block_size": 16, "max_model_len": 64},\n "layers": [{"name": '
+                    '"a", "kind": "mla_attention", "num_kv_heads": 1, "head_size": 576, '
+                    f'"dtype": "bfloat16", "tokens_per_state": "{value}"}}]}}\n')
+    code, out, err = invoke(["import", str(path)])
+    assert (code, out) == (1, "") and "Traceback" not in err, err
+    assert err.startswith(f"{path}:2:") and "tokens_per_state" in err, err
+
+
 # large inputs: refused or planned, never unbounded ---------------------------------------
 
 def test_a_megabyte_of_keys_is_one_clear_error(tmp_path: Path) -> None:

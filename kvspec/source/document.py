@@ -221,7 +221,9 @@ class _Builder:
             maps = source.value if isinstance(source, yaml.SequenceNode) else [source]
             for m in maps:
                 if not isinstance(m, yaml.MappingNode):
-                    raise _fail("a merge key (<<) needs a mapping", m, self.doc.file, path)
+                    raise _fail("a merge key (<<) needs a mapping", m, self.doc.file, path,
+                                expected="<<: *anchor, where the anchor names a mapping",
+                                hint="merge keys copy the fields of another mapping")
                 for k, v in m.value:
                     if isinstance(k, yaml.ScalarNode) and k.value not in keys:
                         own.append((k, v))

@@ -6,6 +6,8 @@ models (``kvspec schema``); editors use it to complete and check fields.
 
 from __future__ import annotations
 
+import re
+from fractions import Fraction
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -48,6 +50,25 @@ def _max_len(value: Any) -> int | str:
     raise PydanticCustomError("max_len", "a positive number of tokens, or auto")
 
 
+def _tokens_per_state(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TOKENS:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*(/\s*\d+\s*)?", value):
+        try:
+            frac = Fraction(value.replace(" ", ""))
+        except (ValueError, ZeroDivisionError):
+            frac = None
+        if frac is not None and 0 < frac <= MAX_TOKENS:
+            return value
+    raise PydanticCustomError("tokens_per_state",
+                              "a positive integer, or a fraction such as '1/2'")
+
+
+#: Tokens one stored state covers: a positive integer or a positive fraction ("1/2").
+TokensPerState = Annotated[int | str, PlainValidator(_tokens_per_state), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TOKENS},
+               {"type": "string", "pattern": r"^\s*\d+\s*(/\s*\d+\s*)?$"}]})]
+
 #: Bytes, or a size such as ``40GiB`` (one grammar everywhere: :mod:`kvspec.files`).
 Size = Annotated[int, PlainValidator(_size), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 0},
@@ -89,7 +110,7 @@ class LayerFields(_Strict):
     attention_chunk_size: PositiveInt | None = None
     sink_len: int | None = Field(None, ge=0)
     rswa_window: PositiveInt | None = None
-    tokens_per_state: PositiveInt | str | None = Field(
+    tokens_per_state: TokensPerState | None = Field(
         None, description="Tokens one stored state covers (4 for a 4:1 compressed "
         "indexer; a fraction like '1/2' stores several states per token).")
     state_content_bytes: PositiveInt | None = Field(

@@ -170,4 +170,11 @@ def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) 
         kw["cache_dtype_str"] = cache
     if cache != "auto" and layer.fields.get("state_content_bytes") is None:
         _quantized(kw, layer, kind, cache, engine, doc)
-    return kind.spec(**kw)
+    spec = kind.spec(**kw)
+    if spec.num_states < 1:  # tokens_per_state larger than a block: nothing to store
+        raise doc.error(f"{_what(layer)}: tokens_per_state {spec.tokens_per_state_value} is "
+                        f"more than the block size {spec.block_size}: a block holds no state",
+                        layer.origin("tokens_per_state"),
+                        expected=f"tokens_per_state at most {spec.block_size}",
+                        hint="a compressed indexer stores one state per few tokens (e.g. 4)")
+    return spec

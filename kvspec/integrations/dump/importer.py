@@ -82,7 +82,7 @@ def records(cfg: DumpConfig, layers: list[DumpLayer],
         kind = kinds.by_name(layer.kind)
         cache = cache_mode(layer)
         if not kind.state:
-            if not kind.latent:
+            if not kind.latent and "num_kv_heads" in fields:  # else: the source says it lacks it
                 fields["num_kv_heads"] = fields["num_kv_heads"] * cfg.tensor_parallel_size
             if cache != "auto" and "state_content_bytes" not in fields:
                 fields["dtype"] = model_dtype  # the storage dtype follows from the mode

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from kvspec.errors import KvspecError, Location
-from kvspec.source.document import parse_yaml
+from kvspec.integrations.dump.jsontext import positions
 
 #: Source path prefixes -> the dump config key they come from.
 _CONFIG = {"engine.block_size": "block_size", "engine.max_model_len": "max_model_len",
@@ -64,7 +64,7 @@ def in_dump(err: KvspecError, *, file: str, text: str | None, dump: dict[str, An
     line = column = None
     if target is not None and text is not None:
         try:
-            pos = parse_yaml(text, file).position(target)
+            pos = positions(text, file).position(target)
         except KvspecError:
             pos = None
         if pos:

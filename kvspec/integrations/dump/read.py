@@ -33,15 +33,9 @@ def read_dump(data: dict[str, Any]) -> tuple[Engine, list[dict[str, LayerSpec]]]
 
 def load_dump(path: str | Path) -> tuple[Any, str]:
     """A dump file: its parsed JSON and its text (for error positions)."""
-    import json
-
-    from kvspec.errors import SourceError
     from kvspec.files import read_text
+    from kvspec.integrations.dump.jsontext import read_json
 
     text = read_text(path, what="the dump", hint="give the path of a per-layer spec dump "
                      "(JSON)")
-    try:
-        return json.loads(text), text
-    except json.JSONDecodeError as exc:
-        raise SourceError(f"not valid JSON: {exc.msg}", file=str(path), line=exc.lineno,
-                          column=exc.colno) from None
+    return read_json(text, str(path)), text

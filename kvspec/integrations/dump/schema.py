@@ -21,7 +21,7 @@ from pydantic import (
 from kvspec.errors import ErrorList, SourceError
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
-from kvspec.source.document import Document, format_path, parse_yaml
+from kvspec.source.document import Document, format_path
 
 Kind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
 Layout = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
@@ -153,8 +153,9 @@ def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:
     except ValidationError as exc:
         doc = Document(data, file)
         if text is not None:
+            from kvspec.integrations.dump.jsontext import positions
             try:
-                doc = parse_yaml(text, file)
+                doc = positions(text, file)
             except SourceError:
                 pass
         errors = []

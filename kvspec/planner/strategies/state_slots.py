@@ -50,10 +50,16 @@ def _draft_block_size(engine: Engine, target: int) -> int:
             return 256
         return target
     if requested <= 0 or requested % 64 or target % requested:
+        fits = [b for b in range(64, target + 1, 64) if target % b == 0]
         raise PlanError(
             f"draft block size {requested} must be a positive multiple of 64 that "
             f"divides the target block size {target}",
-            path="engine.draft.block_size", found=str(requested))
+            path="engine.draft.block_size", found=str(requested),
+            expected=f"one of {', '.join(map(str, fits))}" if fits else
+            f"a multiple of 64 dividing {target} (none does)",
+            hint="leave engine.draft.block_size out to use the default (256 with a draft "
+            "pool where it divides the target block size, else the target's)" if fits else
+            "raise engine.block_size to a multiple of 64")
     return requested
 
 
@@ -116,10 +122,20 @@ def _attention_group(attn: Mapping[str, MLA]) -> tuple[Group, int, int]:
         raise PlanError("the aliasing layout needs unpadded MLA pages",
                         hint="remove the MLA alignment of these layers")
     if len(idx_pages) != 1:
-        raise PlanError(f"indexer layers differ in page size {sorted(idx_pages)}")
+        raise PlanError(f"indexer layers differ in page size {sorted(idx_pages)}",
+                        expected="one page size for every compressed indexer layer",
+                        hint="give the indexer layers one head size, dtype and "
+                             "tokens_per_state")
     mla_pages = {s.page_size_bytes for s in attn.values() if s.tokens_per_state == 1}
+    if not mla_pages:
+        raise PlanError("the aliasing layout needs MLA layers (tokens_per_state 1) beside "
+                        "the compressed indexer layers", expected="at least one MLA layer",
+                        hint="add the model's MLA layers, or give the indexers "
+                             "tokens_per_state 1")
     if len(mla_pages) != 1:
-        raise PlanError(f"MLA layers differ in page size {sorted(mla_pages)}")
+        raise PlanError(f"MLA layers differ in page size {sorted(mla_pages)}",
+                        expected="one page size for every MLA layer",
+                        hint="give the MLA layers one head size and dtype")
     uniform = UniformType.of(attn)
     if uniform is None:
         raise PlanError("MLA and indexer layers must share one block size")
