@@ -190,7 +190,13 @@ def block_sizes(engine: Engine, groups: Sequence[Group]) -> tuple[int, int]:
     hit_alignment = hash_size if partial_state else scheduler
     if any(hit_alignment % a for a in alignments):
         raise PlanError(
-            f"prefix_match_unit {hash_size}: prefix-cache boundaries must align with each "
-            f"layer's per-state compression {sorted(alignments)}",
-            path="engine.prefix_match_unit")
+            f"prefix-cache unit {hash_size} ("
+            + ("engine.prefix_match_unit" if engine.prefix_match_unit is not None else
+               f"the GCD of the groups' block sizes {sorted(set(sizes))}")
+            + f"): prefix-cache boundaries must align with each layer's per-state "
+            f"compression {sorted(alignments)}",
+            path="engine.prefix_match_unit",
+            expected=f"a prefix-cache unit that is a multiple of {math.lcm(*alignments)}",
+            hint="set engine.prefix_match_unit to such a multiple (block sizes, "
+                 "mamba_block_size included, set the default), or turn prefix caching off")
     return scheduler, hash_size

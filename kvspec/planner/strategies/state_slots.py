@@ -138,7 +138,11 @@ def _attention_group(attn: Mapping[str, MLA]) -> tuple[Group, int, int]:
                         hint="give the MLA layers one head size and dtype")
     uniform = UniformType.of(attn)
     if uniform is None:
-        raise PlanError("MLA and indexer layers must share one block size")
+        raise PlanError("MLA and indexer layers must share one block size",
+                        expected=f"one block size for every layer, found "
+                        f"{sorted({s.block_size for s in attn.values()})}",
+                        hint="drop the per-type block_size, so every layer uses "
+                             "engine.block_size")
     return (Group(tuple(attn), uniform, strategy=STRATEGY, role="attention"),
             mla_pages.pop(), idx_pages.pop())
 
