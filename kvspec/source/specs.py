@@ -93,7 +93,20 @@ def _state_spec(layer: ExpandedLayer, kind: kinds.Kind, engine: Engine,
     kw = spec_kwargs(kind, {**f, "dtypes": dtypes})
     kw["block_size"] = state_block_size(engine, f.get("block_size"))
     kw["mamba_cache_mode"] = engine.mamba_cache_mode
-    return kind.spec(**kw)
+    return _padding_fits(kind.spec(**kw), layer, doc)
+
+
+def _padding_fits(spec: LayerSpec, layer: ExpandedLayer, doc: Document) -> LayerSpec:
+    """``spec``, if its ``page_size_padded`` (where set) holds its page."""
+    padded = getattr(spec, "page_size_padded", None)
+    if padded is not None and padded < spec.unpadded_page_size_bytes:
+        raise doc.error(f"{_what(layer)}: page_size_padded {padded:,} is smaller than the "
+                        f"page it pads ({spec.unpadded_page_size_bytes:,} bytes on each rank)",
+                        layer.origin("page_size_padded"),
+                        expected=f"at least {spec.unpadded_page_size_bytes:,}",
+                        hint="padding only adds bytes at a page's end; leave "
+                             "page_size_padded out for the page as it is")
+    return spec
 
 
 def _heads_per_rank(layer: ExpandedLayer, kind: kinds.Kind, tp: int, doc: Document) -> int:
@@ -177,4 +190,4 @@ def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) 
                         layer.origin("tokens_per_state"),
                         expected=f"tokens_per_state at most {spec.block_size}",
                         hint="a compressed indexer stores one state per few tokens (e.g. 4)")
-    return spec
+    return _padding_fits(spec, layer, doc)
