@@ -57,7 +57,9 @@ def test_loading_a_source_says_to_compile_it() -> None:
     pytest.importorskip("torch", reason="the loader needs torch")
     with pytest.raises(ArtifactError) as info:
         kvspec.load(LLAMA, device="meta")
-    assert info.value.hint.startswith(f"{LLAMA} looks like a layout source: compile it")
+    assert str(info.value).splitlines()[0] == f"{LLAMA}: error: this is a layout source, not an artifact"
+    assert info.value.hint == (f"compile it with `kvspec compile {LLAMA}` and use the "
+                               ".kvlayout.json it writes")
 
 
 # a budget is reported where it came from ----------------------------------------------
@@ -67,7 +69,8 @@ def test_a_budget_too_small_is_reported_at_the_flag_not_the_source() -> None:
     assert code == 1
     assert err == (
         f"{LLAMA}: error: no memory is left for KV cache blocks: 1,048,576 bytes do not "
-        "hold the null block and one more block (2,097,152 bytes each)\n"
+        "hold the null block and one more block (2,097,152 bytes each; the largest page is "
+        "model.layers.0.self_attn.attn's, 65,536 bytes, in a group of 32 layers)\n"
         "  at: --memory\n  found: 1,048,576 bytes\n"
         "  hint: give the KV cache more memory (--memory)\n")
     code, _, plan_err = invoke(["plan", LLAMA, "--memory", "1MiB"])

@@ -328,7 +328,7 @@ def test_loads_from_a_path_and_a_dict(tmp_path: Path) -> None:
     with pytest.raises(LoadError, match="cannot load a int"):
         load(3, device="meta", num_blocks=20)  # type: ignore[arg-type]
     source = DATA / "tiny.yaml"
-    with pytest.raises(ArtifactError, match="looks like a layout source"):
+    with pytest.raises(ArtifactError, match="this is a layout source, not an artifact"):
         load(source, device="meta", num_blocks=20)
 
 

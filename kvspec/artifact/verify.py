@@ -37,15 +37,16 @@ def parse_text(text: str, origin: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        hint = None
         if text.lstrip().startswith(("kvspec:", "#", "name:")) or origin.endswith((".yaml",
                                                                                    ".yml")):
-            hint = f"{origin} looks like a layout source: compile it with `kvspec compile " \
-                   f"{origin}` and use the .kvlayout.json it writes"
+            raise ArtifactError(
+                "this is a layout source, not an artifact", file=origin,
+                expected="a compiled .kvlayout.json artifact",
+                hint=f"compile it with `kvspec compile {origin}` and use the "
+                     ".kvlayout.json it writes") from None
         raise ArtifactError(f"not valid JSON: {exc.msg}", file=origin, line=exc.lineno,
                             column=exc.colno,
-                            hint=hint or "compile a source with `kvspec compile model.yaml`"
-                            ) from None
+                            hint="compile a source with `kvspec compile model.yaml`") from None
 
 
 def first_difference(a: Any, b: Any, path: str = "body") -> tuple[str, Any, Any] | None:

@@ -97,6 +97,18 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f}"
 
 
+def _largest_page(groups: Sequence[Group]) -> str:
+    """``; the largest page: LAYER's, N bytes`` for a message about a block's size."""
+    group = max((g for g in groups if g.layer_names), default=None,
+                key=lambda g: g.spec.page_size_bytes)
+    if group is None:
+        return ""
+    layers = len(group.layer_names)
+    return (f"; the largest page is {group.layer_names[0]}'s, "
+            f"{group.spec.page_size_bytes:,} bytes"
+            + (f", in a group of {layers} layers" if layers > 1 else ""))
+
+
 def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
                stage: int = 0, block_bytes: int = 0) -> None:
     """Raise when one request at ``max_model_len`` does not fit ``available``
@@ -106,7 +118,7 @@ def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
         raise NotEnoughMemoryError(
             "no memory is left for KV cache blocks" + (
                 f": {budget:,} bytes do not hold the null block and one more block "
-                f"({block_bytes:,} bytes each)" if block_bytes else ""),
+                f"({block_bytes:,} bytes each{_largest_page(groups)})" if block_bytes else ""),
             needed_bytes=memory_usage(engine, groups), available_bytes=available,
             max_model_len=engine.max_model_len, estimated_max_model_len=0,
             path="engine.memory",
