@@ -100,20 +100,27 @@ def _stage(st: Stage, layout: Layout) -> dict[str, Any]:
 def encode(layout: Layout) -> dict[str, Any]:
     """The artifact body of ``layout`` (plain JSON data)."""
     layers = {}
-    # Layers sharing a spec object share its description (the body is read-only data).
+    # Layers sharing a spec object share its description, and layers alike in
+    # everything share one entry (the body is read-only data; its text is the same).
     described: dict[int, dict[str, Any]] = {}
     parts: dict[int, list[dict[str, Any]] | None] = {}
+    entries: dict[tuple, dict[str, Any]] = {}
     for name, e in layout.layers.items():
-        spec = described.get(id(e.spec))
-        if spec is None:
-            spec = described[id(e.spec)] = kinds.describe(e.spec)
-        cells = parts.get(id(e.cell_parts), False)
-        if cells is False:
-            cells = parts[id(e.cell_parts)] = [p.as_dict() for p in e.cell_parts] \
-                if e.cell_parts else None
-        layers[name] = {"group": e.group, "stage": e.stage, "spec": spec,
-                        "kv_cache_dtype": e.kv_cache_dtype, "cell_parts": cells,
-                        "per_tensor_scales": e.per_tensor_scales}
+        key = (e.group, e.stage, id(e.spec), e.kv_cache_dtype, id(e.cell_parts),
+               e.per_tensor_scales)
+        entry = entries.get(key)
+        if entry is None:
+            spec = described.get(id(e.spec))
+            if spec is None:
+                spec = described[id(e.spec)] = kinds.describe(e.spec)
+            cells = parts.get(id(e.cell_parts), False)
+            if cells is False:
+                cells = parts[id(e.cell_parts)] = [p.as_dict() for p in e.cell_parts] \
+                    if e.cell_parts else None
+            entry = entries[key] = {"group": e.group, "stage": e.stage, "spec": spec,
+                                    "kv_cache_dtype": e.kv_cache_dtype, "cell_parts": cells,
+                                    "per_tensor_scales": e.per_tensor_scales}
+        layers[name] = entry
     b = layout.budget
     return {
         "name": layout.name, "model": layout.model, "engine": encode_engine(layout),

@@ -55,13 +55,17 @@ def _layers_compact(layers: dict[str, Any], memo: dict[int, str], enc: Any) -> s
     out = []
     for name in sorted(layers):
         e = layers[name]
-        if not isinstance(e, dict) or tuple(sorted(e)) != _ENTRY:
-            out.append(_key(name) + ":" + enc(e))
-            continue
-        out.append(f'{_key(name)}:{{"cell_parts":{enc(e["cell_parts"])},"group":'
-                   f'{enc(e["group"])},"kv_cache_dtype":{enc(e["kv_cache_dtype"])},'
-                   f'"per_tensor_scales":{enc(e["per_tensor_scales"])},"spec":'
-                   f'{enc(e["spec"])},"stage":{enc(e["stage"])}}}')
+        text = memo.get(id(e))  # an entry shared by layers alike (codec.encode)
+        if text is None:
+            if not isinstance(e, dict) or tuple(sorted(e)) != _ENTRY:
+                text = enc(e)
+            else:
+                text = (f'{{"cell_parts":{enc(e["cell_parts"])},"group":'
+                        f'{enc(e["group"])},"kv_cache_dtype":{enc(e["kv_cache_dtype"])},'
+                        f'"per_tensor_scales":{enc(e["per_tensor_scales"])},"spec":'
+                        f'{enc(e["spec"])},"stage":{enc(e["stage"])}}}')
+                memo[id(e)] = text
+        out.append(_key(name) + ":" + text)
     return "{" + ",".join(out) + "}"
 
 
