@@ -47,7 +47,7 @@ def _artifact(name: str) -> Artifact:
 # -- spec conversion ------------------------------------------------------------
 
 def test_every_kind_converts_to_its_reference_class_with_vllm_field_names() -> None:
-    for name in tests_kinds():
+    for name in KIND_CASES:
         case, _ = load(name)
         plan, _ = plan_case(case)
         for spec in plan.specs.values():
@@ -57,9 +57,9 @@ def test_every_kind_converts_to_its_reference_class_with_vllm_field_names() -> N
             assert specs.kind_of_class(desc["class"]) is kinds.of(spec)
 
 
-def tests_kinds() -> list[str]:
-    return ["synthetic-mamba-hybrid", "synthetic-mla", "syn-glm5-next", "gemma-2-9b-tp1",
-            "synthetic-chunked-local", "syn-hidden-state"]
+#: Conformance cases that hold every layer kind between them.
+KIND_CASES = ("synthetic-mamba-hybrid", "synthetic-mla", "syn-glm5-next", "gemma-2-9b-tp1",
+              "synthetic-chunked-local", "syn-hidden-state")
 
 
 def test_state_layers_convert_like_vllm_mamba_specs() -> None:
