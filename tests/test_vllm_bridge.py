@@ -57,7 +57,7 @@ def test_every_kind_converts_to_its_reference_class_with_vllm_field_names() -> N
             assert specs.kind_of_class(desc["class"]) is kinds.of(spec)
 
 
-#: Conformance cases that hold every layer kind between them.
+#: Conformance cases with layers of many kinds between them.
 KIND_CASES = ("synthetic-mamba-hybrid", "synthetic-mla", "syn-glm5-next", "gemma-2-9b-tp1",
               "synthetic-chunked-local", "syn-hidden-state")
 
