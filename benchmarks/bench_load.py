@@ -7,13 +7,14 @@ For each size, two sources are built in memory (``repeat: N``) and compiled:
 full-attention layers, so several groups and tensors alias slot by slot).
 Reported, best of ``--repeat`` runs, in milliseconds:
 
-- verify: ``Artifact.from_dict`` (the format, the sha256 over the envelope, and
-  re-planning the body from its own layers), which ``load()`` does first when it is
-  given a path or a dict; an ``Artifact`` object was verified when it was made;
+- verify: ``Artifact.read`` of the artifact's file (parse the JSON; the format, the
+  sha256 over the envelope, the body planned again from its own layers and its text
+  compared byte for byte), which ``load()`` does first when it is given a path; an
+  ``Artifact`` object was verified when it was made;
 - load meta / load cpu: ``kvspec.load`` of a verified ``Artifact`` (size, allocate
   one int8 pool, zero it when the artifact asks, one ``as_strided`` +
   ``.view(dtype)`` per layer, metadata);
-- load dict: ``kvspec.load`` of the artifact's dict on the CPU: verify + load cpu,
+- load file: ``kvspec.load`` of the artifact's path on the CPU: verify + load cpu,
   what a serving process pays at start-up;
 - bare loop: ``torch.as_strided(buf, shape, stride, offset).view(dtype)`` over
   the same, precomputed geometry on an already allocated buffer: the floor;
@@ -27,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -106,10 +109,11 @@ def main() -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{cpu_name()}; best of {args.repeat}, milliseconds")
     head = (f"{'model':<9}{'layers':>7}{'blocks':>7}{'pool MiB':>9}{'verify':>9}"
-            f"{'load meta':>11}{'load cpu':>10}{'load dict':>11}{'bare loop':>11}"
+            f"{'load meta':>11}{'load cpu':>10}{'load file':>11}{'bare loop':>11}"
             f"{'bare+alloc':>12}{'x bare':>8}{'us/layer':>10}")
     print(head)
     print("-" * len(head))
+    tmp = tempfile.mkdtemp(prefix="kvspec-bench-load-")
     for layers in args.layers:
         for kind in PATTERNS:
             art = artifact(kind, layers)
@@ -124,17 +128,20 @@ def main() -> int:
             size = cache.buffers["device"].numel()
             buf = torch.empty(size, dtype=torch.int8)
 
-            verify = best_ms(lambda: Artifact.from_dict(art.data), args.repeat)
+            path = Path(tmp) / f"{kind}-{layers}.kvlayout.json"
+            art.write(path)
+            verify = best_ms(lambda: Artifact.read(path), args.repeat)
             meta_ms = best_ms(lambda: load(art, device="meta", num_blocks=n), args.repeat)
             cpu_ms = best_ms(lambda: load(art, device="cpu", num_blocks=n), args.repeat)
-            dict_ms = best_ms(lambda: load(art.data, device="cpu", num_blocks=n), args.repeat)
+            file_ms = best_ms(lambda: load(path, device="cpu", num_blocks=n), args.repeat)
             bare = best_ms(lambda: bare_loop(buf, geometry), args.repeat)
             bare_alloc = best_ms(lambda: bare_loop(torch.empty(size, dtype=torch.int8),
                                                    geometry), args.repeat)
             per_layer = (cpu_ms - bare_alloc) / layers * 1e3
             print(f"{kind:<9}{layers:>7}{n:>7}{size / 2**20:>9.1f}{verify:>9.2f}"
-                  f"{meta_ms:>11.2f}{cpu_ms:>10.2f}{dict_ms:>11.2f}{bare:>11.2f}"
+                  f"{meta_ms:>11.2f}{cpu_ms:>10.2f}{file_ms:>11.2f}{bare:>11.2f}"
                   f"{bare_alloc:>12.2f}{cpu_ms / bare_alloc:>8.1f}{per_layer:>10.1f}")
+    shutil.rmtree(tmp)
     return 0
 
 

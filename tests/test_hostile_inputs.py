@@ -357,6 +357,36 @@ def test_an_edited_artifact_is_refused_or_is_what_kvspec_compiles(source: str) -
     assert refused > 10 * max(accepted, 1), (refused, accepted)
 
 
+@pytest.mark.parametrize("source", TAMPER_SOURCES, ids=lambda s: Path(s).stem)
+def test_reading_text_accepts_exactly_what_reading_data_accepts(source: str) -> None:
+    """``from_text`` first checks the text byte for byte against the plan's own
+    (kvspec.artifact.verify._verified_text); every 20th edit of the tamper test,
+    written as kvspec writes artifacts, gets the same verdict as ``verified``."""
+    from kvspec.artifact import canonical_json
+    from kvspec.artifact.verify import _verified_text
+
+    data = json.loads(kvspec.compile(ROOT / source).text())
+    text = canonical_json(data, pretty=True)
+    assert _verified_text(json.loads(text), "x", text) is not None  # the fast path
+    reformatted = json.dumps(data, indent=2)
+    assert _verified_text(json.loads(reformatted), "x", reformatted) is None
+    assert Artifact.from_text(reformatted).text() == text  # the full path still reads it
+    for name, edited in _variants(data)[::20]:
+        edited.pop("sha256", None)
+        edited["sha256"] = envelope_hash(edited)
+        try:
+            verified(copy.deepcopy(edited), origin="x")
+            expected = "accepted"
+        except ArtifactError as err:
+            expected = err.message
+        try:
+            Artifact.from_text(canonical_json(edited, pretty=True), origin="x")
+            got = "accepted"
+        except ArtifactError as err:
+            got = err.message
+        assert got == expected, name
+
+
 def test_a_zero_layer_stride_is_refused() -> None:
     """Every layer's view on the same bytes: what the first round accepted."""
     data = json.loads(kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text())

@@ -108,7 +108,7 @@ class Artifact:
         from kvspec.artifact.verify import parse_text, verified
         from kvspec.collector import paused
         with paused():
-            return verified(parse_text(text, origin), origin=origin)
+            return verified(parse_text(text, origin), origin=origin, text=text)
 
     @classmethod
     def read(cls, path: str | Path) -> Artifact:

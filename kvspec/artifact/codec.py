@@ -170,13 +170,17 @@ def decode_inputs(body: Mapping[str, Any]) -> Inputs:
     when it is not one."""
     layers = body["layers"]
     by_id: dict[int, LayerSpec] = {}  # a compiled body shares one description per spec
-    by_text: dict[str, LayerSpec] = {}  # a read one: equal descriptions, equal text
+    by_text: dict[Any, LayerSpec] = {}  # a read one: equal descriptions, one spec
 
     def spec_of(name: str) -> LayerSpec:
         data = layers[name]["spec"]
         spec = by_id.get(id(data))
         if spec is None:
-            key = repr(data)  # JSON read from canonical text keeps its keys sorted
+            try:  # JSON read from canonical text keeps its keys sorted
+                key: Any = tuple(data.items())
+                hash(key)
+            except TypeError:  # a list among the values (state shapes)
+                key = repr(data)
             spec = by_text.get(key)
             if spec is None:
                 spec = by_text[key] = kinds.spec_from_dict(data)

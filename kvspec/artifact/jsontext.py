@@ -120,6 +120,8 @@ def _generic_pretty(obj: Any) -> str:
         elif isinstance(o, dict):
             items = (_key(str(k)) + ": " + enc(o[k], d) for k in sorted(o))
             text = "{" + i + ("," + i).join(items) + "\n" + " " * depth + "}"
+        elif all(type(v) is str for v in o):  # layer names: most of a body's text
+            text = "[" + i + ("," + i).join(map(encode_basestring, o)) + "\n" + " " * depth + "]"
         else:
             items = (enc(v, d) for v in o)
             text = "[" + i + ("," + i).join(items) + "\n" + " " * depth + "]"
