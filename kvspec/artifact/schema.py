@@ -255,24 +255,24 @@ class _InputsEnvelope(_Closed):
     body: _InputsBody
 
 
+def _problems(model: type[BaseModel], data: Any) -> list[str]:
+    """Each way ``data`` does not match ``model``, as ``path: message``."""
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        return [f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
+                for e in exc.errors(include_url=False)]
+    return []
+
+
 def input_problems(data: Any) -> list[str]:
     """What in ``data``'s envelope and planning inputs (engine, budget, names) does
     not match the schema: the cheap check made on every read. What the planner
     derives is checked by planning again, so the full schema
     (:func:`schema_problems`) is needed only to explain a failure."""
-    try:
-        _InputsEnvelope.model_validate(data)
-    except ValidationError as exc:
-        return [f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
-                for e in exc.errors(include_url=False)]
-    return []
+    return _problems(_InputsEnvelope, data)
 
 
 def schema_problems(data: Any) -> list[str]:
     """What in ``data`` (a parsed artifact) does not match the schema (empty: it does)."""
-    try:
-        LayoutArtifact.model_validate(data)
-    except ValidationError as exc:
-        return [f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}"
-                for e in exc.errors(include_url=False)]
-    return []
+    return _problems(LayoutArtifact, data)

@@ -159,16 +159,19 @@ class FreeBlockQueue:
         self._link_tail(blocks)
 
     def _link_tail(self, blocks: Sequence[Block]) -> None:
-        # Caller guarantees: blocks distinct, none queued, at least one.
-        tail = self._tail
-        last = tail.prev_free
-        assert last is not None
+        prev = self._tail.prev_free
+        assert prev is not None
+        self._link(prev, blocks, self._tail)
+
+    def _link(self, prev: Block, blocks: Sequence[Block], after: Block) -> None:
+        """Link ``blocks`` in order between the neighbours ``prev`` and ``after``.
+        Caller guarantees: blocks distinct, none queued, at least one."""
         for block in blocks:
-            block.prev_free = last
-            last.next_free = block
-            last = block
-        last.next_free = tail
-        tail.prev_free = last
+            block.prev_free = prev
+            prev.next_free = block
+            prev = block
+        prev.next_free = after
+        after.prev_free = prev
         self.num_free_blocks += len(blocks)
 
     def prepend_n(self, blocks: Sequence[Block]) -> None:
@@ -183,14 +186,7 @@ class FreeBlockQueue:
         _check_linkable(blocks)
         first = self._head.next_free
         assert first is not None
-        prev = self._head
-        for block in blocks:
-            block.prev_free = prev
-            prev.next_free = block
-            prev = block
-        prev.next_free = first
-        first.prev_free = prev
-        self.num_free_blocks += len(blocks)
+        self._link(self._head, blocks, first)
 
     def get_all_free_blocks(self) -> list[Block]:
         """Every queued block, head first.

@@ -6,15 +6,8 @@ token-indexed kinds), C the cell's elements. A tensor of the artifact places
 same-shaped layers; layer ``l`` of tensor ``t`` starts at byte
 ``t.offset + l * t.layer_stride`` of its pool and block ``b`` of it another
 ``b * t.block_stride`` bytes in. The remaining byte strides follow from the
-layout, innermost physical axis first (``C`` cells of ``c`` bytes, ``H`` head
-slots, ``N`` states)::
-
-    LBNHC (layer-compact, the default)      BLHNC (block-outermost, packed)
-      C: 1                                    C: 1
-      H: c                                    N: c
-      N: H * c                                H: N * c
-      B: block_stride  (= N * H * c)          L: layer_stride (= page, in the block)
-      L: layer_stride  (= num_blocks * page)  B: block_stride (= bytes_per_block)
+axis order, as :mod:`kvspec.model.geometry` sets them out (innermost physical axis
+first).
 
 A view is one ``torch.as_strided`` of the pool's int8 allocation with those
 byte strides, then ``.view(dtype)``: the strides of B, H and N and the storage

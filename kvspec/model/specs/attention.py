@@ -23,11 +23,18 @@ from typing import Any, ClassVar
 
 from kvspec.model.dtypes import dtype_size
 from kvspec.model.engine import Engine
-from kvspec.model.specs.base import LayerSpec, MergeConflict, MergeInvalid, cdiv, merged
+from kvspec.model.specs.base import (
+    LayerSpec,
+    MergeConflict,
+    MergeInvalid,
+    PaddedPage,
+    cdiv,
+    merged,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Attention(LayerSpec):
+class Attention(PaddedPage, LayerSpec):
     """Token-indexed K/V pages: ``[H, N, C]`` with one state per token."""
 
     kind: ClassVar[str] = "attention"
@@ -68,19 +75,8 @@ class Attention(LayerSpec):
         assert self.head_size_v is not None
         return (self.head_size + self.head_size_v) * dtype_size(self.dtype)
 
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        page = self._page_memo
-        if not page:
-            page = self.num_heads * self.num_states * self.state_content_size_bytes
-            object.__setattr__(self, "_page_memo", page)
-        return page
-
-    @property
-    def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.unpadded_page_size_bytes
+    def _unpadded_page(self) -> int:
+        return self.num_heads * self.num_states * self.state_content_size_bytes
 
     def max_num_blocks_per_req(self, engine: Engine, max_len: int) -> int:
         shards = engine.decode_context_parallel_size if self.dcp_sharded else 1

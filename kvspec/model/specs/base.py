@@ -111,6 +111,29 @@ def recast(spec: LayerSpec, target: type[LayerSpec], **changes: Any) -> LayerSpe
     return target(**kwargs)
 
 
+class PaddedPage:
+    """Mixin of the kinds whose page ``page_size_padded`` may pad at its end: the
+    page the kind computes (:meth:`_unpadded_page`), once per spec, and padded."""
+
+    __slots__ = ()
+
+    def _unpadded_page(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def unpadded_page_size_bytes(self) -> int:
+        page = self._page_memo  # type: ignore[attr-defined]
+        if not page:
+            page = self._unpadded_page()
+            object.__setattr__(self, "_page_memo", page)
+        return page
+
+    @property
+    def page_size_bytes(self) -> int:
+        padded = self.page_size_padded  # type: ignore[attr-defined]
+        return padded if padded is not None else self.unpadded_page_size_bytes
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerSpec:
     """One layer's KV memory format. Subclasses are the layer kinds."""

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from kvspec.model.dtypes import dtype_size
 from kvspec.model.engine import Engine
-from kvspec.model.specs.base import LayerSpec, cdiv
+from kvspec.model.specs.base import LayerSpec, PaddedPage, cdiv
 
 #: The reference's ``MambaAttentionBackendEnum`` names, by kvspec mamba type.
 MAMBA_TYPES: dict[str, str] = {
@@ -32,7 +32,7 @@ MAMBA_TYPES: dict[str, str] = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MambaState(LayerSpec):
+class MambaState(PaddedPage, LayerSpec):
     """A recurrent state layer (Mamba, GDN, short conv, linear attention)."""
 
     kind: ClassVar[str] = "mamba"
@@ -61,19 +61,8 @@ class MambaState(LayerSpec):
     def state_content_size_bytes(self) -> int:
         return sum(prod(shape) * dtype_size(dt) for shape, dt in zip(self.shapes, self.dtypes))
 
-    @property
-    def unpadded_page_size_bytes(self) -> int:
-        page = self._page_memo
-        if not page:
-            page = self.state_content_size_bytes
-            object.__setattr__(self, "_page_memo", page)
-        return page
-
-    @property
-    def page_size_bytes(self) -> int:
-        if self.page_size_padded is not None:
-            return self.page_size_padded
-        return self.unpadded_page_size_bytes
+    def _unpadded_page(self) -> int:
+        return self.state_content_size_bytes
 
     @property
     def block_table_token_alignment(self) -> int | None:
