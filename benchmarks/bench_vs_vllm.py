@@ -25,8 +25,17 @@ Two timings of each, both interleaved between kvspec and vLLM:
 
 The ratio is kvspec / vLLM (goal: median <= 0.2, none > 0.5; 10k layers <= 0.2
 and t(10k) / t(1k) <= 11). Without vLLM the comparison is skipped and said so.
+
+**floor** is timed with them: the two library calls every compile of the case's
+source makes before any work of kvspec's own, libyaml's C ``yaml.compose`` of the
+text and the pydantic validation of its data (``Source.model_validate``, on data
+parsed beforehand). ``floor / vLLM`` is the ratio no compile built on this stack
+can go under.
+
 ``--other`` adds the goals measured in fresh processes: ``kvspec validate`` of
-100,000 layers (time and peak RSS), and the cold CLI against ``python -c pass``.
+100,000 layers (time and peak RSS), and the cold CLI against ``python -c pass``,
+with the floor of the latter: a process that only imports the stack's libraries
+the command needs (PyYAML, click and pydantic's ``BaseModel``).
 """
 
 from __future__ import annotations
@@ -145,6 +154,24 @@ def vllm_planner(text: str, name: str) -> Callable[[], None] | None:
 # ---------------------------------------------------------------------------
 
 
+def floor(text: str) -> Callable[[], None]:
+    """The library calls a compile of ``text`` makes before any work of its own:
+    libyaml's compose (the least a parse with positions does) and the source
+    model's pydantic validation of the data."""
+    import yaml
+
+    from kvspec.source.schema import Source
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    data = yaml.load(text, Loader=loader)
+
+    def run() -> None:
+        yaml.compose(text, Loader=loader)
+        Source.model_validate(data)
+
+    return run
+
+
 def median_interleaved(fns: dict[str, Callable[[], Any]], runs: int) -> dict[str, float]:
     """Median seconds of each function, run in turn ``runs`` times (GC collected
     before each run, as timeit does)."""
@@ -184,27 +211,37 @@ def ms(seconds: float | None) -> str:
 Row = tuple[str, int, dict[str, float], dict[str, float]]
 
 
+def _ratio(got: dict[str, float], key: str) -> str:
+    vl = got.get("vllm")
+    return f"{got[key] / vl:.2f}" if vl and key in got else "—"
+
+
 def planner_table(rows: list[Row]) -> None:
-    print(f"{'':<34} {'':>7} {'cold (one call)':^32} {'warm (batched)':^32}")
-    print(f"{'case':<34} {'layers':>7} {'kvspec ms':>11} {'vLLM ms':>11} {'ratio':>8} "
-          f"{'kvspec ms':>11} {'vLLM ms':>11} {'ratio':>8}")
+    block = f"{'kvspec ms':>10} {'vLLM ms':>9} {'ratio':>6} {'floor ms':>9} {'ratio':>6}"
+    print(f"{'':<28} {'':>7} {'cold (one call)':^44} {'warm (batched)':^44}")
+    print(f"{'case':<28} {'layers':>7} {block} {block}")
     for name, layers, cold, warm in rows:
-        cells = []
-        for got in (cold, warm):
-            kv, vl = got["kvspec"], got.get("vllm")
-            cells.append(f"{ms(kv):>11} {ms(vl):>11} "
-                         f"{(f'{kv / vl:.2f}' if vl else '—'):>8}")
-        print(f"{name:<34} {layers:>7,} {cells[0]} {cells[1]}")
+        cells = [f"{ms(got['kvspec']):>10} {ms(got.get('vllm')):>9} "
+                 f"{_ratio(got, 'kvspec'):>6} {ms(got.get('floor')):>9} "
+                 f"{_ratio(got, 'floor'):>6}" for got in (cold, warm)]
+        print(f"{name:<28} {layers:>7,} {cells[0]} {cells[1]}")
+    print("(ratio: kvspec / vLLM and floor / vLLM; floor: libyaml compose + pydantic "
+          "validation of the source, nothing else)")
 
 
 def _summary(rows: list[Row], which: int, label: str) -> None:
     got = [r[2 + which] for r in rows if not r[0].startswith("uniform-")]
     ratios = [g["kvspec"] / g["vllm"] for g in got if g.get("vllm")]
     if ratios:
+        floors = [g["floor"] / g["vllm"] for g in got if g.get("vllm") and "floor" in g]
         print(f"{label}: conformance cases planned by both: {len(ratios)}; ratio median "
               f"{statistics.median(ratios):.2f}, worst {max(ratios):.2f}, "
               f"{sum(r <= 0.5 for r in ratios)} at or under 0.5 "
               "(goal: median <= 0.2, none > 0.5)")
+        if floors:
+            print(f"{label}: the floor alone (compose + validation): median "
+                  f"{statistics.median(floors):.2f}, worst {max(floors):.2f}, "
+                  f"{sum(r > 0.2 for r in floors)} over 0.2")
     by_size = {r[0]: r[2 + which]["kvspec"] for r in rows}
     k1, k10 = by_size.get("uniform-1000"), by_size.get("uniform-10000")
     if k1 and k10:
@@ -226,6 +263,7 @@ def planner(args: argparse.Namespace, version: str | None) -> None:
             vl = vllm_planner(text, name)
             if vl is not None:
                 fns["vllm"] = vl
+        fns["floor"] = floor(text)
         cold = median_interleaved(fns, runs)
         warm = cold if name == "uniform-100000" else median_warm(fns, runs)  # 1 call a batch
         layers = len(compile_source(text, f"{name}.yaml").layout.layers)
@@ -283,11 +321,14 @@ def other(args: argparse.Namespace) -> None:
     bare, _ = child([py, "-c", "pass"], 5)
     version, _ = child([py, "-m", "kvspec", "--version"], 5)
     validate, _ = child([py, "-m", "kvspec", "validate", "layouts/llama-3.1-8b.yaml"], 5)
+    stack, _ = child([py, "-c", "import yaml, click; from pydantic import BaseModel"], 5)
     print(f"  python -c pass                  {bare * 1e3:8.1f} ms")
     print(f"  kvspec --version                {version * 1e3:8.1f} ms  {version / bare:5.1f}x "
           "(goal <= 2x)")
     print(f"  kvspec validate llama-3.1-8b    {validate * 1e3:8.1f} ms  {validate / bare:5.1f}x "
           "(goal <= 4x)")
+    print(f"    floor: import yaml, click, BaseModel {stack * 1e3:5.1f} ms  "
+          f"{stack / bare:5.1f}x (the libraries validate needs, nothing else)")
     with tempfile.TemporaryDirectory() as tmp:
         for n in (10_000, 100_000):
             src = Path(tmp) / f"u{n}.yaml"
