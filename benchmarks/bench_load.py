@@ -19,7 +19,11 @@ Reported, best of ``--repeat`` runs, in milliseconds:
 - bare loop: ``torch.as_strided(buf, shape, stride, offset).view(dtype)`` over
   the same, precomputed geometry on an already allocated buffer: the floor;
   bare+alloc: the same with the allocation;
-- x bare: load cpu / bare+alloc, the figure to compare across machines;
+- parse: reading the artifact file and ``json.loads`` of its text, nothing else:
+  the floor of any check of the file, before its first field is looked at;
+- x bare: load cpu / bare+alloc, the figure to compare across machines; file x:
+  load file / bare+alloc (goal <= 2), and parse x: parse / bare+alloc, the part
+  of that ratio the JSON library alone takes;
 - us/layer: (load cpu - bare+alloc) / layers, in microseconds: what kvspec adds
   per layer beyond the bare loop.
 """
@@ -27,6 +31,7 @@ Reported, best of ``--repeat`` runs, in milliseconds:
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import shutil
 import sys
@@ -110,7 +115,8 @@ def main() -> int:
           f"{cpu_name()}; best of {args.repeat}, milliseconds")
     head = (f"{'model':<9}{'layers':>7}{'blocks':>7}{'pool MiB':>9}{'verify':>9}"
             f"{'load meta':>11}{'load cpu':>10}{'load file':>11}{'bare loop':>11}"
-            f"{'bare+alloc':>12}{'x bare':>8}{'us/layer':>10}")
+            f"{'bare+alloc':>12}{'x bare':>8}{'us/layer':>10}{'parse':>8}{'file x':>8}"
+            f"{'parse x':>9}")
     print(head)
     print("-" * len(head))
     tmp = tempfile.mkdtemp(prefix="kvspec-bench-load-")
@@ -137,10 +143,13 @@ def main() -> int:
             bare = best_ms(lambda: bare_loop(buf, geometry), args.repeat)
             bare_alloc = best_ms(lambda: bare_loop(torch.empty(size, dtype=torch.int8),
                                                    geometry), args.repeat)
+            parse = best_ms(lambda: json.loads(path.read_text(encoding="utf-8")),
+                            args.repeat)
             per_layer = (cpu_ms - bare_alloc) / layers * 1e3
             print(f"{kind:<9}{layers:>7}{n:>7}{size / 2**20:>9.1f}{verify:>9.2f}"
                   f"{meta_ms:>11.2f}{cpu_ms:>10.2f}{file_ms:>11.2f}{bare:>11.2f}"
-                  f"{bare_alloc:>12.2f}{cpu_ms / bare_alloc:>8.1f}{per_layer:>10.1f}")
+                  f"{bare_alloc:>12.2f}{cpu_ms / bare_alloc:>8.1f}{per_layer:>10.1f}"
+                  f"{parse:>8.2f}{file_ms / bare_alloc:>8.1f}{parse / bare_alloc:>9.1f}")
     shutil.rmtree(tmp)
     return 0
 
