@@ -14,7 +14,7 @@ can plan it again and require the same body (:mod:`kvspec.artifact.verify`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -57,7 +57,25 @@ def encode_engine(layout: Layout) -> dict[str, Any]:
     return out
 
 
-def _group(gid: int, g: Group, layout: Layout) -> dict[str, Any]:
+Describe = Callable[[LayerSpec], dict[str, Any]]
+
+
+def _describer() -> Describe:
+    """``kinds.describe`` once per spec object: a body describes each spec once, and
+    its layers, groups and tensors share that description (the body is read-only
+    data; its text is the same)."""
+    described: dict[int, dict[str, Any]] = {}
+
+    def describe(spec: LayerSpec) -> dict[str, Any]:
+        out = described.get(id(spec))
+        if out is None:
+            out = described[id(spec)] = kinds.describe(spec)
+        return out
+
+    return describe
+
+
+def _group(gid: int, g: Group, layout: Layout, describe: Describe) -> dict[str, Any]:
     fig = layout.group_figures[gid]
     spec = g.spec
     return {
@@ -73,20 +91,20 @@ def _group(gid: int, g: Group, layout: Layout) -> dict[str, Any]:
         "max_memory_usage_bytes": fig.max_memory_usage_bytes,
         "blocks_per_request": fig.blocks_per_request,
         "max_num_blocks_per_req": fig.max_num_blocks_per_req,
-        "spec": kinds.describe(spec),
+        "spec": describe(spec),
     }
 
 
-def _tensor(t: Tensor, stage: Stage) -> dict[str, Any]:
+def _tensor(t: Tensor, stage: Stage, describe: Describe) -> dict[str, Any]:
     group = stage.groups[t.group]
     return {"layers": list(t.layers), "size": t.size.to_json(),
             "layer_stride": t.layer_stride.to_json(), "block_stride": t.block_stride.to_json(),
             "offset": t.offset.to_json(), "host_resident": t.host_resident, "pool": t.pool,
             "role": t.role, "group": t.group,
-            "spec": kinds.describe(group.layer_spec(t.layers[0]))}
+            "spec": describe(group.layer_spec(t.layers[0]))}
 
 
-def _stage(st: Stage, layout: Layout) -> dict[str, Any]:
+def _stage(st: Stage, layout: Layout, describe: Describe) -> dict[str, Any]:
     fig = layout.stage_figures[st.index]
     return {"index": st.index, "layers": list(st.layer_names),
             "bytes_per_block": st.bytes_per_block, "fixed_bytes": st.fixed_bytes,
@@ -94,15 +112,14 @@ def _stage(st: Stage, layout: Layout) -> dict[str, Any]:
             "draft_layers": list(st.draft_layer_names),
             "memory_per_request": fig.memory_per_request, "min_num_blocks": fig.min_num_blocks,
             "groups": [list(g.layer_names) for g in st.groups],
-            "tensors": [_tensor(t, st) for t in st.tensors]}
+            "tensors": [_tensor(t, st, describe) for t in st.tensors]}
 
 
 def encode(layout: Layout) -> dict[str, Any]:
     """The artifact body of ``layout`` (plain JSON data)."""
     layers = {}
-    # Layers sharing a spec object share its description, and layers alike in
-    # everything share one entry (the body is read-only data; its text is the same).
-    described: dict[int, dict[str, Any]] = {}
+    # Layers alike in everything share one entry (the body is read-only data).
+    describe = _describer()
     parts: dict[int, list[dict[str, Any]] | None] = {}
     entries: dict[tuple, dict[str, Any]] = {}
     for name, e in layout.layers.items():
@@ -110,14 +127,12 @@ def encode(layout: Layout) -> dict[str, Any]:
                e.per_tensor_scales)
         entry = entries.get(key)
         if entry is None:
-            spec = described.get(id(e.spec))
-            if spec is None:
-                spec = described[id(e.spec)] = kinds.describe(e.spec)
             cells = parts.get(id(e.cell_parts), False)
             if cells is False:
                 cells = parts[id(e.cell_parts)] = [p.as_dict() for p in e.cell_parts] \
                     if e.cell_parts else None
-            entry = entries[key] = {"group": e.group, "stage": e.stage, "spec": spec,
+            entry = entries[key] = {"group": e.group, "stage": e.stage,
+                                    "spec": describe(e.spec),
                                     "kv_cache_dtype": e.kv_cache_dtype, "cell_parts": cells,
                                     "per_tensor_scales": e.per_tensor_scales}
         layers[name] = entry
@@ -125,8 +140,8 @@ def encode(layout: Layout) -> dict[str, Any]:
     return {
         "name": layout.name, "model": layout.model, "engine": encode_engine(layout),
         "layers": layers,
-        "groups": [_group(i, g, layout) for i, g in enumerate(layout.groups)],
-        "stages": [_stage(st, layout) for st in layout.stages],
+        "groups": [_group(i, g, layout, describe) for i, g in enumerate(layout.groups)],
+        "stages": [_stage(st, layout, describe) for st in layout.stages],
         "scheduler_block_size": layout.scheduler_block_size,
         "hash_block_size": layout.hash_block_size, "needs_zeroing": layout.needs_zeroing,
         "budget": None if b is None else _fields(b),

@@ -115,6 +115,7 @@ def ref_kind_name(spec: LayerSpec) -> str:
 # ---------------------------------------------------------------------------
 
 _MAMBA_TYPE_OF_REF = {v: k for k, v in MAMBA_TYPES.items()}
+_PLAIN = frozenset({int, str, bool, float, type(None)})
 
 
 def describe(spec: LayerSpec) -> dict[str, Any]:
@@ -132,6 +133,9 @@ def describe(spec: LayerSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"kind": spec.kind, "class": spec.ref_class}
     for name in init_field_names(type(spec)):
         value = getattr(spec, name)
+        if type(value) in _PLAIN:  # most fields (Fraction's isinstance is an ABC's)
+            out[name] = value
+            continue
         if isinstance(value, Fraction):
             value = str(value)
         elif isinstance(value, tuple):
