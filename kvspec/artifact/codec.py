@@ -24,6 +24,7 @@ from kvspec.model.affine import Affine
 from kvspec.model.axes import AxisOrder
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Group, Layout, Stage, Tensor
+from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs import LayerSpec
 
 # ---------------------------------------------------------------------------
@@ -60,19 +61,23 @@ def encode_engine(layout: Layout) -> dict[str, Any]:
 Describe = Callable[[LayerSpec], dict[str, Any]]
 
 
-def _describer() -> Describe:
-    """``kinds.describe`` once per spec object: a body describes each spec once, and
-    its layers, groups and tensors share that description (the body is read-only
+def _once_per_object(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn`` computed once per argument object (for one body): the layers, groups and
+    tensors sharing a spec or cell parts share its plain data (the body is read-only
     data; its text is the same)."""
-    described: dict[int, dict[str, Any]] = {}
+    done: dict[int, Any] = {}
 
-    def describe(spec: LayerSpec) -> dict[str, Any]:
-        out = described.get(id(spec))
-        if out is None:
-            out = described[id(spec)] = kinds.describe(spec)
-        return out
+    def once(obj: Any) -> Any:
+        key = id(obj)
+        if key not in done:
+            done[key] = fn(obj)
+        return done[key]
 
-    return describe
+    return once
+
+
+def _cell_dicts(parts: tuple[CellPart, ...] | None) -> list[dict[str, Any]] | None:
+    return [p.as_dict() for p in parts] if parts else None
 
 
 def _group(gid: int, g: Group, layout: Layout, describe: Describe) -> dict[str, Any]:
@@ -118,22 +123,19 @@ def _stage(st: Stage, layout: Layout, describe: Describe) -> dict[str, Any]:
 def encode(layout: Layout) -> dict[str, Any]:
     """The artifact body of ``layout`` (plain JSON data)."""
     layers = {}
-    # Layers alike in everything share one entry (the body is read-only data).
-    describe = _describer()
-    parts: dict[int, list[dict[str, Any]] | None] = {}
+    describe: Describe = _once_per_object(kinds.describe)
+    cells = _once_per_object(_cell_dicts)
+    # Layers alike in everything share one entry.
     entries: dict[tuple, dict[str, Any]] = {}
     for name, e in layout.layers.items():
         key = (e.group, e.stage, id(e.spec), e.kv_cache_dtype, id(e.cell_parts),
                e.per_tensor_scales)
         entry = entries.get(key)
         if entry is None:
-            cells = parts.get(id(e.cell_parts), False)
-            if cells is False:
-                cells = parts[id(e.cell_parts)] = [p.as_dict() for p in e.cell_parts] \
-                    if e.cell_parts else None
             entry = entries[key] = {"group": e.group, "stage": e.stage,
                                     "spec": describe(e.spec),
-                                    "kv_cache_dtype": e.kv_cache_dtype, "cell_parts": cells,
+                                    "kv_cache_dtype": e.kv_cache_dtype,
+                                    "cell_parts": cells(e.cell_parts),
                                     "per_tensor_scales": e.per_tensor_scales}
         layers[name] = entry
     b = layout.budget

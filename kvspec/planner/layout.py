@@ -80,15 +80,6 @@ def cells_of(spec: LayerSpec, kv_cache_dtype: str | None
         return None, False
 
 
-def layer_entry(name: str, spec: LayerSpec, stage: int, group: int | None,
-                kv_cache_dtype: str | None) -> LayerEntry:
-    """A layer with its quantization mode and the addressable parts of its cells."""
-    if not isinstance(spec, Attention) or kv_cache_dtype is None:
-        return LayerEntry(name, spec, stage, group)
-    parts, per_tensor = cells_of(spec, kv_cache_dtype)
-    return LayerEntry(name, spec, stage, group, kv_cache_dtype, parts, per_tensor)
-
-
 def _budget(r: Resolved) -> Budget:
     return Budget(r.available, r.num_blocks, r.max_concurrency, r.kv_cache_size_tokens,
                   r.engine.max_model_len, r.estimated_max_model_len)
