@@ -31,7 +31,7 @@ from kvspec.errors import KvspecError, SourceError, UsageError
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "pib": 2**50, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$")
+_SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)$")  # ASCII digits only
 SIZE_EXPECTED = "bytes (42949672960) or a size: 40GiB, 512MiB (powers of 2), 80GB (of 10)"
 #: Temporary files of an atomic write, and how old one must be to be stale.
 _TMP = ".kvspec-tmp-"

@@ -1,11 +1,15 @@
-"""``kvspec schema``: the committed JSON Schemas are current, and every artifact fits one."""
+"""``kvspec schema``: the committed JSON Schemas are current, every artifact fits one, and
+a JSON Schema validator (what an editor runs) takes exactly the sources kvspec takes."""
 
 from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -112,14 +116,149 @@ def test_artifacts_off_the_schema_are_rejected(edit, where: str) -> None:
         assert where in exc.value.found
 
 
-def test_jsonschema_agrees_when_installed() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
-    art = json.loads((SCHEMAS / "artifact.schema.json").read_text())
-    src = json.loads((SCHEMAS / "source.schema.json").read_text())
-    for path in ARTIFACTS:
-        jsonschema.validate(json.loads(path.read_text()), art)
-    for path in sorted((ROOT / "layouts").glob("*.yaml")):
-        jsonschema.validate(yaml.safe_load(path.read_text()), src)
+# -- the committed schemas under a JSON Schema validator (what editors run) ------
+#
+# An editor checks a source against schemas/source.schema.json as it is typed
+# (the ``# yaml-language-server: $schema=`` line every source carries): the
+# schema must accept every source kvspec accepts and refuse what kvspec's source
+# model refuses, or the editor marks good files bad and misses bad ones.
+
+_SOURCE_SCHEMA = json.loads((SCHEMAS / "source.schema.json").read_text())
+_ARTIFACT_SCHEMA = json.loads((SCHEMAS / "artifact.schema.json").read_text())
+_SOURCE_CHECK = jsonschema.Draft202012Validator(_SOURCE_SCHEMA)
+_ARTIFACT_CHECK = jsonschema.Draft202012Validator(_ARTIFACT_SCHEMA)
+
+
+def _schema_problems(check: jsonschema.Draft202012Validator, data: Any) -> list[str]:
+    return [f"{e.json_path}: {e.message}" for e in check.iter_errors(data)]
+
+
+def test_the_committed_schemas_are_valid_json_schemas() -> None:
+    for schema in (_SOURCE_SCHEMA, _ARTIFACT_SCHEMA):
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def _compiled_sources() -> list[tuple[str, str]]:
+    """(name, text) of every source kvspec compiles from this repository: the
+    layouts, the golden and runtime sources, every conformance case imported,
+    and what ``kvspec init`` writes for every committed Hugging Face config."""
+    from kvspec.integrations.hf.init import InitOptions, init_source
+
+    files = (sorted((ROOT / "layouts").glob("*.yaml")) + sorted((ROOT / "tests" / "golden").glob(
+        "*.yaml")) + sorted((ROOT / "tests" / "data" / "runtime").glob("*.yaml")))
+    out = [(str(p.relative_to(ROOT)), p.read_text()) for p in files]
+    out += [(f"import {p.stem}", dump_to_yaml(json.loads(p.read_text())))
+            for p in sorted((CONFORMANCE / "cases").glob("*.json"))]
+    out += [(f"init {p.stem}", init_source(json.loads(p.read_text()), InitOptions(
+        name=p.stem, memory=80 * 2**30, max_model_len=8192)))
+            for p in sorted((ROOT / "tests" / "data" / "hf").glob("*.json"))]
+    return out
+
+
+_COMPILED = _compiled_sources()
+
+
+@pytest.mark.parametrize("name, text", _COMPILED, ids=[n for n, _ in _COMPILED])
+def test_the_source_schema_accepts_every_source_kvspec_takes(name: str, text: str) -> None:
+    try:
+        artifact = compile_source(text, f"{name}.yaml")
+    except KvspecError:  # refused on purpose (a budget too small): its schema still holds
+        artifact = None
+    assert _schema_problems(_SOURCE_CHECK, yaml.safe_load(text)) == []
+    if artifact is not None:
+        assert _schema_problems(_ARTIFACT_CHECK, json.loads(artifact.text())) == []
+
+
+@pytest.mark.parametrize("path", ARTIFACTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_artifact_schema_accepts_every_committed_artifact(path: Path) -> None:
+    assert _schema_problems(_ARTIFACT_CHECK, json.loads(path.read_text())) == []
+
+
+def _json_can_say(data: Any, seen: set[int] | None = None) -> bool:
+    """Whether ``data`` means in JSON what it means in YAML: string keys only (a
+    JSON Schema cannot see a YAML key's type) and no float equal to an integer
+    (JSON Schema's ``integer`` takes 16.0, which a source refuses). Each shared
+    value (a YAML alias) is looked at once: an alias bomb is a small graph."""
+    seen = set() if seen is None else seen
+    if id(data) in seen:
+        return True
+    if isinstance(data, dict):
+        seen.add(id(data))
+        return all(isinstance(k, str) and _json_can_say(v, seen) for k, v in data.items())
+    if isinstance(data, list):
+        seen.add(id(data))
+        return all(_json_can_say(v, seen) for v in data)
+    return not (isinstance(data, float) and data.is_integer())
+
+
+def _model_takes(doc: Any) -> bool:
+    from kvspec.source.parse import parse_source
+    try:
+        parse_source(doc)
+    except KvspecError:
+        return False
+    return True
+
+
+_BASE = yaml.safe_load((ROOT / "layouts" / "llama-3.1-8b.yaml").read_text())
+
+
+@pytest.mark.parametrize("path, value", [
+    *((("engine", "memory"), v) for v in (
+        "40GiB", "40 gib", " 80GB ", "1.5GiB", "512MiB", "4096", "8b", "1KB", 0, 2**40,
+        "40G", "40GiBs", "40 Gi", "4,096", "1.5", "-1GiB", "", "٤٠GiB", -1, True)),
+    *((("layer_types", "attn", "tokens_per_state"), v) for v in (
+        1, 8, "1/2", " 3 / 4 ", "16", "002", "1\t/2", 0, -1, "0", "0/1", "1/0", "00", "1/2/3",
+        "1.5", "½", True)),
+    *((("layer_types", name), {"kind": "full_attention"}) for name in (
+        "global", "ok-name", "a b", "a+b", "-", " - ", " ", "")),
+    *((("kvspec",), v) for v in (1, 2, "1", True, None)),
+    *((("engine", "max_model_len"), v) for v in (8192, "auto", 0, "8192", True, 2**31 + 1)),
+], ids=repr)
+def test_the_source_schema_and_the_source_model_agree_on_each_grammar(path: tuple,
+                                                                     value: Any) -> None:
+    """Each field with a grammar of its own (sizes, token fractions, layer type
+    names, the version), value by value, good and bad alike. Left out: what no
+    JSON Schema can say, a decimal size that is no whole number of bytes
+    ("1.0001KB") and a token fraction over 2**31."""
+    from kvspec.source.document import Document
+
+    data = copy.deepcopy(_BASE)
+    *parents, last = path
+    node = data
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    problems = _schema_problems(_SOURCE_CHECK, data)
+    assert _model_takes(Document(data, "x.yaml")) == (not problems), problems
+
+
+def test_the_source_schema_and_the_source_model_agree_on_mutated_sources() -> None:
+    """Every seed source (good and bad) and 1,500 seeded mutations of them: where
+    the YAML reads, the JSON Schema takes exactly what the source model takes."""
+    import random
+
+    from kvspec.source.document import parse_yaml
+    from tests.fuzz.generators import mutate_source, source_seeds
+
+    seeds = source_seeds()
+    rng = random.Random(14)
+    inputs = [data for _, data in seeds]
+    inputs += [mutate_source(rng, rng.choice(inputs[:len(seeds)]), others=inputs[:len(seeds)],
+                             big=False)[0] for _ in range(1500)]
+    agreed = Counter()
+    for data in inputs:
+        try:
+            doc = parse_yaml(data.decode("utf-8"), "x.yaml")
+        except (UnicodeDecodeError, KvspecError):
+            continue
+        if not _json_can_say(doc.data):
+            continue
+        model = _model_takes(doc)
+        problems = _schema_problems(_SOURCE_CHECK, doc.data)
+        assert model == (not problems), (data.decode(), problems)
+        agreed[model] += 1
+    assert agreed[True] >= 100 and agreed[False] >= 100, agreed  # both sides exercised
 
 
 # -- the command ------------------------------------------------------------

@@ -8,11 +8,13 @@ column of the value (or key) they are about, in the user's words.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from kvspec.errors import ErrorList, SourceError
+from kvspec.files import size_bytes
 from kvspec.source import schema as m
 from kvspec.source.document import Document, format_path
 
@@ -79,8 +81,30 @@ def yaml_repr(value: Any) -> str:
     return repr(value)
 
 
+def _size_hint(found: Any) -> str:
+    """What a size the grammar of :mod:`kvspec.files` refused should look like."""
+    if isinstance(found, bool):
+        return "true and false are not sizes; write bytes or a size such as 40GiB"
+    text = str(found).strip()
+    if text.startswith("-"):
+        return "a size cannot be negative"
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtTpP])", text)
+    if m:  # "40G": a unit without its "B"
+        number, unit = m.group(1), m.group(2).upper()
+        return f"did you mean '{number}{unit}iB' (powers of 2) or '{number}{unit}B' (of 10)?"
+    m = re.fullmatch(r"[0-9]+\.[0-9]+\s*([a-zA-Z]*)", text)
+    if m and size_bytes("1" + m.group(1)) is not None:  # a known unit: too many decimals
+        return "a size is a whole number of bytes: use a smaller unit or fewer decimals"
+    if re.search(r"[0-9][,_ ][0-9]", text):
+        return "write the number without separators, e.g. 40000000000 or 40GB"
+    return "one number and one unit: B, KiB, MiB, GiB, TiB, PiB, or KB, MB, GB, TB, PB"
+
+
 def _type_hint(kind: str, found: Any) -> str | None:
-    """A hint for a value of the wrong type: a quoted number, a boolean for a number."""
+    """A hint for a value of the wrong type: a quoted number, a boolean for a number,
+    a size kvspec cannot read."""
+    if kind == "size":
+        return _size_hint(found)
     if kind.startswith("int_") and isinstance(found, str) and found.strip().isdigit():
         return f"write {found.strip()} without quotes: a quoted value is a string"
     if kind.startswith(("int_", "float_")) and isinstance(found, bool):
@@ -141,6 +165,8 @@ def _literal_error(doc: Document, loc: tuple, err: dict[str, Any], found: Any,
         close = [guess] if guess else difflib.get_close_matches(found, options, n=1, cutoff=0.5)
         close = close or [o for o in options if o.startswith(found)][:1]
         hint = f"did you mean {close[0]!r}?" if close else None
+    elif isinstance(found, bool) and str(expected).isdigit():
+        hint = f"true and false are not numbers here; write {expected}"
     return doc.error(f"invalid value for {loc[-1]!r}", loc, expected=expected, found=found_s,
                      hint=hint)
 

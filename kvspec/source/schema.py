@@ -53,9 +53,9 @@ def _max_len(value: Any) -> int | str:
 def _tokens_per_state(value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TOKENS:
         return value
-    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*(/\s*\d+\s*)?", value):
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]+\s*(/\s*[0-9]+\s*)?", value):
         try:
-            frac = Fraction(value.replace(" ", ""))
+            frac = Fraction(re.sub(r"\s+", "", value))
         except (ValueError, ZeroDivisionError):
             frac = None
         if frac is not None and 0 < frac <= MAX_TOKENS:
@@ -67,12 +67,15 @@ def _tokens_per_state(value: Any) -> int | str:
 #: Tokens one stored state covers: a positive integer or a positive fraction ("1/2").
 TokensPerState = Annotated[int | str, PlainValidator(_tokens_per_state), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TOKENS},
-               {"type": "string", "pattern": r"^\s*\d+\s*(/\s*\d+\s*)?$"}]})]
+               {"type": "string", "pattern": r"^\s*0*[1-9][0-9]*\s*(/\s*0*[1-9][0-9]*\s*)?$"}]})]
 
 #: Bytes, or a size such as ``40GiB`` (one grammar everywhere: :mod:`kvspec.files`).
 Size = Annotated[int, PlainValidator(_size), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 0},
-               {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*[a-zA-Z]*\s*$"}]})]
+               # kvspec.files' units, in any case; a decimal only with a unit above
+               # bytes (whether it is a whole number of bytes, no pattern can say)
+               {"type": "string", "pattern": r"^\s*([0-9]+\s*[bB]?|[0-9]+(\.[0-9]+)?\s*"
+                                             r"[kKmMgGtTpP][iI]?[bB])\s*$"}]})]
 #: A positive number of tokens, or ``auto``.
 MaxLen = Annotated[int | str, PlainValidator(_max_len), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}, {"const": "auto"}]})]
@@ -233,8 +236,19 @@ class Source(_Strict):
     parallel: Parallelism = Parallelism()
     defaults: LayerFields = LayerFields()
     quantization: Quantization = Quantization()
-    layer_types: dict[str, LayerFields] = Field(default_factory=dict)
+    layer_types: dict[str, LayerFields] = Field(
+        default_factory=dict,  # names as _type_names takes them, for editors
+        json_schema_extra={"propertyNames": {"pattern": r"^(?!\s*-?\s*$)[^+]*$"}})
     layers: list[Entry] = Field(default_factory=list)
+
+    @field_validator("kvspec", mode="before")
+    @classmethod
+    def _version_is_not_a_bool(cls, value: Any) -> Any:
+        # Literal[1] takes True even when strict (True == 1 and hashes alike);
+        # YAML's true is not the format version
+        if isinstance(value, bool):
+            raise PydanticCustomError("literal_error", "Input should be 1", {"expected": "1"})
+        return value
 
     @field_validator("layer_types")
     @classmethod
