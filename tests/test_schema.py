@@ -261,6 +261,44 @@ def test_the_source_schema_and_the_source_model_agree_on_mutated_sources() -> No
     assert agreed[True] >= 100 and agreed[False] >= 100, agreed  # both sides exercised
 
 
+def test_the_artifact_schema_and_the_artifact_model_agree_on_edited_artifacts() -> None:
+    """Every committed artifact and 600 seeded one-field edits of them (a value
+    retyped or replaced, a field dropped or added): the JSON Schema takes exactly
+    what kvspec's artifact model takes (the hash aside, which no schema checks)."""
+    import random
+
+    from tests.fuzz.generators import _get, _paths, _retyped, _set
+
+    artifacts = [json.loads(p.read_text()) for p in ARTIFACTS]
+    values = [0, 1, -1, 16, 2**40, "x", "", None, True, False, 1.5, [], {}, [1], {"a": 1},
+              "bfloat16", "LBNHC", {"per_block": 1, "fixed": 0}]
+    rng = random.Random(14)
+    cases = list(artifacts)
+    for _ in range(600):
+        data = copy.deepcopy(rng.choice(artifacts))
+        path = rng.choice([p for p in _paths(data) if p])
+        op, parent = rng.choice(["retype", "drop", "add", "value"]), _get(data, path[:-1])
+        if op == "drop":
+            del parent[path[-1]]
+        elif op == "add" and isinstance(_get(data, path), dict):
+            _get(data, path)[rng.choice(["extra", "kind", "group", "per_block"])] = \
+                rng.choice(values)
+        elif op == "value":
+            _set(data, path, rng.choice(values))
+        else:
+            _set(data, path, _retyped(rng, _get(data, path)))
+        cases.append(data)
+    agreed = Counter()
+    for data in cases:
+        if not _json_can_say(data):
+            continue
+        model = not schema_problems(data)
+        problems = _schema_problems(_ARTIFACT_CHECK, data)
+        assert model == (not problems), (schema_problems(data), problems)
+        agreed[model] += 1
+    assert agreed[True] >= 100 and agreed[False] >= 100, agreed  # both sides exercised
+
+
 # -- the command ------------------------------------------------------------
 
 
