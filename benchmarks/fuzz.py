@@ -14,8 +14,8 @@ generated valid sources, over every core, and print the counts.
 A defect is a traceback (any exception out of ``kvspec.cli.main``), a
 ``RecursionError``, a ``MemoryError``, a case over ``--time-limit`` seconds, a
 worker that died, or a message below the bar (tests/fuzz/generators.py: no
-``line:col`` where the input has a position, neither ``expected:`` nor
-``hint:``, a first line not ``FILE[:LINE:COL]: error:``). Every case is
+``line:col`` where the input has a position, no ``hint:``, a first line not
+``FILE[:LINE:COL]: error:``). Every case is
 reproducible from ``--seed`` and its index; after the run, the smallest input
 of every defect class is minimised and saved under ``--out`` with the command
 that shows it (``README.txt`` there lists them), and ``summary.json`` holds the
@@ -233,7 +233,7 @@ def _summary(out: g.Outcome, meta: dict[str, Any], raw: bytes | None) -> dict[st
     return {"status": out.status, "defects": out.defects, "signatures": out.signatures,
             "details": out.details, "meta": meta, "raw": raw, "messages": out.messages,
             "no_pos": out.messages_without_position,
-            "no_hint": out.messages_without_expected_or_hint}
+            "no_hint": out.messages_without_hint}
 
 
 class Pool:
@@ -471,7 +471,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         f"{k} {v:.0f} s" for k, v in result["phase_time"].items()) + ")")
     out.append("")
     out.append(f"{'':18}{'tried':>8}{'compiled':>10}{'clean err':>11}{'defects':>9}"
-               f"{'messages':>10}{'no l:c':>8}{'no exp/hint':>13}")
+               f"{'messages':>10}{'no l:c':>8}{'no hint':>13}")
     for kind, label in (("source", "mutated sources"), ("dump", "mutated dumps")):
         c = t.counts[kind]
         if c["tried"]:

@@ -1,7 +1,7 @@
 """Fuzz test (issue 15): for any mutated source or dump, ``kvspec validate`` /
 ``kvspec import`` succeed or refuse cleanly -- exit 1 or 2, every message
 starting ``FILE:LINE:COL: error:`` where the input has a position (``FILE:
-error:`` otherwise) with an ``expected:`` or a ``hint:`` line, no traceback;
+error:`` otherwise) with a ``hint:`` line, no traceback;
 for any generated valid source that compiles, block ids never share bytes (at
 several block counts), every invariant holds, the artifact reads back, and it
 loads on ``meta`` at its smallest block count and larger ones.
@@ -105,7 +105,7 @@ FIXED: tuple[Reproducer, ...] = (
           "validate", ".yaml", _tps_source("1e3").encode(),
           "tokens_per_state '1e3' beside a sliding-window layer: ZeroDivisionError "
           "(a 0-byte page)"),
-    Reproducer("dump-json-error-no-hint", "message quality: no expected/hint | not valid JSON",
+    Reproducer("dump-json-error-no-hint", "message quality: no hint | not valid JSON",
           "import", ".json", b"{",
           "'not valid JSON: ...' has neither expected: nor hint:"),
     Reproducer("dump-duplicate-key-no-position",
@@ -119,15 +119,15 @@ FIXED: tuple[Reproducer, ...] = (
                     + _BAD_HEADS + "}\n").encode(),
           "more than 64 levels anywhere in a dump: every error loses its line:col"),
     Reproducer("source-draft-block-no-hint",
-          "message quality: no expected/hint | draft block size", "validate", ".yaml",
+          "message quality: no hint | draft block size", "validate", ".yaml",
           (Path(__file__).parent / "errors" / "draft-block-size.yaml").read_bytes(),
           "'draft block size N must be a positive multiple of 64 ...' has no hint"),
     Reproducer("source-merge-key-no-hint",
-          "message quality: no expected/hint | a merge key (<<) needs a mapping",
+          "message quality: no hint | a merge key (<<) needs a mapping",
           "validate", ".yaml", b"kvspec: 1\nname: x\nengine: {<<: 5, max_model_len: 64}\n",
           "'a merge key (<<) needs a mapping' has neither expected: nor hint:"),
     Reproducer("source-mla-pages-empty-no-hint",
-          "message quality: no expected/hint | MLA layers differ in page size", "validate",
+          "message quality: no hint | MLA layers differ in page size", "validate",
           ".yaml", b"kvspec: 1\nname: x\nengine: {max_model_len: 128}\nlayer_types:\n"
           b"  idx: {kind: mla, num_kv_heads: 1, head_size: 576, dtype: bfloat16, "
           b"tokens_per_state: 4}\n"

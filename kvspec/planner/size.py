@@ -170,7 +170,8 @@ def _hash_block_size(engine: Engine, groups: Sequence[Group], sizes: list[int]) 
             f"prefix_match_unit {hash_size} must divide every prefix-cacheable group's "
             f"block size; group block sizes {sizes}, prefix-cacheable {hashing}",
             path="engine.prefix_match_unit", found=str(hash_size),
-            expected=f"a divisor of {math.gcd(*hashing)}")
+            expected=f"a divisor of {math.gcd(*hashing)}",
+            hint="leave prefix_match_unit out to take the groups' common divisor")
     return hash_size
 
 

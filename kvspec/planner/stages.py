@@ -30,7 +30,8 @@ def stage_bounds(num_layers: int, pp_size: int,
         if len(partition) != pp_size:
             raise PlanError(
                 f"the pipeline partition has {len(partition)} stages, the deployment {pp_size}",
-                expected=f"{pp_size} layer counts", found=str(list(partition)))
+                expected=f"{pp_size} layer counts", found=str(list(partition)),
+                hint="give one layer count per pipeline stage (parallel.pipeline)")
         if sum(partition) != num_layers:
             raise PlanError(
                 f"the pipeline partition covers {sum(partition)} layers, the model has "

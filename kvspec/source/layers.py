@@ -113,7 +113,10 @@ class _Expander:
         if problem is not None:
             self.errors.append(self.doc.error(f"bad layer_name template {template!r}: {problem}",
                                               path, expected="a name with {index} where the "
-                                              "decoder-layer index goes", found=template))
+                                              "decoder-layer index goes", found=template,
+                                              hint="write {index} as it is (no format spec, "
+                                              "attribute or index), and {{ }} for a brace, e.g. "
+                                              "model.layers.{index}.self_attn.attn"))
             return f"{template}\0{self.index}"  # unique: no second error for a repeated name
         return template.format(index=self.index)
 

@@ -7,6 +7,7 @@ column of the value (or key) they are about, in the user's words.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import re
 from typing import Any
@@ -53,7 +54,7 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
     loc = clean_loc(err["loc"])
     kind = err["type"]
     found = err.get("input")
-    found_s = None if isinstance(found, (dict, list)) else yaml_repr(found)
+    found_s = yaml_repr(found)
     if kind == "extra_forbidden":
         key = loc[-1]
         allowed = allowed_fields(loc[:-1])
@@ -73,11 +74,20 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
 
 
 def yaml_repr(value: Any) -> str:
-    """A scalar as the user wrote it in YAML: ``true``, ``null``, ``'8'``, ``16``."""
+    """A value as the user wrote it in YAML: ``true``, ``null``, ``'8'``, ``16``; a
+    mapping or list by what it is, a date or binary data by what YAML made of it."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return f"a list of {len(value):,} item{'s' if len(value) != 1 else ''}"
+    if isinstance(value, (bytes, bytearray)):
+        return "binary data (!!binary)"
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return f"a date ({value.isoformat()})"
     return repr(value)
 
 
@@ -100,16 +110,48 @@ def _size_hint(found: Any) -> str:
     return "one number and one unit: B, KiB, MiB, GiB, TiB, PiB, or KB, MB, GB, TB, PB"
 
 
-def _type_hint(kind: str, found: Any) -> str | None:
-    """A hint for a value of the wrong type: a quoted number, a boolean for a number,
-    a size kvspec cannot read."""
+def _type_hint(kind: str, found: Any) -> str:
+    """How to write a value of the wrong type or out of range, from what was found."""
     if kind == "size":
         return _size_hint(found)
-    if kind.startswith("int_") and isinstance(found, str) and found.strip().isdigit():
-        return f"write {found.strip()} without quotes: a quoted value is a string"
-    if kind.startswith(("int_", "float_")) and isinstance(found, bool):
-        return "true and false are not numbers here; write the number"
-    return None
+    absent = "give a value, or remove the line to take the default"
+    if kind.startswith(("int_", "float_")):
+        if isinstance(found, bool):
+            return "true and false are not numbers here; write the number"
+        if isinstance(found, str) and found.strip().isdigit():
+            return f"write {found.strip()} without quotes: a quoted value is a string"
+        if found is None:
+            return absent
+        if isinstance(found, (dict, list)):
+            return "give one number here, not a list or a mapping"
+        if isinstance(found, float):
+            return "write a whole number, without a decimal point"
+        return "write a whole number such as 16, with no quotes, units or other characters"
+    if kind in ("greater_than", "greater_than_equal"):
+        return "write a number above 0" if kind == "greater_than" else "write 0 or more"
+    if kind == "less_than_equal":
+        return "that is far beyond any deployment: check the number for a typo"
+    if kind == "string_type":
+        if found is None:
+            return absent
+        if isinstance(found, (dict, list)):
+            return "give one string here, not a list or a mapping"
+        return "quote it to make it a string, e.g. '...'"
+    if kind.startswith("bool_"):
+        return absent if found is None else "write true or false, without quotes"
+    if kind == "list_type":
+        return ("give a list ([] for none), or remove the line" if found is None else
+                "write a YAML list: [a, b], or one '- item' per line")
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return ("give its fields indented under it, or remove the line" if found is None
+                else "write its fields indented under it (key: value), or as {key: value}")
+    if kind == "too_short":
+        return "give at least one item"
+    if kind == "max_len":
+        return "write a whole number of tokens, such as 32768, or auto"
+    if kind == "tokens_per_state":
+        return "write a whole number such as 4, or a fraction in quotes such as '1/2'"
+    return "see docs/format.md for what this field takes"
 
 
 #: What a value of each pydantic error type should have been, in the user's words.
@@ -167,6 +209,7 @@ def _literal_error(doc: Document, loc: tuple, err: dict[str, Any], found: Any,
         hint = f"did you mean {close[0]!r}?" if close else None
     elif isinstance(found, bool) and str(expected).isdigit():
         hint = f"true and false are not numbers here; write {expected}"
+    hint = hint or "write one of the values above, spelled as shown"
     return doc.error(f"invalid value for {loc[-1]!r}", loc, expected=expected, found=found_s,
                      hint=hint)
 
@@ -176,7 +219,9 @@ def parse_source(doc: Document) -> m.Source:
     if not isinstance(doc.data, dict):
         raise SourceError("a kvspec source must be a YAML mapping", file=doc.file, line=1,
                           column=1, expected="kvspec: 1, name: ..., engine: ..., layers: ...",
-                          found=type(doc.data).__name__)
+                          found=yaml_repr(doc.data)[:80],
+                          hint="a source is fields at the top level, from kvspec: 1 on; "
+                               "see layouts/ for examples")
     try:
         return m.Source.model_validate(doc.data)
     except ValidationError as exc:

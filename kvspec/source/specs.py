@@ -116,11 +116,15 @@ def _heads_per_rank(layer: ExpandedLayer, kind: kinds.Kind, tp: int, doc: Docume
     if heads >= tp and heads % tp:
         raise doc.error(f"{_what(layer)}: {heads} KV heads do not split evenly over "
                         f"{tp} tensor-parallel ranks", layer.origin("num_kv_heads"),
-                        expected=f"a multiple of {tp}, or a divisor of it", found=str(heads))
+                        expected=f"a multiple of {tp}, or a divisor of it", found=str(heads),
+                        hint="check num_kv_heads against the model's config, or pick a "
+                             "tensor-parallel size that splits it")
     if heads < tp and tp % heads:
         raise doc.error(f"{_what(layer)}: {tp} ranks cannot replicate {heads} KV heads",
                         layer.origin("num_kv_heads"), expected=f"a divisor of {tp}",
-                        found=str(heads))
+                        found=str(heads),
+                        hint="fewer KV heads than ranks are replicated, so the ranks must be a "
+                             "multiple of the heads; pick another tensor-parallel size")
     return max(1, heads // tp)
 
 
@@ -133,7 +137,8 @@ def _model_dtype(layer: ExpandedLayer, doc: Document) -> str:
         raise doc.error(f"unknown dtype {value!r}", layer.origin("dtype"),
                         expected=", ".join(DTYPE_SIZES),
                         found=str(value),
-                        hint=f"did you mean {close[0]!r}?" if close else None) from None
+                        hint=f"did you mean {close[0]!r}?" if close else
+                        "use a torch dtype name, e.g. bfloat16") from None
 
 
 def _quantized(kw: dict[str, Any], layer: ExpandedLayer, kind: kinds.Kind, cache: str,

@@ -147,7 +147,9 @@ def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:
     if not isinstance(data, dict):
         raise SourceError("a spec dump must be a JSON object", file=file, line=1, column=1,
                           expected='{"config": {...}, "layers": [...]}',
-                          found=type(data).__name__)
+                          found=_kind_of(data),
+                          hint="a dump is one JSON object: its format is "
+                               "tests/conformance/FORMAT.md")
     try:
         return Dump.model_validate(data)
     except ValidationError as exc:
@@ -166,3 +168,10 @@ def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:
                                     found=None if isinstance(found, (dict, list))
                                     else repr(found), hint=hint))
         raise ErrorList(errors) from None
+
+
+def _kind_of(value: Any) -> str:
+    """What a JSON value is, in the user's words."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)

@@ -157,15 +157,20 @@ def _tail_group(tails: Mapping[str, LayerSpec], idx_page: int) -> Group:
     padded = {n: replace(s, page_size_padded=idx_page) for n, s in tails.items()}
     uniform = UniformType.of(padded)
     if uniform is None:
-        raise PlanError("kpool tail layers must share one spec")
+        raise PlanError("kpool tail layers must share one spec",
+                        hint="give every tail layer the same kind, shapes and dtypes")
     return Group(tuple(padded), uniform, strategy=STRATEGY, role="tail")
 
 
 def _state_groups(engine: Engine, states: Mapping[str, MambaState], mla_names: list[str],
                   mla_page: int) -> list[Group]:
-    some = next(iter(states.values()))
-    if any(s != some for s in states.values()):
-        raise PlanError("state layers of the aliasing layout must all have the same spec")
+    first, some = next(iter(states.items()))
+    other = next((n for n, s in states.items() if s != some), None)
+    if other is not None:
+        raise PlanError(f"state layers of the aliasing layout must all have the same spec: "
+                        f"{other}'s differs from {first}'s", layer=other,
+                        hint="give every state layer the same kind, shapes and dtypes: they "
+                             "share the MLA layers' slots")
     if some.unpadded_page_size_bytes > mla_page:
         raise PlanError(
             f"the state page ({some.unpadded_page_size_bytes} bytes) does not fit "
