@@ -70,7 +70,7 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
     if kind == "literal_error":
         return _literal_error(doc, loc, err, found, found_s)
     return doc.error(f"invalid value for {format_path(loc)}", loc,
-                     expected=expected_of(err), found=found_s, hint=_type_hint(kind, found))
+                     expected=expected_of(err), found=found_s, hint=_type_hint(kind, found, err.get("ctx") or {}))
 
 
 def yaml_repr(value: Any) -> str:
@@ -110,11 +110,12 @@ def _size_hint(found: Any) -> str:
     return "one number and one unit: B, KiB, MiB, GiB, TiB, PiB, or KB, MB, GB, TB, PB"
 
 
-def _type_hint(kind: str, found: Any) -> str:
-    """How to write a value of the wrong type or out of range, from what was found."""
+def _type_hint(kind: str, found: Any, ctx: dict[str, Any]) -> str:
+    """How to write a value of the wrong type or out of range, from what was found
+    (and the bound it missed, in ``ctx``)."""
     if kind == "size":
         return _size_hint(found)
-    absent = "give a value, or remove the line to take the default"
+    absent = "null is no value: give one, or leave the field out where it is optional"
     if kind.startswith(("int_", "float_")):
         if isinstance(found, bool):
             return "true and false are not numbers here; write the number"
@@ -127,8 +128,10 @@ def _type_hint(kind: str, found: Any) -> str:
         if isinstance(found, float):
             return "write a whole number, without a decimal point"
         return "write a whole number such as 16, with no quotes, units or other characters"
-    if kind in ("greater_than", "greater_than_equal"):
-        return "write a number above 0" if kind == "greater_than" else "write 0 or more"
+    if kind == "greater_than":
+        return f"write a number above {ctx.get('gt', 0)}"
+    if kind == "greater_than_equal":
+        return f"write {ctx.get('ge', 0)} or more"
     if kind == "less_than_equal":
         return "that is far beyond any deployment: check the number for a typo"
     if kind == "string_type":
@@ -140,10 +143,10 @@ def _type_hint(kind: str, found: Any) -> str:
     if kind.startswith("bool_"):
         return absent if found is None else "write true or false, without quotes"
     if kind == "list_type":
-        return ("give a list ([] for none), or remove the line" if found is None else
+        return ("give a list, [] for none: null is no value" if found is None else
                 "write a YAML list: [a, b], or one '- item' per line")
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return ("give its fields indented under it, or remove the line" if found is None
+        return ("give its fields indented under it: null is no value" if found is None
                 else "write its fields indented under it (key: value), or as {key: value}")
     if kind == "too_short":
         return "give at least one item"
