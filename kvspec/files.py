@@ -33,6 +33,18 @@ _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "pib": 2**50, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)$")  # ASCII digits only
 SIZE_EXPECTED = "bytes (42949672960) or a size: 40GiB, 512MiB (powers of 2), 80GB (of 10)"
+
+
+def _any_case(unit: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" for c in unit)
+
+
+#: The same grammar as a JSON Schema pattern (ECMA-262, which has no case flag), from
+#: the units themselves: a decimal only with a unit above a byte (whether it comes to
+#: whole bytes, no pattern can say).
+_BYTES = "|".join(_any_case(u) for u, f in _UNITS.items() if u and f == 1)
+_LARGER = "|".join(_any_case(u) for u, f in _UNITS.items() if f > 1)
+SIZE_PATTERN = rf"^\s*([0-9]+\s*({_BYTES})?|[0-9]+(\.[0-9]+)?\s*({_LARGER}))\s*$"
 #: Temporary files of an atomic write, and how old one must be to be stale.
 _TMP = ".kvspec-tmp-"
 _STALE_S = 60.0
@@ -55,6 +67,24 @@ def size_bytes(value: object) -> int | None:
     whole, frac = number.split(".")
     total = int(whole) * unit + int(frac) * unit // 10 ** len(frac)
     return total if int(frac) * unit % 10 ** len(frac) == 0 else None
+
+
+def size_hint(value: object) -> str:
+    """How to write a size that :func:`size_bytes` refused, from what was written."""
+    if isinstance(value, bool):
+        return "true and false are not sizes; write bytes or a size such as 40GiB"
+    text = str(value).strip()
+    if text.startswith("-"):
+        return "a size cannot be negative"
+    m = _SIZE.match(text)
+    if m and m.group(2).lower() in _UNITS:  # a known unit: not a whole number of bytes
+        return "a size is a whole number of bytes: use a smaller unit or fewer decimals"
+    if m and m.group(2).lower() + "b" in _UNITS:  # "40G": a unit without its "B"
+        number, unit = m.group(1), m.group(2).upper()
+        return f"did you mean '{number}{unit}iB' (powers of 2) or '{number}{unit}B' (of 10)?"
+    if re.search(r"[0-9][,_ ][0-9]", text):
+        return "write the number without separators, e.g. 40000000000 or 40GB"
+    return "one number and one unit: B, KiB, MiB, GiB, TiB, PiB, or KB, MB, GB, TB, PB"
 
 
 def parse_size(value: int | str, *, what: str = "memory",

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import datetime
 import difflib
-import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from kvspec.errors import ErrorList, SourceError
-from kvspec.files import size_bytes
+from kvspec.files import size_hint
 from kvspec.source import schema as m
 from kvspec.source.document import Document, format_path
 
@@ -70,7 +69,8 @@ def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
     if kind == "literal_error":
         return _literal_error(doc, loc, err, found, found_s)
     return doc.error(f"invalid value for {format_path(loc)}", loc,
-                     expected=expected_of(err), found=found_s, hint=_type_hint(kind, found, err.get("ctx") or {}))
+                     expected=expected_of(err), found=found_s,
+                     hint=_type_hint(kind, found, err.get("ctx") or {}))
 
 
 def yaml_repr(value: Any) -> str:
@@ -91,30 +91,11 @@ def yaml_repr(value: Any) -> str:
     return repr(value)
 
 
-def _size_hint(found: Any) -> str:
-    """What a size the grammar of :mod:`kvspec.files` refused should look like."""
-    if isinstance(found, bool):
-        return "true and false are not sizes; write bytes or a size such as 40GiB"
-    text = str(found).strip()
-    if text.startswith("-"):
-        return "a size cannot be negative"
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)\s*([kKmMgGtTpP])", text)
-    if m:  # "40G": a unit without its "B"
-        number, unit = m.group(1), m.group(2).upper()
-        return f"did you mean '{number}{unit}iB' (powers of 2) or '{number}{unit}B' (of 10)?"
-    m = re.fullmatch(r"[0-9]+\.[0-9]+\s*([a-zA-Z]*)", text)
-    if m and size_bytes("1" + m.group(1)) is not None:  # a known unit: too many decimals
-        return "a size is a whole number of bytes: use a smaller unit or fewer decimals"
-    if re.search(r"[0-9][,_ ][0-9]", text):
-        return "write the number without separators, e.g. 40000000000 or 40GB"
-    return "one number and one unit: B, KiB, MiB, GiB, TiB, PiB, or KB, MB, GB, TB, PB"
-
-
 def _type_hint(kind: str, found: Any, ctx: dict[str, Any]) -> str:
     """How to write a value of the wrong type or out of range, from what was found
     (and the bound it missed, in ``ctx``)."""
     if kind == "size":
-        return _size_hint(found)
+        return size_hint(found)
     absent = "null is no value: give one, or leave the field out where it is optional"
     if kind.startswith(("int_", "float_")):
         if isinstance(found, bool):

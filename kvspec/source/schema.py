@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kvspec.files import SIZE_EXPECTED, size_bytes
+from kvspec.files import SIZE_EXPECTED, SIZE_PATTERN, size_bytes
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
 
@@ -72,10 +72,7 @@ TokensPerState = Annotated[int | str, PlainValidator(_tokens_per_state), WithJso
 #: Bytes, or a size such as ``40GiB`` (one grammar everywhere: :mod:`kvspec.files`).
 Size = Annotated[int, PlainValidator(_size), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 0},
-               # kvspec.files' units, in any case; a decimal only with a unit above
-               # bytes (whether it is a whole number of bytes, no pattern can say)
-               {"type": "string", "pattern": r"^\s*([0-9]+\s*[bB]?|[0-9]+(\.[0-9]+)?\s*"
-                                             r"[kKmMgGtTpP][iI]?[bB])\s*$"}]})]
+               {"type": "string", "pattern": SIZE_PATTERN}]})]
 #: A positive number of tokens, or ``auto``.
 MaxLen = Annotated[int | str, PlainValidator(_max_len), WithJsonSchema(
     {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_TOKENS}, {"const": "auto"}]})]
