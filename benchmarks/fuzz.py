@@ -1,11 +1,15 @@
-"""Fuzz kvspec locally: tens of thousands of mutated sources, mutated dumps and
-generated valid sources, over every core, and print the counts.
+"""Fuzz kvspec locally: tens of thousands of mutated sources, mutated dumps,
+mutated Hugging Face configs and generated valid sources, over every core, and
+print the counts.
 
-    python benchmarks/fuzz.py --sources 20000 --dumps 5000 --valid 12000 --seed 0 --jobs 2
+    python benchmarks/fuzz.py --sources 20000 --dumps 5000 --configs 5000 --valid 12000 \
+        --seed 0 --jobs 2
 
 * mutated sources: ``kvspec validate FILE`` in-process; counted as compiled (exit
   0), clean errors (exit 1/2, every message up to the bar) or defects;
 * mutated dumps: ``kvspec import FILE`` likewise;
+* mutated configs: ``kvspec init --from-hf FILE`` likewise (with a flag or two,
+  picked by the file's bytes), and a source it writes must compile;
 * generated valid sources: compiled (and then: the block-id property at several
   block counts, every invariant, reading back, loading on ``meta`` at the
   smallest block count and larger), refused cleanly, or a violation, per axis
@@ -54,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fuzz import generators as g
 
-KINDS = ("source", "dump", "valid")
+KINDS = ("source", "dump", "config", "valid")
 
 
 # ---------------------------------------------------------------------------
@@ -77,6 +81,11 @@ def make_case(kind: str, seed: int, i: int) -> tuple[bytes, dict[str, Any]]:
         name, data = rng.choice(seeds)
         out, ops = g.mutate_dump(rng, data)
         return out, {"seed_file": name, "ops": ops}
+    if kind == "config":
+        seeds = _SEEDS.setdefault("config", g.config_seeds())
+        name, data = rng.choice(seeds)
+        out, ops = g.mutate_config(rng, data)
+        return out, {"seed_file": name, "ops": ops}
     layout = g.AXIS_ORDERS[i % len(g.AXIS_ORDERS)]
     family = g.FAMILIES[(i // len(g.AXIS_ORDERS)) % len(g.FAMILIES)]
     text, meta = g.valid_source(rng, layout=layout, family=family)
@@ -84,7 +93,7 @@ def make_case(kind: str, seed: int, i: int) -> tuple[bytes, dict[str, Any]]:
 
 
 def case_file(workdir: str, kind: str) -> str:
-    return os.path.join(workdir, "case.json" if kind == "dump" else "case.yaml")
+    return os.path.join(workdir, "case.json" if kind in ("dump", "config") else "case.yaml")
 
 
 def command(kind: str, file: str) -> list[str]:
@@ -97,6 +106,8 @@ def judge(kind: str, data: bytes, workdir: str, limit: float) -> g.Outcome:
     file = case_file(workdir, kind)
     with open(file, "wb") as fh:
         fh.write(data)
+    if kind == "config":
+        return g.check_init(file, data, seconds=limit)
     return g.check_cli(command(kind, file), file, data, seconds=limit,
                        kind="json" if kind == "dump" else "yaml")
 
@@ -162,7 +173,7 @@ def minimise(kind: str, data: bytes, signature: str, workdir: str, limit: float,
              trials: int = 250) -> bytes:
     budget = [trials]
     ok = lambda b: _still(kind, b, signature, workdir, limit)
-    if kind == "dump":
+    if kind in ("dump", "config"):
         try:
             obj = json.loads(data)
             dumped = lambda o: json.dumps(o, indent=1).encode("utf-8", "surrogatepass")
@@ -368,7 +379,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     preimport()
     pool = Pool(args.jobs, args.time_limit, args.memory_limit << 20)
     tally = Tally()
-    plan = [("source", args.sources), ("dump", args.dumps), ("valid", args.valid)]
+    plan = [("source", args.sources), ("dump", args.dumps), ("config", args.configs),
+            ("valid", args.valid)]
     t0 = time.time()
     phase_time = {}
     results: dict[tuple[str, int], dict[str, Any]] = {}
@@ -456,6 +468,8 @@ def minimise_all(pool: Pool, tally: Tally, args: argparse.Namespace) -> dict[str
 # the report
 # ---------------------------------------------------------------------------
 
+_MUTATED = (("source", "mutated sources"), ("dump", "mutated dumps"),
+            ("config", "mutated configs"))
 VALID_COLS = ("tried", "ok", "clean", "invariant: block-overlap", "invariant: loads-on-meta",
               "invariant: reads back", "invariant: other")
 
@@ -472,12 +486,12 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
     out.append("")
     out.append(f"{'':18}{'tried':>8}{'compiled':>10}{'clean err':>11}{'defects':>9}"
                f"{'messages':>10}{'no l:c':>8}{'no hint':>13}")
-    for kind, label in (("source", "mutated sources"), ("dump", "mutated dumps")):
+    for kind, label in _MUTATED:
         c = t.counts[kind]
         if c["tried"]:
             out.append(f"{label:18}{c['tried']:>8}{c['ok']:>10}{c['clean']:>11}{c['defect']:>9}"
                        f"{c['messages']:>10}{c['no_pos']:>8}{c['no_hint']:>13}")
-    for kind, label in (("source", "mutated sources"), ("dump", "mutated dumps")):
+    for kind, label in _MUTATED:
         if t.defects[kind]:
             out.append(f"  {label}, cases per defect category:")
             for cat, n in sorted(t.defects[kind].items(), key=lambda x: (-x[1], x[0])):
@@ -545,10 +559,11 @@ def save(result: dict[str, Any], args: argparse.Namespace, text: str) -> None:
             continue
         slug = re.sub(r"[^a-z0-9]+", "-", e["signature"].split(" | ")[0].lower()).strip("-")
         digest = hashlib.sha1(sig.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        ext = ".json" if e["kind"] == "dump" else ".yaml"
+        ext = ".json" if e["kind"] in ("dump", "config") else ".yaml"
         path = out / f"{e['kind']}-{slug}-{digest}{ext}"
         path.write_bytes(data)
         how = {"source": f"kvspec validate {path}", "dump": f"kvspec import {path}",
+               "config": "kvspec " + " ".join(g.init_args(str(path), data)),
                "valid": f"python -c \"import kvspec; a = kvspec.compile('{path}'); "
                         "from kvspec.artifact.invariants import check_artifact; "
                         "print(check_artifact(a)); kvspec.load(a, device='meta', "
@@ -574,6 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sources", type=int, default=20000, help="mutated sources")
     p.add_argument("--dumps", type=int, default=5000, help="mutated dumps")
+    p.add_argument("--configs", type=int, default=5000,
+                   help="mutated Hugging Face configs (kvspec init)")
     p.add_argument("--valid", type=int, default=12000, help="generated valid sources")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)

@@ -1,12 +1,13 @@
 """Reading and writing the user's files, and reading sizes, with errors at the file.
 
 Every command reads sources, dumps, configs and artifacts the same way: a
-missing or unreadable file, bytes that are not UTF-8 (at their line and
-column), or invalid JSON is a :class:`KvspecError` naming the file, never a
-traceback. Writes are atomic (a reader never sees a half-written file; a
-failed command leaves the old file as it was; a temporary file a killed
-writer left behind is cleaned up by the next write), never go over the input,
-and never replace a file that is not kvspec's own without ``--force``.
+missing or unreadable file, or bytes that are not UTF-8 (at their line and
+column), is a :class:`KvspecError` naming the file, never a traceback (the
+readers of each format place invalid JSON or YAML at its line and column).
+Writes are atomic (a reader never sees a half-written file; a failed command
+leaves the old file as it was; a temporary file a killed writer left behind is
+cleaned up by the next write), never go over the input, and never replace a
+file that is not kvspec's own without ``--force``.
 
 Sizes have one strict grammar everywhere (flags, sources, the Python API):
 an integer of bytes, or a number and a unit -- ``KiB MiB GiB TiB PiB`` (powers
@@ -18,14 +19,12 @@ of two), ``KB MB GB TB PB`` (powers of ten), ``B``.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
 import time
 from pathlib import Path
 from collections.abc import Callable
-from typing import Any
 
 from kvspec.errors import KvspecError, SourceError, UsageError
 
@@ -119,7 +118,8 @@ def read_text(path: str | Path, *, what: str, hint: str | None = None,
     except IsADirectoryError:
         raise error(f"is a directory, not {what}", file=str(path), hint=hint) from None
     except OSError as exc:
-        raise error(f"cannot read {what}: {exc.strerror or exc}", file=str(path)) from None
+        raise error(f"cannot read {what}: {exc.strerror or exc}", file=str(path),
+                    hint=hint or "check the path and its permissions") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -127,19 +127,6 @@ def read_text(path: str | Path, *, what: str, hint: str | None = None,
         raise error(f"{what} is not UTF-8 text: byte {data[exc.start]:#04x} cannot be "
                     "decoded", file=str(path), line=line, column=column,
                     hint="save the file as UTF-8") from None
-
-
-def read_json(path: str | Path, *, what: str, hint: str | None = None,
-              error: type[KvspecError] = SourceError) -> Any:
-    """The parsed JSON of ``path`` (Infinity/NaN accepted, as Hub configs use them)."""
-    text = read_text(path, what=what, hint=hint, error=error)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"not valid JSON: {exc.msg}", file=str(path), line=exc.lineno,
-                    column=exc.colno) from None
-    except RecursionError:
-        raise error("not valid JSON: nested too deeply", file=str(path)) from None
 
 
 # ---------------------------------------------------------------------------

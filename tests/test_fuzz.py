@@ -1,5 +1,6 @@
-"""Fuzz test (issue 15): for any mutated source or dump, ``kvspec validate`` /
-``kvspec import`` succeed or refuse cleanly -- exit 1 or 2, every message
+"""Fuzz test (issue 15): for any mutated source, dump or Hugging Face config,
+``kvspec validate`` / ``kvspec import`` / ``kvspec init --from-hf`` succeed (and
+a source ``init`` writes compiles) or refuse cleanly -- exit 1 or 2, every message
 starting ``FILE:LINE:COL: error:`` where the input has a position (``FILE:
 error:`` otherwise) with a ``hint:`` line, no traceback;
 for any generated valid source that compiles, block ids never share bytes (at
@@ -7,7 +8,7 @@ several block counts), every invariant holds, the artifact reads back, and it
 loads on ``meta`` at its smallest block count and larger ones.
 
 Bounded to well under a minute on two cores (about 30 s here): fixed example
-counts (``KVSPEC_FUZZ_SOURCES``, ``_DUMPS``, ``_VALID`` change them), derandomized
+counts (``KVSPEC_FUZZ_SOURCES``, ``_DUMPS``, ``_CONFIGS``, ``_VALID`` change them), derandomized
 and without an example database, so CI runs the same cases every time; a 10 s
 limit per case; small inputs only (the 1 MB ones are in ``benchmarks/fuzz.py``,
 which runs tens of thousands of cases and minimises a reproducer of every
@@ -29,7 +30,9 @@ from hypothesis import HealthCheck, given, settings
 from tests.fuzz.generators import (
     Outcome,
     check_cli,
+    check_init,
     check_valid,
+    mutated_configs,
     mutated_dumps,
     mutated_sources,
     valid_sources,
@@ -142,6 +145,54 @@ FIXED: tuple[Reproducer, ...] = (
           "validate", ".yaml",
           b'kvspec: 1\nname: x\nengine: {max_model_len: 64, "a\\u2029": 1}\n',
           "a key with U+2029 is printed raw on the at: line"),
+    # kvspec init --from-hf: benchmarks/fuzz.py --configs 4000 --seed 5 at e36bec1
+    Reproducer("config-architectures-bool", "traceback | TypeError at __init__.py:family_of",
+               "init", ".json", b'{"architectures":true}', "architectures not a list"),
+    Reproducer("config-architectures-int", "traceback | TypeError at facts.py:architecture",
+               "init", ".json", b'{"architectures":8,"model_type": "mixtral" }',
+               "architectures an integer, with a family known by model_type"),
+    Reproducer("config-architectures-object", "traceback | KeyError at facts.py:architecture",
+               "init", ".json", b'{"architectures":{"":""},  "model_type": "mistral" }',
+               "architectures an object"),
+    Reproducer("config-architectures-nested", "traceback | AttributeError at init.py:<genexpr>",
+               "init", ".json", b'{"architectures":[[]],  "model_type": "gemma3",  '
+               b'"text_config": {   "num_hidden_layers": 62  } }',
+               "an architectures entry that is not a string (a multimodal family)"),
+    Reproducer("config-mtp-string", "traceback | ValueError at init.py:source_data", "init",
+               ".json", b'{  "hidden_size": 5120,  "model_type": "mistral",  '
+               b'"num_attention_heads": 32,  "num_hidden_layers": 40,  '
+               b'"num_nextn_predict_layers": "X" }',
+               "num_nextn_predict_layers a string: int() of it"),
+    Reproducer("config-mtp-list", "traceback | TypeError at init.py:source_data", "init",
+               ".json", b'{  "hidden_size": 84,  "model_type": "qwen2",  '
+               b'"num_attention_heads": 28,  "num_hidden_layers": 28,  '
+               b'"num_nextn_predict_layers": [ ""  ] }', "num_nextn_predict_layers a list"),
+    Reproducer("config-mtp-infinity", "traceback | OverflowError at init.py:source_data",
+               "init", ".json", b'{"hidden_size": 3584, "model_type": "qwen2", '
+               b'"num_attention_heads": 28, "num_hidden_layers": 28, '
+               b'"mtp_num_hidden_layers": Infinity}', "mtp_num_hidden_layers Infinity"),
+    Reproducer("config-zero-heads", "traceback | ZeroDivisionError at facts.py:head_dim_of",
+               "init", ".json", b'{"hidden_size":4,"model_type":"qwen2",  '
+               b'"num_attention_heads": 0,  "num_hidden_layers": 28 }',
+               "num_attention_heads 0 and no head_dim"),
+    Reproducer("config-billion-layers", "timeout", "init", ".json",
+               b'{"model_type": "llama", "num_hidden_layers": 1000000000, "hidden_size": 512, '
+               b'"num_attention_heads": 8, "max_position_embeddings": 64}',
+               "num_hidden_layers of a billion: a billion layer facts built"),
+    Reproducer("config-long-integer", "traceback | ValueError at files.py:read_json", "init",
+               ".json", b"9" * 4400, "an integer of more than 4,300 digits: json.loads' "
+               "ValueError"),
+    Reproducer("config-deep", "message quality: no line:col | not valid JSON", "init",
+               ".json", b"[" * 5000 + b"]" * 5000,
+               "nested deeper than json recurses: no line:col"),
+    Reproducer("config-unreadable-no-hint", "message quality: no hint | cannot read",
+               "init", ".json", b'{"model_type":"gemma3"}',
+               "'cannot read the model from config.json: ...' has no hint"),
+    Reproducer("config-not-an-object-no-hint",
+               "message quality: no hint | config.json must hold a JSON object", "init",
+               ".json", b"0", "a config that is a number: no hint"),
+    Reproducer("config-empty-no-hint", "message quality: no hint | not valid JSON", "init",
+               ".json", b"", "an empty config: no hint"),
     Reproducer("dump-json-infinity", "message quality: no line:col | invalid value for",
                "import", ".json",
                ('{"config": {"block_size": 16, "max_model_len": 64,\n "kv_cache_layout": '
@@ -187,6 +238,16 @@ def test_a_mutated_source_validates_or_fails_clearly(workdir: Path, case: tuple)
     assert not _new_defects(out), _explain(out, f"{seed} after {ops}", data)
 
 
+@settings(FUZZ, max_examples=int(os.environ.get("KVSPEC_FUZZ_CONFIGS", "300")))
+@given(mutated_configs())
+def test_a_mutated_config_inits_or_fails_clearly(workdir: Path, case: tuple) -> None:
+    seed, data, ops = case
+    path = workdir / "config.json"
+    path.write_bytes(data)
+    out = check_init(str(path), data, seconds=CASE_LIMIT)
+    assert not _new_defects(out), _explain(out, f"{seed} after {ops}", data)
+
+
 @settings(FUZZ, max_examples=int(os.environ.get("KVSPEC_FUZZ_DUMPS", "400")))
 @given(mutated_dumps())
 def test_a_mutated_dump_imports_or_fails_clearly(workdir: Path, case: tuple) -> None:
@@ -217,7 +278,12 @@ def test_the_property_sources_are_sound_and_load(text: str) -> None:
 
 @pytest.mark.parametrize("fixed", [pytest.param(k, id=k.id) for k in FIXED])
 def test_a_fixed_defect_stays_fixed(workdir: Path, fixed: Reproducer) -> None:
-    out = _run(workdir, f"fixed{fixed.suffix}", fixed.data, [fixed.command],
-               "json" if fixed.suffix == ".json" else "yaml")
+    if fixed.command == "init":
+        path = workdir / "fixed-config.json"
+        path.write_bytes(fixed.data)
+        out = check_init(str(path), fixed.data, seconds=CASE_LIMIT)
+    else:
+        out = _run(workdir, f"fixed{fixed.suffix}", fixed.data, [fixed.command],
+                   "json" if fixed.suffix == ".json" else "yaml")
     assert not out.defects, _explain(out, f"{fixed.id} ({fixed.what})", fixed.data)
     assert out.exit_code in (0, 1, 2)

@@ -192,6 +192,132 @@ def test_bad_config_files(tmp_path: Path) -> None:
     assert code == 1 and "no such file" in stderr
 
 
+def _edited(tmp_path: Path, name: str, edit, indent: int | None = 2) -> tuple[Path, str]:
+    """``tests/data/hf/NAME.json`` after ``edit(config)``, written with ``indent``."""
+    config = json.loads((DATA / f"{name}.json").read_text())
+    edit(config)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config, indent=indent))
+    return path, path.read_text()
+
+
+def _place(text: str, key: str) -> str:
+    """``LINE:COL`` of the value of the first ``"KEY":`` in ``text``."""
+    needle = f'"{key}":'
+    at = text.index(needle) + len(needle)
+    at += len(text[at:]) - len(text[at:].lstrip(" "))
+    return f"{text.count(chr(10), 0, at) + 1}:{at - text.rfind(chr(10), 0, at)}"
+
+
+def test_a_bad_field_is_placed_in_the_config(tmp_path: Path) -> None:
+    path, text = _edited(tmp_path, "qwen3-next-80b-a3b-thinking",
+                         lambda c: c.update(linear_value_head_dim=[128]))
+    code, out, err = invoke(["init", "--from-hf", str(path), "-o", str(tmp_path / "m.yaml")])
+    assert (code, out) == (1, "") and not (tmp_path / "m.yaml").exists()
+    assert err == (
+        f"{path}:{_place(text, 'linear_value_head_dim')}: error: config.json field "
+        "'linear_value_head_dim' must be an integer\n"
+        "  at: linear_value_head_dim\n"
+        "  expected: an integer of at least 1 and at most 2,147,483,648\n"
+        "  found: [128]\n"
+        "  hint: give the model's config.json as the Hugging Face Hub has it; a field "
+        "edited by hand must keep its type\n")
+
+
+def test_a_text_config_field_is_placed_under_it(tmp_path: Path) -> None:
+    def edit(c: dict) -> None:
+        c["text_config"]["layer_types"][5] = "sliding_attention"
+    path, text = _edited(tmp_path, "qwen3.5-9b", edit)
+    code, _, err = invoke(["init", "--from-hf", str(path)])
+    entry = text.index('"sliding_attention"')
+    line = text.count("\n", 0, entry) + 1
+    col = entry - text.rfind("\n", 0, entry)
+    assert code == 1 and err.startswith(
+        f"{path}:{line}:{col}: error: layer 5: unsupported Qwen3-Next layer type "
+        "'sliding_attention'\n  at: text_config.layer_types[5]\n"
+        "  expected: \"full_attention\" or \"linear_attention\"\n"
+        "  found: \"sliding_attention\"\n  hint: ")
+
+
+def test_a_gemma3_default_is_placed_where_the_text_config_has_it(tmp_path: Path) -> None:
+    # Gemma 3 reads a copy of text_config with transformers' defaults filled in
+    path, text = _edited(tmp_path, "gemma-3-27b-it",
+                         lambda c: c["text_config"].update(sliding_window_pattern=0))
+    code, _, err = invoke(["init", "--from-hf", str(path)])
+    assert code == 1 and err.startswith(
+        f"{path}:{_place(text, 'sliding_window_pattern')}: error: config.json field "
+        "'sliding_window_pattern' is out of range\n  at: text_config.sliding_window_pattern\n"
+        "  expected: an integer of at least 1 and at most 2,147,483,648\n  found: 0\n")
+
+
+def test_a_missing_field_is_placed_at_its_object(tmp_path: Path) -> None:
+    path, text = _edited(tmp_path, "deepseek-v3", lambda c: c.pop("kv_lora_rank"), indent=None)
+    code, _, err = invoke(["init", "--from-hf", str(path)])
+    assert code == 1 and err.startswith(
+        f"{path}:1:1: error: config.json has no 'kv_lora_rank', which this model family "
+        "needs\n  at: kv_lora_rank\n  expected: kv_lora_rank: an integer\n  hint: ")
+
+
+def test_a_config_read_as_json_reads_it(tmp_path: Path) -> None:
+    """NaN, Infinity and a real of 5,000 digits are numbers, and of a key given
+    twice the last counts (as ``json`` and ``transformers`` read a config);
+    errors keep their place."""
+    text = (DATA / "llama-3.1-8b.json").read_text().rstrip().removesuffix("}") + \
+        ',\n  "initializer_range": NaN,\n  "rope_theta": Infinity,\n' \
+        f'  "rms_norm_eps": {"9" * 5000}.5,\n' \
+        '  "num_key_value_heads": 8,\n  "num_key_value_heads": 0\n}\n'
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    code, _, err = invoke(["init", "--from-hf", str(path)])
+    last = text.rindex('"num_key_value_heads": 0') + len('"num_key_value_heads": ')
+    line = text.count("\n", 0, last) + 1
+    assert code == 1 and err.startswith(
+        f"{path}:{line}:26: error: config.json field 'num_key_value_heads' is out of range\n")
+    path.write_text(text.replace('  "num_key_value_heads": 0\n', '  "max_window_layers": 1\n'))
+    assert invoke(["init", "--from-hf", str(path)])[0] == 0
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("architectures", True, "config.json field 'architectures' must be a list of class names"),
+    ("architectures", ["LlamaForCausalLM", 5], "config.json field 'architectures' must be a "
+     "list of class names"),
+    ("model_type", 7, "config.json field 'model_type' must be a string"),
+    ("text_config", "x", "config.json field 'text_config' must be an object"),
+    ("torch_dtype", "bf17", "config.json field 'torch_dtype' names no dtype"),
+    ("num_hidden_layers", 10**9, "config.json field 'num_hidden_layers' is out of range"),
+    ("num_attention_heads", 0, "config.json field 'num_attention_heads' is out of range"),
+    ("max_position_embeddings", "8k", "config.json field 'max_position_embeddings' must be "
+     "an integer"),
+    ("num_nextn_predict_layers", "x", "config.json field 'num_nextn_predict_layers' must be "
+     "an integer"),
+    ("layer_types", ["full_attention"], "config.json field 'layer_types' lists 1 entries for "
+     "32 layers"),
+])
+def test_every_bad_field_is_a_placed_error(tmp_path: Path, field: str, value: object,
+                                           message: str) -> None:
+    path, text = _edited(tmp_path, "llama-3.1-8b", lambda c: c.update({field: value}))
+    code, out, err = invoke(["init", "--from-hf", str(path)])
+    assert (code, out) == (1, ""), err
+    first, *rest = err.splitlines()
+    assert first == f"{path}:{_place(text, field)}: error: {message}"
+    assert rest[0] == f"  at: {field}" and rest[-1].startswith("  hint: ")
+
+
+@pytest.mark.parametrize("data,start", [
+    (b"9" * 4400, "1:1: error: a number with 4,400 digits: more than config.json can hold"),
+    (b'{"a": ' + b"[" * 3000 + b"]" * 3000 + b"}",
+     "1:71: error: config.json is nested more than 64 levels deep"),
+    (b"", "1:1: error: not valid JSON: Expecting value"),
+])
+def test_a_config_json_does_not_read_is_placed(tmp_path: Path, data: bytes,
+                                               start: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(data)
+    code, _, err = invoke(["init", "--from-hf", str(path)])
+    assert code == 1 and err.startswith(f"{path}:{start}\n"), err
+    assert "\n  hint: " in err
+
+
 def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
     out = tmp_path / "model.yaml"
     out.write_text("mine")

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from kvspec.cli.common import USAGE, quiet_option
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
-from kvspec.files import read_json
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 
 
 def _max_model_len(text: str | None) -> int | str | None:
@@ -22,16 +21,6 @@ def _max_model_len(text: str | None) -> int | str | None:
     if value <= 0:
         raise UsageError("--max-model-len must be positive", found=text)
     return value
-
-
-def read_config(path: Path) -> dict:
-    """A parsed ``config.json``, with errors placed at the file."""
-    data = read_json(path, what="config.json", error=KvspecError,
-                     hint="give the model's Hugging Face config.json")
-    if not isinstance(data, dict):
-        raise KvspecError("config.json must hold a JSON object", file=str(path),
-                          found=type(data).__name__)
-    return data
 
 
 def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
@@ -113,7 +102,10 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     source = config_path if config_path is not None else vllm_model
     assert source is not None
     refuse_overwrite(output, force, inputs=(source,))
-    config = read_config(config_path) if config_path is not None else {}
+    config, config_text = {}, None
+    if config_path is not None:
+        from kvspec.integrations.hf.config import read_config
+        config, config_text = read_config(config_path)
     options = InitOptions(
         name=name or _default_name(source, output, config),
         model=model_id, tp=tp, pp=pp, max_model_len=_max_model_len(max_model_len),
@@ -126,16 +118,17 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         text = from_vllm(vllm_model, options)
     else:
         from kvspec.integrations.hf.init import init_source
-        text = init_source(config, options)
+        text = init_source(config, options, text=config_text)
     emit(text, output, quiet=quiet)
 
 
 #: ``kvspec init``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
-    (EXIT_INVALID, "the config.json cannot be read, its architecture is not "
-                   "a supported family (the message lists them), or vLLM 0.33.0 refuses "
-                   "the config (the message gives vLLM's reason)"),
+    (EXIT_INVALID, "the config.json cannot be read, a field its family reads is missing "
+                   "or not what it should be (the message gives its line and column), its "
+                   "architecture is not a supported family (the message lists them), or "
+                   "vLLM 0.33.0 refuses the config (the message gives vLLM's reason)"),
     (EXIT_USAGE, USAGE + "; the output file exists and `--force` was not given"),
 )
 #: Pages to read next (docs/cli.md).

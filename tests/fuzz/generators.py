@@ -33,6 +33,7 @@ and carries a ``hint:`` line (how to put it right).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import random
 import re
@@ -64,6 +65,12 @@ def dump_seeds(root: Path = ROOT) -> list[tuple[str, bytes]]:
     """Every conformance case, as a dump to mutate."""
     return [(str(p.relative_to(root)), p.read_bytes())
             for p in sorted(root.glob("tests/conformance/cases/*.json"))]
+
+
+def config_seeds(root: Path = ROOT) -> list[tuple[str, bytes]]:
+    """Every Hugging Face config.json of tests/data/hf, for ``kvspec init``."""
+    return [(str(p.relative_to(root)), p.read_bytes())
+            for p in sorted(root.glob("tests/data/hf/*.json"))]
 
 
 # ---------------------------------------------------------------------------
@@ -484,6 +491,7 @@ def _encodable(text: str) -> bool:
 # dump mutations
 # ---------------------------------------------------------------------------
 
+#: Values a mutation puts in (copied each time: a list or object taken in is mutable).
 _DUMP_VALUES: list[Any] = [
     "x", "", "two", "16", "8192", "1e3", "\ud800", "\U0001F600", None, True, False, 0, -1,
     1.5, float("nan"), float("inf"), 10**30, 2**63, 2**31, 10**9, [], {}, [1], {"x": 1},
@@ -533,7 +541,7 @@ def _retyped(rng: random.Random, value: Any) -> Any:
         return str(value) if rng.random() < 0.7 else float(value)
     if r < 0.35:
         return [value] if rng.random() < 0.5 else {"value": value}
-    return rng.choice(_DUMP_VALUES)
+    return copy.deepcopy(rng.choice(_DUMP_VALUES))
 
 
 def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
@@ -549,7 +557,7 @@ def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
         return obj, op
     if op == "add" and isinstance(_get(obj, path), dict):
         _get(obj, path)[rng.choice(_CONFIG_KEYS + _LAYER_KEYS + ["extra", ""])] = \
-            rng.choice(_DUMP_VALUES)
+            copy.deepcopy(rng.choice(_DUMP_VALUES))
         return obj, op
     if op == "nest":
         value = _get(obj, path)
@@ -561,13 +569,13 @@ def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
         parent[new] = parent.pop(path[-1])
         return obj, op
     if op == "config" and isinstance(obj, dict) and isinstance(obj.get("config"), dict):
-        obj["config"][rng.choice(_CONFIG_KEYS)] = rng.choice(_DUMP_VALUES)
+        obj["config"][rng.choice(_CONFIG_KEYS)] = copy.deepcopy(rng.choice(_DUMP_VALUES))
         return obj, op
     if op == "layer" and isinstance(obj, dict) and isinstance(obj.get("layers"), list) \
             and obj["layers"]:
         i = rng.randrange(len(obj["layers"]))
         if isinstance(obj["layers"][i], dict) and rng.random() < 0.8:
-            obj["layers"][i][rng.choice(_LAYER_KEYS)] = rng.choice(_DUMP_VALUES)
+            obj["layers"][i][rng.choice(_LAYER_KEYS)] = copy.deepcopy(rng.choice(_DUMP_VALUES))
         else:
             obj["layers"][i] = rng.choice([5, "x", None, [], [1, 2], True])
         return obj, op
@@ -642,6 +650,96 @@ def mutate_dump(rng: random.Random, data: bytes, *, big: bool = True
         out, op = m_flip_bits(rng, text.encode("utf-8", "surrogatepass")), "flip_bits"
         return out, ops + [op]
     return text.encode("utf-8", "surrogatepass"), ops
+
+
+# ---------------------------------------------------------------------------
+# config.json mutations (kvspec init --from-hf)
+# ---------------------------------------------------------------------------
+
+#: Fields the families read (kvspec/integrations/hf/families).
+HF_KEYS = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+           "hidden_size", "max_position_embeddings", "torch_dtype", "dtype", "sliding_window",
+           "layer_types", "model_type", "architectures", "text_config", "kv_lora_rank",
+           "qk_rope_head_dim", "use_sliding_window", "max_window_layers",
+           "sliding_window_pattern", "attention_chunk_size", "no_rope_layers",
+           "hybrid_override_pattern", "linear_num_key_heads", "linear_key_head_dim",
+           "linear_value_head_dim", "linear_num_value_heads", "linear_conv_kernel_dim",
+           "full_attention_interval", "mamba_num_heads", "mamba_head_dim", "ssm_state_size",
+           "n_groups", "conv_kernel", "attn_layer_period", "attn_layer_offset",
+           "mamba_d_state", "mamba_d_conv", "mamba_expand", "mamba_ssm_cache_dtype",
+           "mamba_ssm_dtype", "num_nextn_predict_layers", "mtp_num_hidden_layers",
+           "_name_or_path", "attention_head_dim"]
+_HF_VALUES: list[Any] = _DUMP_VALUES + [
+    64, 128, 3, 7, 48, 1000000, 2**31 + 1, "bfloat16", "float16", "float32", "torch.float8_e4m3fn",
+    "fp8", "int8", ["full_attention", "sliding_attention"], [0, 1], ["Foo"],
+    "LlamaForCausalLM", "M*-E", "MMX", "gemma3", "llama4"]
+#: ``kvspec init`` flags, picked by the config's bytes (so a saved input reproduces).
+_INIT_FLAGS = [[], [], [], [], [], [], ["--tp", "2"], ["--tp", "4"], ["--tp", "8"],
+               ["--kv-cache-dtype", "fp8"], ["--no-prefix-caching"], ["--target", "turing"]]
+
+
+def init_args(file: str, data: bytes) -> list[str]:
+    """The ``kvspec init`` command line a mutated config is fuzzed with."""
+    import zlib
+    return ["init", "--from-hf", file, *_INIT_FLAGS[zlib.crc32(data) % len(_INIT_FLAGS)]]
+
+
+def _config_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
+    """Set, drop or retype a field a family reads (or the text config's), or a
+    structural edit of the dump mutator."""
+    if rng.random() < 0.35 or not isinstance(obj, dict):
+        return _dump_op(rng, obj)
+    target = obj
+    if isinstance(obj.get("text_config"), dict) and rng.random() < 0.5:
+        target = obj["text_config"]
+    key = rng.choice(HF_KEYS + list(target))
+    if key in target and rng.random() < 0.25:
+        del target[key]
+        return obj, f"drop:{key}"
+    value = target.get(key)
+    if isinstance(value, list) and value and rng.random() < 0.5:
+        value = list(value)
+        value[rng.randrange(len(value))] = copy.deepcopy(rng.choice(_HF_VALUES))
+        target[key] = value
+        return obj, f"entry:{key}"
+    target[key] = _retyped(rng, value) if rng.random() < 0.3 else copy.deepcopy(rng.choice(_HF_VALUES))
+    return obj, f"set:{key}"
+
+
+def mutate_config(rng: random.Random, data: bytes, *, big: bool = True
+                  ) -> tuple[bytes, list[str]]:
+    """A config.json with one to four edits of the fields the families read."""
+    obj: Any = json.loads(data)
+    ops = []
+    for _ in range(rng.choice([1, 1, 2, 3, 4])):
+        obj, op = _config_op(rng, obj)
+        ops.append(op)
+    text = json.dumps(obj, indent=rng.choice([2, 2, 1, None]))
+    if rng.random() < 0.15:
+        text, op = _dump_text_op(rng, text, big and rng.random() < 0.3)
+        ops.append(op)
+    return text.encode("utf-8", "surrogatepass"), ops
+
+
+def check_init(file: str, data: bytes, *, seconds: float = 10.0) -> Outcome:
+    """``kvspec init --from-hf FILE`` on a config (already written at ``file``),
+    judged as :func:`check_cli` judges; a source it writes must compile."""
+    from kvspec.compiler import compile_source
+    from kvspec.errors import KvspecError
+
+    out = check_cli(init_args(file, data), file, data, seconds=seconds, kind="json")
+    if out.exit_code != 0 or out.status == "defect":
+        return out
+    try:
+        with time_limit(seconds):
+            compile_source(out.stdout, "init.yaml")
+    except KvspecError as err:
+        out.add("init: the source written does not compile", err.message[:200],
+                re.sub(r"'[^']*'|\d[\d,]*", "_", err.message)[:80])
+    except (Exception, CaseTimeout) as exc:  # noqa: BLE001
+        category, sig = _crash_signature(exc)
+        out.add(category, f"compiling init's source: {type(exc).__name__}: {exc}"[:200], sig)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -883,6 +981,7 @@ class Outcome:
     messages_without_position: int = 0
     messages_without_hint: int = 0
     exit_code: int | None = None
+    stdout: str = field(default="", repr=False)
 
     def add(self, category: str, detail: str, signature: str) -> None:
         self.status = "defect"
@@ -1076,7 +1175,7 @@ def check_cli(args: list[str], file: str, data: bytes, *, seconds: float = 10.0,
         category, sig = _crash_signature(exc)
         out.add(category, f"{type(exc).__name__}: {str(exc)[:160]}", sig)
         return out
-    out.exit_code = code
+    out.exit_code, out.stdout = code, stdout
     if "Traceback" in stdout or "Traceback" in stderr:
         out.add("traceback", "'Traceback' in the output", "printed traceback")
     if code == 0:
@@ -1198,6 +1297,15 @@ if st is not None:
         name, data = draw(st.sampled_from(_DUMPS))
         rng = random.Random(draw(st.integers(0, 2**64 - 1)))
         out, ops = mutate_dump(rng, data, big=big)
+        return name, out, ops
+
+    _CONFIGS = config_seeds()
+
+    @st.composite
+    def mutated_configs(draw: Any, big: bool = False) -> tuple[str, bytes, list[str]]:
+        name, data = draw(st.sampled_from(_CONFIGS))
+        rng = random.Random(draw(st.integers(0, 2**64 - 1)))
+        out, ops = mutate_config(rng, data, big=big)
         return name, out, ops
 
     @st.composite

@@ -105,8 +105,36 @@ def positions(text: str, file: str) -> Document:
     return Document(data, file, pos, keys)
 
 
-def _scan(text: str) -> tuple[Any, dict, dict]:
-    """Parse ``text`` (a JSON document) iteratively, recording positions."""
+def lenient_positions(text: str, file: str) -> Document | None:
+    """Where each value and key of a JSON text that ``json`` read starts, as
+    ``json`` reads it: NaN and Infinity are numbers, and of a key given twice the
+    last counts; any depth. None when the text is no JSON ``json`` reads."""
+    try:
+        data, pos, keys = _scan(text, lenient=True, max_depth=None)
+    except _Located:
+        return None
+    return Document(data, file, pos, keys)
+
+
+def unreadable_at(text: str, file: str, what: str, hint: str) -> SourceError | None:
+    """Where in ``text``, JSON that ``json`` could not take (it recursed too
+    deep, or met an integer too long for Python), it went past what ``what``
+    may hold: nesting deeper than ``MAX_DEPTH``, or a number too long; None
+    when neither (or the text is not JSON)."""
+    try:
+        _scan(text, lenient=True, what=what)
+    except _Located as exc:
+        line, col = _line_col(text, exc.pos)
+        return SourceError(exc.message, file=file, line=line, column=col,
+                           **{"hint": hint, **exc.kw})
+    return None
+
+
+def _scan(text: str, lenient: bool = False, what: str = "the dump",
+          max_depth: int | None = MAX_DEPTH) -> tuple[Any, dict, dict]:
+    """Parse ``text`` (a JSON document) iteratively, recording positions;
+    ``lenient``: as ``json`` reads it (see :func:`lenient_positions`); ``what``
+    names the document in messages."""
     pos: dict[tuple, tuple[int, int]] = {}
     keys: dict[tuple, tuple[int, int]] = {}
     marks = _Marks(text)
@@ -116,9 +144,9 @@ def _scan(text: str) -> tuple[Any, dict, dict]:
     key: str | int | None = None
     while True:
         path = stack[-1][1] + (key,) if stack else ()
-        if len(path) > MAX_DEPTH:
-            raise _Located(f"the dump is nested more than {MAX_DEPTH} levels deep", i,
-                           expected="config and layers a few levels deep")
+        if max_depth is not None and len(path) > max_depth:
+            raise _Located(f"{what} is nested more than {max_depth} levels deep", i,
+                           expected="a few levels of nesting")
         if i >= len(text):
             raise _Located("not valid JSON: the document ends early", i)
         pos[path] = marks.at(i)
@@ -132,13 +160,13 @@ def _scan(text: str) -> tuple[Any, dict, dict]:
                 i += 1
                 stack.pop()
             elif ch == "{":
-                key, i = _key(text, i, stack[-1], keys, marks)
+                key, i = _key(text, i, stack[-1], keys, marks, lenient)
                 continue
             else:
                 key = 0
                 continue
         else:
-            value, i = _scalar(text, i)
+            value, i = _scalar(text, i, lenient, what)
             _attach(stack, root, key, value)
         while True:  # after a value: a comma, or the end of containers
             i = _WS.match(text, i).end()
@@ -151,7 +179,7 @@ def _scan(text: str) -> tuple[Any, dict, dict]:
             if ch == ",":
                 i = _WS.match(text, i + 1).end()
                 if isinstance(container, dict):
-                    key, i = _key(text, i, stack[-1], keys, marks)
+                    key, i = _key(text, i, stack[-1], keys, marks, lenient)
                 else:
                     key = len(container)
                 break
@@ -188,13 +216,14 @@ def _attach(stack: list, root: list, key: Any, value: Any) -> None:
         stack[-1][0].append(value)
 
 
-def _key(text: str, i: int, top: tuple, keys: dict, marks: _Marks) -> tuple[str, int]:
+def _key(text: str, i: int, top: tuple, keys: dict, marks: _Marks,
+         lenient: bool = False) -> tuple[str, int]:
     if not text.startswith('"', i):
         raise _Located("not valid JSON: expected a key in double quotes", i)
     start = i
     key, i = _string(text, i)
     container, path = top
-    if key in container:
+    if key in container and not lenient:
         raise _Located(f"the dump has the key {key!r} twice in one object", start,
                        expected="each key once", hint="keep one of them")
     keys[path + (key,)] = marks.at(start)
@@ -212,7 +241,8 @@ def _string(text: str, i: int) -> tuple[str, int]:
         raise _Located(f"not valid JSON: {exc.msg}", exc.pos) from None
 
 
-def _scalar(text: str, i: int) -> tuple[Any, int]:
+def _scalar(text: str, i: int, lenient: bool = False, what: str = "the dump"
+            ) -> tuple[Any, int]:
     if text.startswith('"', i):
         return _string(text, i)
     for word, value in _LITERALS.items():
@@ -220,13 +250,17 @@ def _scalar(text: str, i: int) -> tuple[Any, int]:
             return value, i + len(word)
     for word in _NON_JSON:
         if text.startswith(word, i):
+            if lenient:
+                return float(word.lower().replace("infinity", "inf")), i + len(word)
             raise _Located(f"not valid JSON: {word} is not a JSON number", i,
                            expected="a finite number, or null")
     m = _NUMBER.match(text, i)
     if not m:
         raise _Located("not valid JSON: expected a value", i)
     digits = m.group()
-    if len(digits.lstrip("-").split(".")[0].split("e")[0].split("E")[0]) > MAX_DIGITS:
-        raise _Located(f"a number with {len(digits):,} digits: more than a dump can hold",
+    real = any(c in digits for c in ".eE")
+    long = len(digits.lstrip("-").split(".")[0].split("e")[0].split("E")[0]) > MAX_DIGITS
+    if long and not (lenient and real):   # json reads a long real (as inf), not an integer
+        raise _Located(f"a number with {len(digits):,} digits: more than {what} can hold",
                        i, expected=f"a number of at most {MAX_DIGITS:,} digits")
-    return (float(digits) if any(c in digits for c in ".eE") else int(digits)), m.end()
+    return (float(digits) if real else int(digits)), m.end()

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.errors import KvspecError
+from kvspec.errors import KvspecError, UsageError
 from kvspec.integrations import rules
 from kvspec.integrations.hf.families import ModelFacts
 from kvspec.integrations.hf.families.facts import LATENT, STATE
@@ -104,8 +104,8 @@ def _max_model_len(facts: ModelFacts, options: InitOptions, notes: list[str]) ->
                               "which config.json does not give", file=options.config_name,
                               hint="pass --max-model-len N")
         if options.memory is None:
-            raise KvspecError("--max-model-len auto needs --memory to fit it to",
-                              hint="pass --memory 40GiB, or a fixed --max-model-len")
+            raise UsageError("--max-model-len auto needs --memory to fit it to",
+                             hint="pass --memory 40GiB, or a fixed --max-model-len")
         return {"max_model_len": "auto", "model_max_len": facts.max_position_embeddings}
     max_len = options.max_model_len or facts.max_position_embeddings
     if not max_len:

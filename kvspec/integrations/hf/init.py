@@ -34,8 +34,8 @@ layers:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from kvspec.errors import ErrorList, KvspecError
 from kvspec.integrations import rules
@@ -47,7 +47,8 @@ from kvspec.integrations.hf.families import (
     describe,
     family_title,
 )
-from kvspec.integrations.hf.families.facts import STATE, text_config
+from kvspec.integrations.hf.config import config_error, not_an_object
+from kvspec.integrations.hf.families.facts import STATE, ConfigError, cfg_opt_int, text_config
 from kvspec.integrations.options import InitOptions, header
 from kvspec.model import kinds
 from kvspec.source.layers import SKIP
@@ -58,6 +59,8 @@ from kvspec.source.writer import (
     most_common,
     to_yaml,
 )
+
+T = TypeVar("T")
 
 __all__ = ["InitOptions", "init_source", "layer_names", "source_text", "state_pages"]
 
@@ -152,9 +155,10 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
         parallel["num_hidden_layers"] = facts.num_layers
     text = text_config(config)
     for key in _MTP_KEYS:
-        if int(text.get(key) or config.get(key) or 0) > 0:
-            notes.append(f"the {text.get(key) or config.get(key)} multi-token-prediction "
-                         f"layer(s) ({key}) belong to a speculative drafter and are not listed.")
+        count = cfg_opt_int(text, key, minimum=0) or cfg_opt_int(config, key, minimum=0)
+        if count:
+            notes.append(f"the {count} multi-token-prediction layer(s) ({key}) belong to a "
+                         "speculative drafter and are not listed.")
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
     if options.model:
         source["model"] = options.model
@@ -210,20 +214,26 @@ def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     from kvspec.compiler import compile_source
 
     target = _target(options)
+    hyb = None
+    if any(layer.kind == STATE for layer in facts.layers):
+        draft, _ = source_data(facts, config, options)
+        head_k = text_config(config).get("linear_key_head_dim")
+        pages = _compiling(lambda: state_pages(draft, options), options)
+        hyb = hybrid(facts, pages, options, target, head_k)
+    source, notes = source_data(facts, config, options, hyb)
+    text = _header(facts, options, notes) + _dump(source)
+    _compiling(lambda: compile_source(text, f"<init {options.config_name}>"), options)
+    return text
+
+
+def _compiling(step: Callable[[], T], options: InitOptions) -> T:
+    """``step()``, which compiles (some of) the source made: its errors say so."""
     try:
-        hyb = None
-        if any(layer.kind == STATE for layer in facts.layers):
-            draft, _ = source_data(facts, config, options)
-            head_k = text_config(config).get("linear_key_head_dim")
-            hyb = hybrid(facts, state_pages(draft, options), options, target, head_k)
-        source, notes = source_data(facts, config, options, hyb)
-        text = _header(facts, options, notes) + _dump(source)
-        compile_source(text, f"<init {options.config_name}>")
+        return step()
     except ErrorList as err:
         raise _not_compiling(err, [e.message for e in err.errors], options) from None
     except KvspecError as err:
         raise _not_compiling(err, [err.message], options) from None
-    return text
 
 
 def _target(options: InitOptions) -> rules.Target:
@@ -242,11 +252,12 @@ def _not_compiling(err: KvspecError, messages: list[str], options: InitOptions) 
         hint=err.hint or "check --tp, --max-model-len and --memory")
 
 
-def init_source(config: Mapping[str, Any], options: InitOptions) -> str:
-    """``config.json`` (parsed) -> source text; raise :class:`KvspecError` on bad input."""
+def init_source(config: Mapping[str, Any], options: InitOptions, *,
+                text: str | None = None) -> str:
+    """``config.json`` (parsed) -> source text; raise :class:`KvspecError` on bad
+    input, at its line and column in ``text`` (the file's text) when given."""
     if not isinstance(config, Mapping):
-        raise KvspecError("config.json must hold a JSON object", file=options.config_name,
-                          found=type(config).__name__)
+        raise not_an_object(config, options.config_name)
     target = _target(options)
     try:
         heads = text_config(config).get("num_attention_heads")
@@ -264,7 +275,14 @@ def init_source(config: Mapping[str, Any], options: InitOptions) -> str:
     except rules.EngineRefusal as exc:
         raise KvspecError(f"vLLM 0.33.0 refuses this config: {exc}", file=options.config_name,
                           hint=exc.hint) from None
+    except ConfigError as exc:
+        raise config_error(exc, config, options.config_name, text) from None
     except ValueError as exc:
         raise KvspecError(f"cannot read the model from config.json: {exc}",
-                          file=options.config_name) from None
-    return source_text(facts, config, options)
+                          file=options.config_name,
+                          hint="check --tp: heads and state dimensions must split evenly "
+                          "over the tensor-parallel ranks") from None
+    try:
+        return source_text(facts, config, options)
+    except ConfigError as exc:
+        raise config_error(exc, config, options.config_name, text) from None

@@ -259,8 +259,8 @@ def _not_compiling(messages: list[str], options: InitOptions) -> KvspecError:
 def init_source(model: Path, options: InitOptions, *, progress: Any = None) -> str:
     """The source text for the model at ``model`` (a directory holding config.json,
     or the file), built by vLLM's own model code on the meta device."""
-    from kvspec.files import read_json
     from kvspec.integrations import vllm as bridge
+    from kvspec.integrations.hf.config import read_config
 
     say = progress or Progress()
     path = Path(model)
@@ -268,10 +268,7 @@ def init_source(model: Path, options: InitOptions, *, progress: Any = None) -> s
     if not config_path.is_file():
         raise UsageError(f"{model}: no config.json there", hint="give a model directory "
                          "holding config.json, or the config.json file itself")
-    config = read_json(config_path, what="config.json", error=KvspecError,
-                       hint="give the model's Hugging Face config.json")
-    if not isinstance(config, dict):
-        raise KvspecError("config.json must hold a JSON object", file=str(config_path))
+    config, _ = read_config(config_path)
     choices = target_choices(options, config)
     say("importing vLLM")
     adapter = bridge.adapter()

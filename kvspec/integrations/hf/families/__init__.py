@@ -79,8 +79,10 @@ from kvspec.integrations.hf.families.facts import (
     ModelFacts,
     UnsupportedModelError,
     architecture,
-    cfg_int,
+    cfg_opt_int,
+    check_config,
     model_dtype,
+    num_layers,
     text_config,
 )
 from kvspec.integrations.hf.families.hybrid import (
@@ -166,6 +168,7 @@ def family_of(config: Mapping[str, Any]) -> str:
 
     Raises :class:`UnsupportedModelError` naming the supported families.
     """
+    check_config(config)
     model_type = config.get("model_type")
     for family, (_, _, model_types, _) in _FAMILIES.items():
         if model_type in model_types:
@@ -221,10 +224,10 @@ def describe(
               mamba_cache_dtype=mamba_cache_dtype,
               mamba_ssm_cache_dtype=rules.ssm_cache_dtype(arch, text, mamba_ssm_cache_dtype))
     layers = handler(ctx)
-    max_pos = text.get("max_position_embeddings")
+    max_pos = cfg_opt_int(text, "max_position_embeddings")
     if max_pos is None and family == "gemma3":
         max_pos = GEMMA3_TEXT_DEFAULTS["max_position_embeddings"]
     return ModelFacts(family=family, model_type=model_type,
-                      num_layers=cfg_int(text, "num_hidden_layers"), dtype=checkpoint,
+                      num_layers=num_layers(text), dtype=checkpoint,
                       max_position_embeddings=max_pos, layers=layers, served_dtype=served,
                       architecture=arch)

@@ -12,10 +12,12 @@ from kvspec.integrations.hf.families.facts import (
     Ctx,
     LayerFacts,
     attention_layer,
-    cfg_get,
     cfg_int,
+    cfg_list,
+    cfg_opt_int,
     from_layer_types,
     layer_types,
+    num_layers,
 )
 
 
@@ -27,11 +29,11 @@ def _llama_like(ctx: Ctx) -> list[LayerFacts]:
     window to every ``Attention`` layer -- and a null one means full attention.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     types = layer_types(cfg, n)
     if types is not None:
         return from_layer_types(cfg, types)
-    window = cfg_get(cfg, "sliding_window")
+    window = cfg_opt_int(cfg, "sliding_window")
     return [attention_layer(i, cfg, sliding_window=window) for i in range(n)]
 
 
@@ -48,9 +50,9 @@ def _qwen(ctx: Ctx) -> list[LayerFacts]:
     slides or none does.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
-    window = cfg_get(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
-    first_sliding = cfg_int(cfg, "max_window_layers", 28)
+    n = num_layers(cfg)
+    window = cfg_opt_int(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
+    first_sliding = cfg_int(cfg, "max_window_layers", 28, minimum=0)
     types = layer_types(cfg, n) or [
         "sliding_attention" if window is not None and i >= first_sliding else "full_attention"
         for i in range(n)]
@@ -78,8 +80,8 @@ def _model_level_window(ctx: Ctx) -> list[LayerFacts]:
     every layer; Phi-4, Mixtral, GLM-4.5 and MiniMax-M2 give none.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
-    return uniform_window(cfg, n, cfg_get(cfg, "sliding_window"), layer_types(cfg, n))
+    n = num_layers(cfg)
+    return uniform_window(cfg, n, cfg_opt_int(cfg, "sliding_window"), layer_types(cfg, n))
 
 
 def _qwen3_moe(ctx: Ctx) -> list[LayerFacts]:
@@ -87,8 +89,8 @@ def _qwen3_moe(ctx: Ctx) -> list[LayerFacts]:
     only with ``use_sliding_window``; ``Qwen3MoeModel`` passes no per-layer
     window and has no ``max_window_layers`` check, so :func:`uniform_window`."""
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
-    window = cfg_get(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
+    n = num_layers(cfg)
+    window = cfg_opt_int(cfg, "sliding_window") if cfg.get("use_sliding_window") else None
     return uniform_window(cfg, n, window, layer_types(cfg, n))
 
 
@@ -99,7 +101,7 @@ def _gemma2(ctx: Ctx) -> list[LayerFacts]:
     ``sliding_window`` defaults to 4096 there.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     types = layer_types(cfg, n)
     if types is not None:
         return from_layer_types(cfg, types)
@@ -128,7 +130,7 @@ def _gemma3(ctx: Ctx) -> list[LayerFacts]:
     ``Gemma3TextConfig`` defaults in ``GEMMA3_TEXT_DEFAULTS``.
     """
     cfg = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in ctx.text.items() if v is not None}}
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     types = layer_types(cfg, n)
     if types is not None:
         return from_layer_types(cfg, types)
@@ -145,7 +147,7 @@ def _gemma3(ctx: Ctx) -> list[LayerFacts]:
 def _gpt_oss(ctx: Ctx) -> list[LayerFacts]:
     """gpt-oss (vLLM ``gpt_oss.py``): ``layer_types``; without it, even layers slide."""
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     types = layer_types(cfg, n)
     if types is not None:
         return from_layer_types(cfg, types)
@@ -163,11 +165,12 @@ def _llama4(ctx: Ctx) -> list[LayerFacts]:
     is NoPE/global.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
-    no_rope = cfg.get("no_rope_layers") or [int((i + 1) % 4 != 0) for i in range(n)]
-    if len(no_rope) != n:
-        raise ValueError(f"no_rope_layers must list {n} entries, got {len(no_rope)}")
-    chunk = cfg_get(cfg, "attention_chunk_size")
+    n = num_layers(cfg)
+    no_rope = None if cfg.get("no_rope_layers") == [] else cfg_list(
+        cfg, "no_rope_layers", n, int, "flags, 0 for a NoPE layer")
+    if no_rope is None:
+        no_rope = [int((i + 1) % 4 != 0) for i in range(n)]
+    chunk = cfg_opt_int(cfg, "attention_chunk_size")
     return [
         attention_layer(i, cfg, chunk=None if no_rope[i] == 0 else chunk) for i in range(n)
     ]
@@ -182,9 +185,9 @@ def _deepseek(ctx: Ctx) -> list[LayerFacts]:
     speculative drafter, not this model, and are not listed.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     rank = cfg_int(cfg, "kv_lora_rank")
-    rope = cfg_int(cfg, "qk_rope_head_dim")
+    rope = cfg_int(cfg, "qk_rope_head_dim", minimum=0)
     return [
         LayerFacts(
             index=i,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kvspec.model import kinds
+from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
+from kvspec.source.layers import MAX_LAYERS
+from kvspec.source.schema import MAX_TOKENS
 from kvspec.model.specs import (
     MLA,
     ChunkedLocal,
@@ -26,6 +30,35 @@ STATE = kinds.of(MambaState).name
 
 class UnsupportedModelError(ValueError):
     """The config's architecture is not one kvspec knows how to import."""
+
+
+#: What a config that kvspec reads wrong most likely is.
+_HINT = ("give the model's config.json as the Hugging Face Hub has it; a field edited "
+         "by hand must keep its type")
+
+
+class ConfigError(ValueError):
+    """A ``config.json`` value kvspec cannot read: where it is (``cfg``, the
+    mapping it was read from, and ``path`` inside it), what was expected, what
+    was found and a hint. :func:`kvspec.integrations.hf.config.config_error`
+    places it in the file."""
+
+    def __init__(self, message: str, cfg: Mapping[str, Any], path: tuple[str | int, ...], *,
+                 expected: str | None = None, found: Any = None,
+                 hint: str | None = _HINT) -> None:
+        super().__init__(message)
+        self.message, self.cfg, self.path = message, cfg, path
+        self.expected, self.hint = expected, hint
+        self.found = None if found is None else shown(found)
+
+
+def shown(value: Any) -> str:
+    """A config value as its JSON reads (cut to 80 characters)."""
+    try:
+        text = json.dumps(value, allow_nan=True)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @dataclass(frozen=True)
@@ -95,22 +128,69 @@ def cfg_get(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def _missing(cfg: Mapping[str, Any], key: str, what: str) -> ConfigError:
+    return ConfigError(f"config.json has no {key!r}, which this model family needs", cfg,
+                       (key,), expected=f"{key}: {what}")
+
+
 def cfg_require(cfg: Mapping[str, Any], key: str) -> Any:
     value = cfg.get(key)
     if value is None:
-        raise ValueError(f"config.json has no {key!r}, which this model family needs")
+        raise _missing(cfg, key, "a value")
     return value
 
 
-def cfg_int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
+def cfg_int(cfg: Mapping[str, Any], key: str, default: int | None = None, *,
+            minimum: int = 1, maximum: int = MAX_TOKENS) -> int:
+    """``cfg[key]``, an integer in ``[minimum, maximum]`` (by default at most
+    what a source's integers may be); ``default`` when it is missing or null
+    (required when ``default`` is None)."""
     value = cfg.get(key)
     if value is None:
         if default is None:
-            raise ValueError(f"config.json has no {key!r}, which this model family needs")
+            raise _missing(cfg, key, "an integer")
         return default
+    bounds = f"an integer of at least {minimum} and at most {maximum:,}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"config.json field {key!r} must be an integer, got {value!r}")
+        raise ConfigError(f"config.json field {key!r} must be an integer", cfg, (key,),
+                          expected=bounds, found=value)
+    if value < minimum or value > maximum:
+        raise ConfigError(f"config.json field {key!r} is out of range", cfg, (key,),
+                          expected=bounds, found=value)
     return value
+
+
+def cfg_opt_int(cfg: Mapping[str, Any], key: str, *, minimum: int = 1) -> int | None:
+    """``cfg[key]`` as :func:`cfg_int` reads it, or None when missing or null."""
+    return None if cfg.get(key) is None else cfg_int(cfg, key, minimum=minimum)
+
+
+def cfg_list(cfg: Mapping[str, Any], key: str, length: int, item: type,
+             what: str) -> list[Any] | None:
+    """``cfg[key]``: a list of ``length`` items of type ``item`` (``what`` says
+    what they are), or None when missing or null."""
+    value = cfg.get(key)
+    if value is None:
+        return None
+    expected = f"a list of {length:,} {what}, one per layer"
+    if not isinstance(value, list):
+        raise ConfigError(f"config.json field {key!r} must be a list", cfg, (key,),
+                          expected=expected, found=value)
+    if len(value) != length:
+        raise ConfigError(f"config.json field {key!r} lists {len(value):,} entries for "
+                          f"{length:,} layers", cfg, (key,), expected=expected,
+                          found=f"{len(value):,} entries",
+                          hint="num_hidden_layers and this list must agree")
+    for i, entry in enumerate(value):
+        if isinstance(entry, bool) or not isinstance(entry, item):
+            raise ConfigError(f"config.json field {key!r}: entry {i} is not one of the "
+                              f"{what}", cfg, (key, i), expected=expected, found=entry)
+    return value
+
+
+def num_layers(cfg: Mapping[str, Any]) -> int:
+    """``num_hidden_layers``, at most as many as a source may hold."""
+    return cfg_int(cfg, "num_hidden_layers", maximum=MAX_LAYERS)
 
 
 def head_dim_of(cfg: Mapping[str, Any], *keys: str) -> int:
@@ -121,7 +201,10 @@ def head_dim_of(cfg: Mapping[str, Any], *keys: str) -> int:
     hidden = cfg_int(cfg, "hidden_size")
     heads = cfg_int(cfg, "num_attention_heads")
     if hidden % heads:
-        raise ValueError(f"hidden_size {hidden} is not divisible by num_attention_heads {heads}")
+        raise ConfigError(f"hidden_size {hidden} is not divisible by num_attention_heads "
+                          f"{heads}", cfg, ("hidden_size",),
+                          expected="a multiple of num_attention_heads", found=hidden,
+                          hint="give head_dim, or check hidden_size and num_attention_heads")
     return hidden // heads
 
 
@@ -139,15 +222,47 @@ def model_dtype(config: Mapping[str, Any]) -> str | None:
             continue
         for name in ("dtype", "torch_dtype"):
             value = cfg.get(name)
-            if isinstance(value, str):
-                return value.removeprefix("torch.")
+            if value is None:
+                continue
+            try:
+                return canonical_dtype(value) if isinstance(value, str) else canonical_dtype("")
+            except KeyError:
+                path = (name,) if key is None else (key, name)
+                raise ConfigError(f"config.json field {name!r} names no dtype", config, path,
+                                  expected="a torch dtype: " + ", ".join(
+                                      d for d in DTYPE_SIZES if d.startswith(("float", "bf"))),
+                                  found=value) from None
     return None
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """The fields every family reads before its own: ``model_type`` a string,
+    ``architectures`` a list of class names, ``text_config`` an object (each
+    may be missing or null)."""
+    model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError("config.json field 'model_type' must be a string", config,
+                          ("model_type",), expected='a model type, e.g. "llama"',
+                          found=model_type)
+    archs = config.get("architectures")
+    if archs is not None and (not isinstance(archs, list)
+                              or not all(isinstance(a, str) for a in archs)):
+        raise ConfigError("config.json field 'architectures' must be a list of class names",
+                          config, ("architectures",),
+                          expected='a list of class names, e.g. ["LlamaForCausalLM"]',
+                          found=archs)
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, Mapping):
+        raise ConfigError("config.json field 'text_config' must be an object", config,
+                          ("text_config",), expected="the text model's config, an object",
+                          found=text)
 
 
 def architecture(config: Mapping[str, Any]) -> str | None:
     """The config's first ``architectures`` entry (vLLM's ``model_config.architecture``)."""
+    check_config(config)
     archs = config.get("architectures") or []
-    return str(archs[0]) if archs else None
+    return archs[0] if archs else None
 
 
 def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -156,14 +271,7 @@ def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def layer_types(cfg: Mapping[str, Any], num_layers: int) -> list[str] | None:
-    types = cfg.get("layer_types")
-    if types is None:
-        return None
-    if not isinstance(types, list) or len(types) != num_layers:
-        raise ValueError(
-            f"layer_types must list one entry per layer ({num_layers}), got {types!r}"
-        )
-    return [str(t) for t in types]
+    return cfg_list(cfg, "layer_types", num_layers, str, "layer types")
 
 
 def attention_layer(
@@ -197,7 +305,10 @@ def from_layer_types(cfg: Mapping[str, Any], types: list[str]) -> list[LayerFact
         elif layer_type == "full_attention":  # the HF layer type, not the kind
             layers.append(attention_layer(i, cfg))
         else:
-            raise ValueError(f"layer {i}: unsupported layer type {layer_type!r}")
+            raise ConfigError(f"layer {i}: unsupported layer type {layer_type!r}", cfg,
+                              ("layer_types", i),
+                              expected='"full_attention" or "sliding_attention"',
+                              found=layer_type)
     return layers
 
 

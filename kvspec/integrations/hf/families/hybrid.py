@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvspec.integrations.hf import state_shapes as ss
 from kvspec.integrations.hf.families.facts import (
     STATE,
+    ConfigError,
     Ctx,
     LayerFacts,
     attention_layer,
@@ -13,6 +14,7 @@ from kvspec.integrations.hf.families.facts import (
     cfg_require,
     head_dim_of,
     layer_types,
+    num_layers,
 )
 
 
@@ -43,9 +45,9 @@ def _jamba(ctx: Ctx) -> list[LayerFacts]:
     mamba_d_state``, ``conv_kernel = mamba_d_conv`` (defaults 2, 16, 4).
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     period = cfg_int(cfg, "attn_layer_period", 8)
-    offset = cfg_int(cfg, "attn_layer_offset", 4)
+    offset = cfg_int(cfg, "attn_layer_offset", 4, minimum=0)
     shapes = ss.mamba1_state_shape(
         tp_world_size=ctx.tp,
         intermediate_size=cfg_int(cfg, "mamba_expand", 2) * cfg_int(cfg, "hidden_size"),
@@ -73,7 +75,7 @@ def _qwen3_next(ctx: Ctx) -> list[LayerFacts]:
     linear_conv_kernel_dim)``.
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
+    n = num_layers(cfg)
     types = layer_types(cfg, n)
     if types is None:
         interval = cfg_int(cfg, "full_attention_interval", 4)
@@ -95,7 +97,10 @@ def _qwen3_next(ctx: Ctx) -> list[LayerFacts]:
         elif layer_type == "linear_attention":
             layers.append(mamba_layer(i, "gdn_attention", shapes, ctx))
         else:
-            raise ValueError(f"layer {i}: unsupported Qwen3-Next layer type {layer_type!r}")
+            raise ConfigError(f"layer {i}: unsupported Qwen3-Next layer type {layer_type!r}",
+                              cfg, ("layer_types", i),
+                              expected='"full_attention" or "linear_attention"',
+                              found=layer_type)
     return layers
 
 
@@ -112,12 +117,17 @@ def _nemotron_h(ctx: Ctx) -> list[LayerFacts]:
     the config or the caller says otherwise (:func:`rules.ssm_cache_dtype`).
     """
     cfg = ctx.text
-    n = cfg_int(cfg, "num_hidden_layers")
-    pattern = str(cfg_require(cfg, "hybrid_override_pattern"))
+    n = num_layers(cfg)
+    pattern = cfg_require(cfg, "hybrid_override_pattern")
+    expected = f"one of M * - E per layer, {n:,} in all"
+    if not isinstance(pattern, str):
+        raise ConfigError("config.json field 'hybrid_override_pattern' must be a string", cfg,
+                          ("hybrid_override_pattern",), expected=expected, found=pattern)
     if len(pattern) != n:
-        raise ValueError(
-            f"hybrid_override_pattern has {len(pattern)} entries for {n} layers"
-        )
+        raise ConfigError(f"hybrid_override_pattern has {len(pattern):,} entries for {n:,} "
+                          "layers", cfg, ("hybrid_override_pattern",), expected=expected,
+                          found=f"{len(pattern):,} entries",
+                          hint="num_hidden_layers and the pattern must agree")
     heads = cfg_int(cfg, "mamba_num_heads")
     head_dim = cfg_int(cfg, "mamba_head_dim")
     shapes = ss.mamba2_state_shape(
@@ -139,7 +149,9 @@ def _nemotron_h(ctx: Ctx) -> list[LayerFacts]:
         elif char in "-E":
             continue
         else:
-            raise ValueError(f"layer {i}: unknown hybrid_override_pattern symbol {char!r}")
+            raise ConfigError(f"layer {i}: unknown hybrid_override_pattern symbol {char!r}",
+                              cfg, ("hybrid_override_pattern",), expected=expected,
+                              found=char)
     return layers
 
 
