@@ -1,15 +1,18 @@
 """Fuzz kvspec locally: tens of thousands of mutated sources, mutated dumps,
-mutated Hugging Face configs and generated valid sources, over every core, and
-print the counts.
+mutated Hugging Face configs, command lines and generated valid sources, over
+every core, and print the counts.
 
-    python benchmarks/fuzz.py --sources 20000 --dumps 5000 --configs 5000 --valid 12000 \
-        --seed 0 --jobs 2
+    python benchmarks/fuzz.py --sources 20000 --dumps 5000 --configs 5000 --args 5000 \
+        --valid 12000 --seed 0 --jobs 2
 
 * mutated sources: ``kvspec validate FILE`` in-process; counted as compiled (exit
   0), clean errors (exit 1/2, every message up to the bar) or defects;
 * mutated dumps: ``kvspec import FILE`` likewise;
 * mutated configs: ``kvspec init --from-hf FILE`` likewise (with a flag or two,
   picked by the file's bytes), and a source it writes must compile;
+* command lines: every command with some of its options, hostile values and
+  files that exist or not (tests/fuzz/generators.py: ``CLI_FILES``): exit 0, 1
+  or 2, no traceback, every message with a hint;
 * generated valid sources: compiled (and then: the block-id property at several
   block counts, every invariant, reading back, loading on ``meta`` at the
   smallest block count and larger), refused cleanly, or a violation, per axis
@@ -45,6 +48,7 @@ import queue
 import random
 import re
 import resource
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -58,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fuzz import generators as g
 
-KINDS = ("source", "dump", "config", "valid")
+KINDS = ("source", "dump", "config", "args", "valid")
 
 
 # ---------------------------------------------------------------------------
@@ -81,6 +85,9 @@ def make_case(kind: str, seed: int, i: int) -> tuple[bytes, dict[str, Any]]:
         name, data = rng.choice(seeds)
         out, ops = g.mutate_dump(rng, data)
         return out, {"seed_file": name, "ops": ops}
+    if kind == "args":
+        args = g.cli_args(rng)
+        return "\0".join(args).encode("utf-8", "surrogatepass"), {"args": args}
     if kind == "config":
         seeds = _SEEDS.setdefault("config", g.config_seeds())
         name, data = rng.choice(seeds)
@@ -103,6 +110,9 @@ def command(kind: str, file: str) -> list[str]:
 def judge(kind: str, data: bytes, workdir: str, limit: float) -> g.Outcome:
     if kind == "valid":
         return g.check_valid(data.decode("utf-8"), "fuzz.yaml", seconds=limit)
+    if kind == "args":
+        return g.check_args(data.decode("utf-8", "surrogatepass").split("\0"), workdir,
+                            seconds=limit)
     file = case_file(workdir, kind)
     with open(file, "wb") as fh:
         fh.write(data)
@@ -172,6 +182,10 @@ def _json_shrink(obj: Any, keep: Any, budget: list[int]) -> Any:
 def minimise(kind: str, data: bytes, signature: str, workdir: str, limit: float,
              trials: int = 250) -> bytes:
     budget = [trials]
+    if kind == "args":   # a command line: its words
+        words = data.split(b"\0")
+        return b"\0".join(_ddmin(words, lambda p: bool(p) and _still(
+            kind, b"\0".join(p), signature, workdir, limit), budget))
     ok = lambda b: _still(kind, b, signature, workdir, limit)
     if kind in ("dump", "config"):
         try:
@@ -380,7 +394,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool = Pool(args.jobs, args.time_limit, args.memory_limit << 20)
     tally = Tally()
     plan = [("source", args.sources), ("dump", args.dumps), ("config", args.configs),
-            ("valid", args.valid)]
+            ("args", args.args), ("valid", args.valid)]
     t0 = time.time()
     phase_time = {}
     results: dict[tuple[str, int], dict[str, Any]] = {}
@@ -469,7 +483,7 @@ def minimise_all(pool: Pool, tally: Tally, args: argparse.Namespace) -> dict[str
 # ---------------------------------------------------------------------------
 
 _MUTATED = (("source", "mutated sources"), ("dump", "mutated dumps"),
-            ("config", "mutated configs"))
+            ("config", "mutated configs"), ("args", "command lines"))
 VALID_COLS = ("tried", "ok", "clean", "invariant: block-overlap", "invariant: loads-on-meta",
               "invariant: reads back", "invariant: other")
 
@@ -559,11 +573,13 @@ def save(result: dict[str, Any], args: argparse.Namespace, text: str) -> None:
             continue
         slug = re.sub(r"[^a-z0-9]+", "-", e["signature"].split(" | ")[0].lower()).strip("-")
         digest = hashlib.sha1(sig.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        ext = ".json" if e["kind"] in ("dump", "config") else ".yaml"
+        ext = {"dump": ".json", "config": ".json", "args": ".args"}.get(e["kind"], ".yaml")
         path = out / f"{e['kind']}-{slug}-{digest}{ext}"
         path.write_bytes(data)
         how = {"source": f"kvspec validate {path}", "dump": f"kvspec import {path}",
                "config": "kvspec " + " ".join(g.init_args(str(path), data)),
+               "args": "kvspec " + shlex.join(data.decode("utf-8", "surrogatepass").split(
+                   "\0")) + " (in a directory holding tests/fuzz/generators.py's CLI_FILES)",
                "valid": f"python -c \"import kvspec; a = kvspec.compile('{path}'); "
                         "from kvspec.artifact.invariants import check_artifact; "
                         "print(check_artifact(a)); kvspec.load(a, device='meta', "
@@ -591,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dumps", type=int, default=5000, help="mutated dumps")
     p.add_argument("--configs", type=int, default=5000,
                    help="mutated Hugging Face configs (kvspec init)")
+    p.add_argument("--args", type=int, default=5000, help="command lines")
     p.add_argument("--valid", type=int, default=12000, help="generated valid sources")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)

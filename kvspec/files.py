@@ -136,8 +136,10 @@ def read_text(path: str | Path, *, what: str, hint: str | None = None,
 
 def _clean_stale(path: Path) -> None:
     """Remove temporaries a killed writer of ``path`` left behind."""
-    now = time.time()
-    for tmp in path.parent.glob(f".{path.name}{_TMP}*"):
+    now, prefix = time.time(), f".{path.name}{_TMP}"
+    for tmp in path.parent.iterdir():   # not glob: the name may hold * ? [
+        if not tmp.name.startswith(prefix):
+            continue
         try:
             if now - tmp.stat().st_mtime > _STALE_S:
                 tmp.unlink()

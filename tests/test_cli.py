@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kvspec.artifact import Artifact
-from tests.conftest import CONFORMANCE, invoke
+from tests.conftest import CONFORMANCE, ROOT, invoke
 
 LLAMA = "layouts/llama-3.1-8b.yaml"
 
@@ -151,3 +153,27 @@ def test_import_bad_json(tmp_path: Path) -> None:
     code, _, stderr = invoke(["import", str(dump)])
     assert code == 1
     assert stderr.startswith(f"{dump}:1:2: error: not valid JSON")
+
+
+def test_an_argument_with_a_nul_is_a_usage_error(tmp_path: Path) -> None:
+    # only a Python caller can pass one (a process's argv cannot hold NUL)
+    code, out, err = invoke(["import", "-o", str(tmp_path / "a\x00b"), str(ROOT / "tests" /
+                             "conformance" / "cases" / "synthetic-uniform.json")])
+    assert (code, out) == (2, "")
+    assert err.startswith("kvspec: error: an argument holds a NUL character\n")
+    assert "\\x00" in err and "  hint: " in err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["2**40", "[a].json", "a?.json"])
+def test_an_output_name_with_glob_characters_is_written(tmp_path: Path, name: str) -> None:
+    out = tmp_path / name
+    code, _, err = invoke(["explain", "-o", str(out), str(ROOT / "layouts" /
+                                                         "llama-3.1-8b.kvlayout.json")])
+    assert code == 0, err
+    assert out.is_file() and [p.name for p in tmp_path.iterdir()] == [name]
+
+
+@pytest.mark.parametrize("path", ["", "/", ".."])
+def test_compile_of_no_file_name_is_a_usage_error(path: str) -> None:
+    code, out, err = invoke(["compile", path])
+    assert (code, out) == (2, "") and "is no layout source file" in err and "hint:" in err

@@ -29,9 +29,11 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.fuzz.generators import (
     Outcome,
+    check_args,
     check_cli,
     check_init,
     check_valid,
+    command_lines,
     mutated_configs,
     mutated_dumps,
     mutated_sources,
@@ -193,6 +195,25 @@ FIXED: tuple[Reproducer, ...] = (
                ".json", b"0", "a config that is a number: no hint"),
     Reproducer("config-empty-no-hint", "message quality: no hint | not valid JSON", "init",
                ".json", b"", "an empty config: no hint"),
+    # command lines: benchmarks/fuzz.py --args 6000 --seed 4 at 3f2dd9f, and by hand
+    Reproducer("args-compile-empty-path",
+               "traceback | ValueError at common.py:default_artifact_path", "args", "",
+               b"compile\0", "`kvspec compile ''`: PosixPath('.') has an empty name"),
+    Reproducer("args-compile-root", "traceback | ValueError at common.py:default_artifact_path",
+               "args", "", b"compile\0/", "`kvspec compile /`"),
+    Reproducer("args-output-glob", "traceback | ValueError at files.py:_clean_stale", "args",
+               "", b"explain\0-o\0" + b"2**40\0a.kvlayout.json",
+               "an output file named 2**40: its stale temporaries were found by glob"),
+    Reproducer("args-check-missing-no-hint",
+               "message quality: no hint | no such file or directory", "args", "",
+               b"check\0nonexist", "`kvspec check nonexist` had no hint"),
+    Reproducer("args-check-neither-no-hint", "message quality: no hint | config.json is "
+               "neither", "args", "", b"check\0config.json",
+               "`kvspec check config.json` had no hint"),
+    Reproducer("args-max-model-len-no-hint",
+               "message quality: no hint | --max-model-len", "args", "",
+               b"init\0--from-hf\0config.json\0--max-model-len\0-1",
+               "`--max-model-len -1` had no hint"),
     Reproducer("dump-json-infinity", "message quality: no line:col | invalid value for",
                "import", ".json",
                ('{"config": {"block_size": 16, "max_model_len": 64,\n "kv_cache_layout": '
@@ -248,6 +269,13 @@ def test_a_mutated_config_inits_or_fails_clearly(workdir: Path, case: tuple) -> 
     assert not _new_defects(out), _explain(out, f"{seed} after {ops}", data)
 
 
+@settings(FUZZ, max_examples=int(os.environ.get("KVSPEC_FUZZ_ARGS", "300")))
+@given(command_lines())
+def test_a_command_line_runs_or_fails_clearly(workdir: Path, args: list[str]) -> None:
+    out = check_args(args, str(workdir), seconds=CASE_LIMIT)
+    assert not _new_defects(out), _explain(out, f"kvspec {args}", b"")
+
+
 @settings(FUZZ, max_examples=int(os.environ.get("KVSPEC_FUZZ_DUMPS", "400")))
 @given(mutated_dumps())
 def test_a_mutated_dump_imports_or_fails_clearly(workdir: Path, case: tuple) -> None:
@@ -278,7 +306,9 @@ def test_the_property_sources_are_sound_and_load(text: str) -> None:
 
 @pytest.mark.parametrize("fixed", [pytest.param(k, id=k.id) for k in FIXED])
 def test_a_fixed_defect_stays_fixed(workdir: Path, fixed: Reproducer) -> None:
-    if fixed.command == "init":
+    if fixed.command == "args":
+        out = check_args(fixed.data.decode().split("\0"), str(workdir), seconds=CASE_LIMIT)
+    elif fixed.command == "init":
         path = workdir / "fixed-config.json"
         path.write_bytes(fixed.data)
         out = check_init(str(path), fixed.data, seconds=CASE_LIMIT)

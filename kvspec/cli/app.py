@@ -14,7 +14,7 @@ import click
 
 from kvspec import __version__
 from kvspec.cli import COMMANDS, common
-from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError
+from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError, UsageError
 
 #: Command name -> module (``import`` lives in ``import_``, ``engine-args`` in ``engine_args``).
 MODULES = {m.rstrip("_").replace("_", "-"): m for m in COMMANDS}
@@ -44,6 +44,11 @@ def cli(no_color: bool) -> None:
 def run(argv: list[str] | None) -> None:
     """Run the CLI, turn errors into messages and exit codes."""
     try:
+        if argv is not None and any("\x00" in a for a in argv):   # only from Python: argv has none
+            raise UsageError("an argument holds a NUL character",
+                             found=ascii(next(a for a in argv if "\x00" in a)),
+                             hint="no path or value can hold one; check how the "
+                             "arguments were built")
         code = cli.main(args=argv, prog_name="kvspec", standalone_mode=False)
     except KvspecError as err:
         common.error(err)

@@ -44,6 +44,9 @@ Status = Literal["current", "stale", "missing", "orphaned", "invalid", "fixed"]
 
 _SOURCE_SUFFIXES = (".yaml", ".yml")
 _ARTIFACT_SUFFIX = ".kvlayout.json"
+#: What check takes (its paths' hint).
+_WHAT = ("give layout sources (X.yaml), artifacts (X.kvlayout.json) or directories "
+         "holding them")
 
 
 @dataclass(frozen=True)
@@ -118,19 +121,19 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
         elif path.name.endswith(_ARTIFACT_SUFFIX):
             source = _source_for(path)
             if source is None and not path.exists():
-                raise KvspecError("no such artifact, and no source beside it", file=str(path))
+                raise KvspecError("no such artifact, and no source beside it", file=str(path),
+                                  hint="compile its source first (kvspec compile X.yaml), "
+                                  "or give the directory holding both")
             pairs.setdefault(path, source)
         elif path.name.endswith(_SOURCE_SUFFIXES):
             if not path.is_file():
-                raise KvspecError("no such file", file=str(path),
-                                  hint="give layout sources (X.yaml), artifacts "
-                                  "(X.kvlayout.json) or directories holding them")
+                raise KvspecError("no such file", file=str(path), hint=_WHAT)
             pairs[artifact_path(path)] = path
         elif not path.exists():
-            raise KvspecError("no such file or directory", file=str(path))
+            raise KvspecError("no such file or directory", file=str(path), hint=_WHAT)
         else:
             raise UsageError(f"{path} is neither a layout source (.yaml) nor an artifact "
-                             f"({_ARTIFACT_SUFFIX})", file=str(path))
+                             f"({_ARTIFACT_SUFFIX})", file=str(path), hint=_WHAT)
     return sorted(((s, a) for a, s in pairs.items()), key=lambda p: str(p[1]))
 
 

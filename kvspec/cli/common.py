@@ -116,6 +116,10 @@ def echo_json(obj: Any) -> None:
 def default_artifact_path(source: Path) -> Path:
     """``X.yaml`` -> ``X.kvlayout.json`` beside it."""
     name = source.name
+    if not name or name == "..":
+        raise UsageError(f"{str(source) or repr(str(source))} is no layout source file",
+                         found=repr(str(source)),
+                         hint="give the path of a layout source, e.g. layouts/llama-3.1-8b.yaml")
     for suffix in (".yaml", ".yml"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]

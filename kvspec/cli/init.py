@@ -17,9 +17,12 @@ def _max_model_len(text: str | None) -> int | str | None:
         value = int(text.replace("_", ""))
     except ValueError:
         raise UsageError(f"--max-model-len: cannot read {text!r}",
-                         expected="a positive number of tokens, or auto", found=text) from None
+                         expected="a positive number of tokens, or auto", found=text,
+                         hint="e.g. --max-model-len 32768, or auto with --memory") from None
     if value <= 0:
-        raise UsageError("--max-model-len must be positive", found=text)
+        raise UsageError("--max-model-len must be positive", found=text,
+                         expected="a positive number of tokens, or auto",
+                         hint="e.g. --max-model-len 32768, or auto with --memory")
     return value
 
 

@@ -743,6 +743,101 @@ def check_init(file: str, data: bytes, *, seconds: float = 10.0) -> Outcome:
 
 
 # ---------------------------------------------------------------------------
+# command lines: every command, its options with hostile values
+# ---------------------------------------------------------------------------
+
+#: The files a command line may name, in its working directory, and where they come from.
+CLI_FILES = {"a.yaml": "layouts/llama-3.1-8b.yaml",
+             "a.kvlayout.json": "layouts/llama-3.1-8b.kvlayout.json",
+             "b.yaml": "layouts/deepseek-v3.yaml", "config.json": "tests/data/hf/qwen3-8b.json",
+             "dump.json": "tests/conformance/cases/synthetic-uniform.json"}
+CLI_VALUES = ["0", "-1", "1", "16", "40GiB", "1..2", "40GiB..80GiB", "80GiB..40GiB",
+              "1B..1TiB", "0..0", "40GiB..", "..40GiB", "x", "", "1e9", "9" * 30, "auto",
+              "json", "text", "html", "md", "nonexist", "/", ".", "..", "-", "--", "LBNHC",
+              "fp8", "hopper", "vllm", "é", "2**40", "[a]", "a b", "nan", "inf", "1,5", "0.5",
+              "\x01", "\u202e", *CLI_FILES]
+#: Commands the fuzzer leaves out: they need vLLM (their own suite covers them).
+_CLI_SKIP = {"--from-vllm", "--against"}
+
+
+def cli_commands() -> dict[str, Any]:
+    """Every ``kvspec`` command's click object, by name."""
+    import importlib
+
+    from kvspec.cli import COMMANDS
+    return {m.rstrip("_").replace("_", "-"): importlib.import_module(f"kvspec.cli.{m}").command
+            for m in COMMANDS}
+
+
+def cli_args(rng: random.Random) -> list[str]:
+    """A ``kvspec`` command line: a command, some of its options with values
+    drawn from :data:`CLI_VALUES`, and arguments (files that exist or not)."""
+    import click
+
+    commands = cli_commands()
+    name = rng.choice(sorted(commands))
+    params = [p for p in commands[name].params if p.name != "help"
+              and not set(getattr(p, "opts", ())) & _CLI_SKIP]
+    args = [name]
+    options = [p for p in params if isinstance(p, click.Option)]
+    for p in rng.sample(options, k=min(len(options), rng.choice([0, 1, 2, 3]))):
+        args += [p.opts[0]] if p.is_flag else [p.opts[0], rng.choice(CLI_VALUES)]
+    for p in params:
+        if isinstance(p, click.Argument) and (p.required or rng.random() < 0.7):
+            pool = list(CLI_FILES) * 3 + CLI_VALUES
+            args += [rng.choice(pool) for _ in range(1 if p.nargs == 1 else rng.choice([1, 2]))]
+    return args
+
+
+def _usage_messages(out: Outcome, stderr: str) -> None:
+    """Every error message of a refused command line has a hint (click's own
+    usage errors end in its "Try 'kvspec ... -h' for help."; other lines, such as
+    ``validate``'s "1 of 2 sources have problems", are no messages)."""
+    if "Usage:" in stderr and "Error:" in stderr:
+        return
+    for lines in split_messages(stderr):
+        if ": error: " not in lines[0]:
+            continue
+        out.messages += 1
+        if not any(line.startswith("  hint:") for line in lines):
+            out.messages_without_hint += 1
+            template = re.sub(r"'[^']*'|\d[\d,]*", "_", lines[0].split(": error: ")[-1])[:70]
+            out.add("message quality: no hint", lines[0][:200], template)
+
+
+def check_args(args: list[str], workdir: str, *, seconds: float = 10.0) -> Outcome:
+    """Run ``kvspec ARGS`` in-process in ``workdir`` (holding :data:`CLI_FILES`,
+    restored before the run): exit 0, 1 or 2, no traceback, every message with
+    a hint. (``diff`` exits 1 with nothing on stderr when the plans differ.)"""
+    import os
+
+    from tests.conftest import invoke
+
+    for name, rel in CLI_FILES.items():
+        (Path(workdir) / name).write_bytes((ROOT / rel).read_bytes())
+    out, here = Outcome("ok"), os.getcwd()
+    try:
+        os.chdir(workdir)
+        with time_limit(seconds):
+            code, stdout, stderr = invoke(args)
+    except (Exception, CaseTimeout) as exc:  # noqa: BLE001
+        category, sig = _crash_signature(exc)
+        out.add(category, f"{type(exc).__name__}: {str(exc)[:160]}", sig)
+        return out
+    finally:
+        os.chdir(here)
+    out.exit_code = code
+    if "Traceback" in stdout or "Traceback" in stderr:
+        out.add("traceback", "'Traceback' in the output", "printed traceback")
+    if code not in (0, 1, 2):
+        out.add("exit code", f"exit {code}", f"exit {code}")
+    elif code:
+        out.status = "clean" if out.status == "ok" else out.status
+        _usage_messages(out, stderr)
+    return out
+
+
+# ---------------------------------------------------------------------------
 # valid sources
 # ---------------------------------------------------------------------------
 
@@ -1307,6 +1402,10 @@ if st is not None:
         rng = random.Random(draw(st.integers(0, 2**64 - 1)))
         out, ops = mutate_config(rng, data, big=big)
         return name, out, ops
+
+    @st.composite
+    def command_lines(draw: Any) -> list[str]:
+        return cli_args(random.Random(draw(st.integers(0, 2**64 - 1))))
 
     @st.composite
     def valid_sources(draw: Any) -> tuple[str, dict[str, str]]:
