@@ -278,6 +278,47 @@ def test_sizing_arguments_conflict_or_are_missing() -> None:
         load(art, device="meta", num_blocks=0)
 
 
+_BAD_ARGS = [
+    ({"num_blocks": 20, "memory": 10**9}, "give one of num_blocks, memory and memory_fraction"),
+    ({"num_blocks": 0}, "num_blocks must be a positive integer"),
+    ({"num_blocks": 2.5}, "num_blocks must be a positive integer"),
+    ({"memory_fraction": float("nan")}, "memory_fraction must be in (0, 1]"),
+    ({"device": None, "num_blocks": 40}, "not a torch device: None"),
+    ({"device": "tpu", "num_blocks": 40}, "not a torch device: 'tpu'"),
+    ({"stage": 1, "num_blocks": 40}, "the artifact has 1 pipeline stage(s), not stage 1"),
+    ({"stage": True, "num_blocks": 40}, "the artifact has 1 pipeline stage(s), not stage True"),
+    ({"kernel_block_size": "16", "num_blocks": 40}, "kernel_block_size must be a positive "
+     "integer"),
+    ({"kernel_block_size": {0: 1.5}, "num_blocks": 40}, "kernel_block_size must be a positive "
+     "integer"),
+    ({"kernel_block_size": {0: "x"}, "num_blocks": 40}, "kernel_block_size must be a positive "
+     "integer"),
+    ({"kernel_block_size": {7: 16}, "num_blocks": 40}, "kernel_block_size names unknown "
+     "group(s) [7]"),
+    ({"kernel_block_size": 3, "num_blocks": 40}, "kernel block size 3 must divide the KV cache "
+     "block size 16"),
+    ({"num_blocks": 10**30}, "a pool of 1,000,000,000,000,000,000,000,000,000,000 blocks would "
+     "be"),
+]
+
+
+@pytest.mark.parametrize("kwargs,message", _BAD_ARGS, ids=[m[:40] for _, m in _BAD_ARGS])
+def test_every_bad_argument_is_a_clear_error_with_a_hint(kwargs: dict, message: str) -> None:
+    kwargs = {"device": "meta", **kwargs}
+    with pytest.raises(KvspecError) as info:
+        load(data_artifact("tiny"), **kwargs)
+    assert message in info.value.message and info.value.hint, info.value.render()
+
+
+def test_a_device_this_torch_cannot_allocate_on_is_a_load_error() -> None:
+    # torch knows the device type, but this build has no backend for it
+    with pytest.raises(LoadError) as info:
+        load(data_artifact("tiny"), device="xla", num_blocks=40)
+    assert info.value.message.startswith("cannot allocate ") and " bytes on xla" in \
+        info.value.message
+    assert info.value.found == "40 blocks" and info.value.hint
+
+
 def test_the_artifacts_own_budget_is_the_default() -> None:
     art = compile("layouts/llama-3.1-8b.yaml")
     assert load(art, device="meta").num_blocks == art.body["budget"]["num_blocks"] == 20480

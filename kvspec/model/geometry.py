@@ -37,7 +37,10 @@ def page_shape(spec: LayerSpec, num_blocks: int | Affine,
     block = kernel_block_size if kernel_block_size is not None else spec.block_size
     if block <= 0 or spec.block_size % block:
         raise PlanError(f"kernel block size {block} must divide the KV cache block size "
-                        f"{spec.block_size}")
+                        f"{spec.block_size}", found=str(block),
+                        expected=f"a divisor of {spec.block_size}",
+                        hint="give kernel_block_size per group ({group id: size}) where "
+                        "groups differ in block size")
     per_page = spec.block_size // block
     return (num_blocks * per_page, spec.num_heads, spec.kernel_states(block),
             spec.state_content_size_bytes)
@@ -65,7 +68,9 @@ def layout_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
     grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
     if padded is not None:
         if kernel_block_size is not None and kernel_block_size != spec.block_size:
-            raise PlanError("padded KV pages cannot be split into kernel blocks")
+            raise PlanError("padded KV pages cannot be split into kernel blocks",
+                            hint="leave this group out of kernel_block_size "
+                            "({group id: size} for the others)")
         _check_padded_grid(order, shape, grid_end, axis_order)
     strides: list[Affine] = [Affine()] * 5
     current = Affine(0, 1)

@@ -45,7 +45,9 @@ def _budget(device: torch.device, memory: int | str | None,
     if memory_fraction is not None:
         if isinstance(memory_fraction, bool) or not isinstance(memory_fraction, (int, float)) \
                 or not 0 < memory_fraction <= 1:
-            raise LoadError("memory_fraction must be in (0, 1]", found=repr(memory_fraction))
+            raise LoadError("memory_fraction must be in (0, 1]", found=repr(memory_fraction),
+                            expected="a fraction of the device's free memory, e.g. 0.9",
+                            hint="or give memory='40GiB' or num_blocks=N")
         return int(free_memory(device) * memory_fraction)
     if memory is not None:
         return parse_size(memory, what="memory", error=LoadError)
@@ -60,10 +62,13 @@ def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
                             ("memory_fraction", memory_fraction)) if v is not None]
     if len(given) > 1:
         raise LoadError("give one of num_blocks, memory and memory_fraction",
-                        found=", ".join(given))
+                        found=", ".join(given),
+                        hint="each sizes the pool: keep the one you mean, drop the others")
     if num_blocks is not None and (isinstance(num_blocks, bool) or not isinstance(num_blocks, int)
                                    or num_blocks < 1):
-        raise LoadError("num_blocks must be a positive integer", found=repr(num_blocks))
+        raise LoadError("num_blocks must be a positive integer", found=repr(num_blocks),
+                        expected="blocks per pool, e.g. artifact.min_num_blocks() or more",
+                        hint="or give memory='40GiB' to size the pool from a budget")
     budget = _budget(device, memory, memory_fraction)
     layout = artifact.layout
     if num_blocks is None and budget is None and layout.engine.num_gpu_blocks_override is None:

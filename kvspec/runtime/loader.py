@@ -56,6 +56,9 @@ from kvspec.runtime.views import (
 
 __all__ = ["LoadError", "LoadedCache", "free_memory", "load", "resolve_num_blocks"]
 
+#: The most bytes one allocation may have (torch sizes are int64).
+_MAX_BYTES = 2**63 - 1
+
 
 @dataclass(eq=False)
 class LoadedCache:
@@ -222,7 +225,9 @@ def _target(art: Artifact, device: Any, stage: int | None) -> tuple[torch.device
     stages = art.layout.stages
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(stages):
         raise LoadError(f"the artifact has {len(stages)} pipeline stage(s), not stage {index!r}",
-                        expected=f"a stage in 0..{len(stages) - 1}", found=repr(index))
+                        expected=f"a stage in 0..{len(stages) - 1}", found=repr(index),
+                        hint="give stage=... of this rank, or leave it out to take "
+                        "torch.distributed's pipeline rank (else 0)")
     return dev, index
 
 
@@ -235,14 +240,17 @@ def _verified(artifact: Artifact | Mapping[str, Any] | str | Path) -> Artifact:
     if isinstance(artifact, Mapping):
         return Artifact.from_dict(dict(artifact))
     raise LoadError(f"cannot load a {type(artifact).__name__}",
-                    expected="an Artifact, its dict, or the path of a .kvlayout.json")
+                    expected="an Artifact, its dict, or the path of a .kvlayout.json",
+                    hint="e.g. kvspec.load('layouts/llama-3.1-8b.kvlayout.json', device='cuda')")
 
 
 def _device(device: Any) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise LoadError(f"not a torch device: {device!r}") from exc
+        raise LoadError(f"not a torch device: {device!r}", found=repr(device),
+                        expected="a torch.device or its name: 'cuda', 'cuda:1', 'cpu', 'meta'",
+                        hint="meta builds every view with no memory behind it") from exc
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise LoadError("device 'cuda' asked for, but this torch sees no CUDA device",
@@ -267,11 +275,7 @@ def _allocate(stage: Stage, num_blocks: int, device: torch.device, *,
         sizes[pool] = max(sizes.get(pool, 0), t.size.at(num_blocks))
     buffers: dict[str, torch.Tensor] = {}
     for pool, size in sizes.items():
-        if pool == "host" and device.type != "meta":
-            buf = torch.empty(size, dtype=torch.int8, device="cpu",
-                              pin_memory=torch.cuda.is_available())
-        else:
-            buf = torch.empty(size, dtype=torch.int8, device=device)
+        buf = _empty(size, device, host=pool == "host", num_blocks=num_blocks)
         if zero and device.type != "meta":
             buf.zero_()
         buffers[pool] = buf  # (size,) int8: the pool's bytes
@@ -281,9 +285,36 @@ def _allocate(stage: Stage, num_blocks: int, device: torch.device, *,
     return buffers
 
 
+def _empty(size: int, device: torch.device, *, host: bool, num_blocks: int) -> torch.Tensor:
+    """``size`` bytes on ``device`` (pinned host memory for a host pool), or a
+    :class:`LoadError` saying why not (out of memory, a backend this torch lacks)."""
+    where = "pinned host memory" if host and device.type != "meta" else str(device)
+    if size > _MAX_BYTES:
+        raise LoadError(f"a pool of {num_blocks:,} blocks would be {size:,} bytes, more than "
+                        "any device holds", found=f"{num_blocks:,} blocks",
+                        hint="give fewer blocks (num_blocks=...), or a memory budget")
+    try:
+        if host and device.type != "meta":
+            return torch.empty(size, dtype=torch.int8, device="cpu",
+                               pin_memory=torch.cuda.is_available())
+        return torch.empty(size, dtype=torch.int8, device=device)
+    except (RuntimeError, NotImplementedError) as exc:   # torch.OutOfMemoryError included
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LoadError(f"cannot allocate {size:,} bytes on {where}: {reason[:200]}",
+                        found=f"{num_blocks:,} blocks",
+                        hint="give fewer blocks or less memory, or another device") from None
+
+
 # ---------------------------------------------------------------------------
 # views
 # ---------------------------------------------------------------------------
+
+
+def _positive_kernel(kernel: Any) -> None:
+    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
+        raise LoadError("kernel_block_size must be a positive integer", found=repr(kernel),
+                        expected="a divisor of the group's block size, e.g. 16",
+                        hint="an int for every attention group, or {group id: size}")
 
 
 def _takes_kernel_blocks(spec: LayerSpec) -> bool:
@@ -301,10 +332,12 @@ def _kernel_block_sizes(artifact: Artifact, stage: Stage,
         unknown = sorted(set(kernel) - known)
         if unknown:
             raise LoadError(f"kernel_block_size names unknown group(s) {unknown}",
-                            expected=f"group ids {sorted(known)}")
-        return {int(g): int(k) for g, k in kernel.items()}
-    if isinstance(kernel, bool) or not isinstance(kernel, int) or kernel < 1:
-        raise LoadError("kernel_block_size must be a positive integer", found=repr(kernel))
+                            expected=f"group ids {sorted(known)}",
+                            hint="artifact.layout.groups lists the groups, by id")
+        for k in kernel.values():
+            _positive_kernel(k)
+        return {int(g): k for g, k in kernel.items()}
+    _positive_kernel(kernel)
     out: dict[int, int] = {}
     for t in stage.tensors:
         spec = stage.groups[t.group].layer_spec(t.layers[0])
