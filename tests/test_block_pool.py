@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import cbor2
 import pytest
@@ -82,6 +83,22 @@ def check_links(queue: FreeBlockQueue, universe: list[Block]) -> None:
     for block in universe:
         if id(block) not in queued_ids:
             assert block.prev_free is None and block.next_free is None
+
+
+@pytest.fixture(autouse=True)
+def every_error_says_how_to_put_it_right(monkeypatch: pytest.MonkeyPatch):
+    """Each block-pool and hashing error a test here provokes carries a hint."""
+    made: list[KvspecError] = []
+    init = KvspecError.__init__
+
+    def recording(self: KvspecError, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(KvspecError, "__init__", recording)
+    yield
+    bare = [f"{type(e).__name__}: {e.message}" for e in made if not e.hint]
+    assert not bare, bare
 
 
 def test_block_pool_and_hashing_do_not_import_torch() -> None:

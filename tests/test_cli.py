@@ -177,3 +177,14 @@ def test_an_output_name_with_glob_characters_is_written(tmp_path: Path, name: st
 def test_compile_of_no_file_name_is_a_usage_error(path: str) -> None:
     code, out, err = invoke(["compile", path])
     assert (code, out) == (2, "") and "is no layout source file" in err and "hint:" in err
+
+
+@pytest.mark.parametrize("memory,message,hint", [
+    ("80GiB..40GiB", "--memory range must go from small to large", "swap the ends: 40GiB..80GiB"),
+    ("20GiB..80GiB:0", "--memory range step must be positive", "leave the step out"),
+])
+def test_a_backwards_memory_range_says_how_to_write_it(memory: str, message: str,
+                                                       hint: str) -> None:
+    code, out, err = invoke(["plan", LLAMA, "--memory", memory])
+    assert (code, out) == (2, "")
+    assert err.startswith(f"kvspec: error: {message}\n") and f"  hint: {hint}" in err

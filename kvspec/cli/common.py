@@ -95,11 +95,15 @@ def parse_memory_range(text: str) -> list[int]:
     lo_s, _, hi_s = span.partition("..")
     lo, hi = parse_bytes(lo_s), parse_bytes(hi_s)
     if hi < lo:
-        raise UsageError("--memory range must go from small to large", found=text)
+        raise UsageError("--memory range must go from small to large", found=text,
+                         expected="LOW..HIGH[:STEP], e.g. 20GiB..80GiB",
+                         hint=f"swap the ends: {hi_s}..{lo_s}")
     if step:
         inc = parse_bytes(step)
         if inc <= 0:
-            raise UsageError("--memory range step must be positive", found=text)
+            raise UsageError("--memory range step must be positive", found=text,
+                             expected="LOW..HIGH:STEP, e.g. 20GiB..80GiB:10GiB",
+                             hint="leave the step out for 7 points")
         points = (hi - lo) // inc + 1
         if points > MAX_SWEEP:
             raise UsageError(f"--memory range has {points:,} points; at most {MAX_SWEEP:,}",

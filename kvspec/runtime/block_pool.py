@@ -63,6 +63,11 @@ __all__ = [
     "NotEnoughFreeBlocksError",
 ]
 
+#: Hints of the block-state errors.
+_OURS = "pass blocks this pool handed out (get_new_blocks, get_cached_block)"
+_STATE = ("the pool's blocks were changed outside its methods; change them only "
+          "through the pool")
+
 
 class BlockPool(PrefixCachePool):
     """Blocks ``0 .. num_blocks - 1`` of one pool, shared by the groups aliasing it.
@@ -99,6 +104,7 @@ class BlockPool(PrefixCachePool):
                 "a block pool needs at least one block (the null block)",
                 expected=">= 1",
                 found=repr(num_blocks),
+                hint="give the loaded cache's num_blocks (LoadedCache.block_pool has it)",
             )
         self._init_cache(enable_caching, hash_block_size, num_groups)
         self.num_blocks = num_blocks
@@ -275,8 +281,10 @@ class BlockPool(PrefixCachePool):
                 block.ref_count += 1
         bad = ordered[done]
         if bad.pool is not self:
-            raise BlockStateError(f"block {bad.block_id} is not from this pool")
-        raise BlockStateError(f"block {bad.block_id} is freed but not held (freed twice?)")
+            raise BlockStateError(f"block {bad.block_id} is not from this pool", hint=_OURS)
+        raise BlockStateError(f"block {bad.block_id} is freed but not held (freed twice?)",
+                              hint="free a block once for each time it was taken "
+                              "(get_new_blocks, touch)")
 
     def _touch_all(self, blocks: list[Block], group_id: int | None) -> None:
         """:meth:`touch`, any number of blocks: check them all, then take them."""
@@ -296,7 +304,8 @@ class BlockPool(PrefixCachePool):
                 prev, after = block.prev_free, block.next_free
                 if prev is None or after is None:
                     self.free_block_queue.num_free_blocks -= removed
-                    raise BlockStateError(f"block {block.block_id} is not in the free queue")
+                    raise BlockStateError(f"block {block.block_id} is not in the free queue",
+                                          hint=_STATE)
                 prev.next_free = after
                 after.prev_free = prev
                 block.prev_free = block.next_free = None
@@ -306,15 +315,17 @@ class BlockPool(PrefixCachePool):
 
     def _refuse_touch(self, block: Block, group_id: int | None) -> None:
         if block.pool is not self:
-            raise BlockStateError(f"block {block.block_id} is not from this pool")
+            raise BlockStateError(f"block {block.block_id} is not from this pool", hint=_OURS)
         if block.group_id is None:
             raise BlockStateError(
-                f"block {block.block_id} is neither held nor cached: nothing to touch"
+                f"block {block.block_id} is neither held nor cached: nothing to touch",
+                hint="touch blocks that get_cached_block found, or that a request holds",
             )
         raise BlockStateError(
             f"block {block.block_id} belongs to group {block.group_id}",
             expected=f"a block of group {group_id}",
             found=f"group {block.group_id}",
+            hint="touch a block under the group it was allocated or cached for",
         )
 
 
@@ -323,7 +334,8 @@ def _refuse_allocate(num_blocks: int, num_free: int) -> list[Block]:
     if num_blocks == 0:
         return []
     if num_blocks < 0:
-        raise BlockPoolError("cannot allocate a negative number of blocks", found=str(num_blocks))
+        raise BlockPoolError("cannot allocate a negative number of blocks", found=str(num_blocks),
+                             hint="ask for 0 or more blocks")
     raise NotEnoughFreeBlocksError(
         f"cannot allocate {num_blocks} blocks: {num_free} free",
         expected=f"at most {num_free} blocks",

@@ -125,12 +125,14 @@ class Block:
         """Record the key the block is cached under (its group id becomes the
         key's); a block is cached once."""
         if self._hash is not None or self._block_hash_num_tokens is not None:
-            raise BlockStateError(f"block {self.block_id} already has a hash")
+            raise BlockStateError(f"block {self.block_id} already has a hash",
+                                  hint="a block is cached once; free it before it is reused")
         if len(key) <= GROUP_ID_BYTES:
             raise BlockStateError(
                 f"block {self.block_id}: a block hash key is a hash and {GROUP_ID_BYTES} "
                 "group id bytes",
                 found=f"{len(key)} bytes",
+                hint="make keys with make_block_hash_with_group_id(hash, group_id)",
             )
         self._hash, self._group = split_block_hash_with_group_id(key)
         self._block_hash_num_tokens = num_tokens

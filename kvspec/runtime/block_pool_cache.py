@@ -64,7 +64,9 @@ class PrefixCachePool:
         self, enable_caching: bool, hash_block_size: int | None, num_groups: int | None
     ) -> None:
         if num_groups is not None and num_groups < 1:
-            raise BlockPoolError("num_groups must be at least 1", found=repr(num_groups))
+            raise BlockPoolError("num_groups must be at least 1", found=repr(num_groups),
+                                 hint="one per KV cache group of the layout "
+                                 "(len(artifact.layout.groups))")
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.num_groups = num_groups
@@ -164,6 +166,7 @@ class PrefixCachePool:
                 f"cannot cache {num_full_blocks} full blocks",
                 expected=f"at least {num_full_blocks} blocks and block hashes",
                 found=f"{len(blocks)} blocks, {len(hashes)} block hashes",
+                hint="pass the request's blocks and its block hashes, one per full block",
             )
         new_blocks = blocks[num_cached_blocks:num_full_blocks]
         _check_cacheable(new_blocks, group_id)
@@ -172,7 +175,9 @@ class PrefixCachePool:
             if block.is_null:
                 continue
             if block._hash is not None:  # listed twice: cached a moment ago
-                raise BlockStateError(f"block {block.block_id} already has a hash")
+                raise BlockStateError(f"block {block.block_id} already has a hash",
+                                      hint="a block is cached once; cache only new full "
+                                      "blocks (num_cached_blocks onwards)")
             block._hash = block_hash = hashes[i]
             block._block_hash_num_tokens = None if block_size is None else (i + 1) * block_size
             entry = group_map.get(block_hash)
@@ -255,6 +260,7 @@ class PrefixCachePool:
                 f"group id {group_id!r} is out of range",
                 expected=f"0 <= group id < {limit}",
                 found=repr(group_id),
+                hint="group ids are the layout's, 0 to num_groups - 1",
             )
 
 
@@ -267,6 +273,8 @@ def _check_cacheable(blocks: Sequence[Block], group_id: int) -> None:
             raise BlockStateError(
                 f"block {block.block_id} is not held by group {group_id}",
                 found=f"ref count {block.ref_count}, group {block.group_id}",
+                hint="cache the blocks a request holds, under the group it took them for",
             )
         if block._hash is not None:
-            raise BlockStateError(f"block {block.block_id} is already cached")
+            raise BlockStateError(f"block {block.block_id} is already cached",
+                                  hint="cache only new full blocks (num_cached_blocks onwards)")

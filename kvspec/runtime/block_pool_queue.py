@@ -75,7 +75,8 @@ class FreeBlockQueue:
         head = self._head
         first = head.next_free
         if first is self._tail or first is None:
-            raise NotEnoughFreeBlocksError("no free blocks available", found="0 free blocks")
+            raise NotEnoughFreeBlocksError("no free blocks available", found="0 free blocks",
+                                           hint="free finished requests' blocks first")
         after = first.next_free
         assert after is not None, "a queued block always has a successor"
         head.next_free = after
@@ -95,6 +96,7 @@ class FreeBlockQueue:
                 f"cannot take {n} blocks off a queue of {self.num_free_blocks}",
                 expected=f"0 <= n <= {self.num_free_blocks}",
                 found=str(n),
+                hint="take at most num_free_blocks",
             )
         if n == 0:
             return []
@@ -122,7 +124,8 @@ class FreeBlockQueue:
         """
         prev, after = block.prev_free, block.next_free
         if prev is None or after is None:
-            raise BlockStateError(f"block {block.block_id} is not in the free queue")
+            raise BlockStateError(f"block {block.block_id} is not in the free queue",
+                                  hint="remove only a block the queue holds")
         prev.next_free = after
         after.prev_free = prev
         block.prev_free = block.next_free = None
@@ -136,7 +139,8 @@ class FreeBlockQueue:
         [0, 4]
         """
         if block.prev_free is not None or block.next_free is not None or block.block_id < 0:
-            raise BlockStateError(f"block {block.block_id} is already in a free queue")
+            raise BlockStateError(f"block {block.block_id} is already in a free queue",
+                                  hint="free a block once")
         tail = self._tail
         last = tail.prev_free
         assert last is not None
@@ -215,9 +219,10 @@ class FreeBlockQueue:
 def _check_linkable(blocks: Sequence[Block]) -> None:
     for block in blocks:
         if block.prev_free is not None or block.next_free is not None or block.block_id < 0:
-            raise BlockStateError(f"block {block.block_id} is already in a free queue")
+            raise BlockStateError(f"block {block.block_id} is already in a free queue",
+                                  hint="free a block once")
     if len(blocks) > 1 and len(set(map(id, blocks))) != len(blocks):
-        raise BlockStateError("the same block is listed twice")
+        raise BlockStateError("the same block is listed twice", hint="list each block once")
 
 
 #: The reference's name.

@@ -194,6 +194,7 @@ def get_hash_fn(name: str) -> HashFunction:
             f"unknown prefix-cache hash function {name!r}",
             expected=", ".join(HASH_FUNCTIONS),
             found=repr(name),
+            hint="vLLM's --prefix-caching-hash-algo names them; sha256 is its default",
         ) from None
 
 

@@ -56,7 +56,8 @@ def check_block_size(value: int, name: str) -> None:
     >>> check_block_size(16, "block_size")
     """
     if not isinstance(value, int) or value <= 0:
-        raise HashingError(f"{name} must be a positive integer", found=repr(value))
+        raise HashingError(f"{name} must be a positive integer", found=repr(value),
+                           hint="a block size in tokens, e.g. 16")
 
 
 def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashKey:
@@ -70,6 +71,7 @@ def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> Block
             f"group id {group_id} does not fit the block hash key",
             expected=f"0 <= group id < 2**{8 * GROUP_ID_BYTES}",
             found=str(group_id),
+            hint="group ids are the layout's, 0 to len(artifact.layout.groups) - 1",
         )
     return block_hash + group_id.to_bytes(GROUP_ID_BYTES, "big")
 

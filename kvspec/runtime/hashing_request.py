@@ -128,6 +128,8 @@ def mm_extra_keys(
                 f"multimodal index {start_mm_idx} is out of range",
                 expected=f">= {-len(features)}",
                 found=str(start_mm_idx),
+                hint="count from the request's first multimodal feature (0), or from "
+                "its last (-1)",
             )
         start_mm_idx += len(features)
     idx = start_mm_idx

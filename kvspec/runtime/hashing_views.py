@@ -47,6 +47,7 @@ class BlockHashListWithBlockSize(Sequence[BlockHash]):
                 f"size {hash_block_size}",
                 expected=f"a multiple of {hash_block_size}",
                 found=str(target_block_size),
+                hint="hash at the smallest block size of the layout's groups",
             )
         self.block_hashes = block_hashes
         self.scale_factor = target_block_size // hash_block_size
@@ -119,6 +120,7 @@ def resolve_block_hashes(
                 "the block hash view was made for another block size",
                 expected=str(block_size),
                 found=str(block_hashes.scale_factor * hash_block_size),
+                hint="pass the request's own block hashes, not a view made for another group",
             )
         return block_hashes
     if (
