@@ -419,3 +419,33 @@ def test_html_renders_in_headless_chromium(runner, cases, tmp_path, monkeypatch)
 def test_committed_screenshot_exists() -> None:
     data = SCREENSHOT.read_bytes()
     assert _png_size(data)[0] == 1280 and len(data) > 50_000
+
+
+_HOSTILE = """kvspec: 1
+name: "<script>x</script>"
+model: "<img src=x onerror=y> *b*"
+layer_name: "model.layers.{index}.<i>a`t|n</i>"
+engine: {max_model_len: 64}
+defaults: {num_kv_heads: 1, head_size: 64, dtype: bfloat16}
+layer_types:
+  full: {kind: full_attention}
+layers:
+  - {pattern: [full]}
+"""
+
+
+def test_markdown_shows_names_as_written_never_as_markup(tmp_path: Path) -> None:
+    """A name, model or layer name holding HTML, backticks or a pipe is one code
+    span (or escaped text) in the Markdown reports: no markup from the source."""
+    src = tmp_path / "x.yaml"
+    src.write_text(_HOSTILE)
+    code, md, err = invoke(["explain", str(src), "--format", "md", "-q"])
+    assert code == 0, err
+    assert md.startswith("### KV-cache layout: `<script>x</script>` "
+                         "(&lt;img src=x onerror=y&gt; \\*b\\*)\n")
+    assert "| ``model.layers.0.<i>a`t\\|n</i>`` |" in md
+    code, diff, err = invoke(["diff", str(src), str(src), "--format", "md"])
+    assert code == 0, err
+    assert "| source | `<script>x</script>` |" in diff
+    outside = re.sub(r"(`+) ?.*? ?\1", "", md + diff)  # what is not in a code span
+    assert "<script" not in outside and "<img" not in outside and "<i>" not in outside

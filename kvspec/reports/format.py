@@ -12,6 +12,7 @@ group  kind  layers
 
 from __future__ import annotations
 
+import re
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -70,9 +71,37 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], right: str | No
     return "\n".join(out)
 
 
+def md_code(text: Any) -> str:
+    """``text`` as one Markdown code span, whatever backticks it holds (its fence
+    is one backtick longer than its longest run).
+
+    >>> md_code("model.layers.0.attn"), md_code("a`b"), md_code("`x")
+    ('`model.layers.0.attn`', '``a`b``', '`` `x ``')
+    """
+    s = str(text).replace("\n", " ")
+    fence = "`" * (max(map(len, re.findall("`+", s)), default=0) + 1)
+    pad = " " if s[:1] == "`" or s[-1:] == "`" else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def md_text(text: Any) -> str:
+    """``text`` as Markdown that shows it as written: HTML and the characters
+    Markdown reads as markup escaped.
+
+    >>> print(md_text("<img src=x> *a* [b](c)"))
+    &lt;img src=x&gt; \\*a\\* \\[b\\](c)
+    """
+    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"([\\`*_\[\]|#])", r"\\\1", s.replace("\n", " "))
+
+
+def md_cell(text: Any) -> str:
+    """``text`` in a Markdown table cell: a ``|`` would end the cell."""
+    return str(text).replace("|", "\\|")
+
+
 def md_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], right: str = "") -> str:
-    def esc(c: Any) -> str:
-        return str(c).replace("|", "\\|")
+    esc = md_cell
 
     aligns = ["---:" if i < len(right) and right[i] == "r" else "---"
               for i in range(len(headers))]

@@ -139,7 +139,9 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     notes: list[str] = []
     if not facts.layers:
         raise KvspecError("the model has no layer that holds KV cache or state",
-                          file=options.config_name)
+                          file=options.config_name,
+                          hint="check the config's layer pattern (e.g. hybrid_override_pattern: "
+                          "M for Mamba, * for attention)")
     records = _records(facts, config, hyb)
     attention = [r.fields for r in records if r.fields["kind"] != STATE]
     defaults = {k: most_common([f[k] for f in attention])

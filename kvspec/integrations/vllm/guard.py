@@ -72,7 +72,9 @@ class Expectation:
     def __init__(self, artifact: Artifact, path: str, mode: str) -> None:
         if mode not in MODES:
             raise PluginError(f"KVSPEC_MODE={mode!r} is not a mode",
-                              expected=" or ".join(MODES), found=mode)
+                              expected=" or ".join(MODES), found=mode,
+                              hint="verify: vLLM plans and must match the artifact; "
+                              "enforce: vLLM serves the artifact's placement (docs/vllm.md)")
         self.path, self.mode = path, mode
         self.fingerprint = artifact.fingerprint
         self.layout: Layout = artifact.layout

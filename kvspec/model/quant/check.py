@@ -53,11 +53,12 @@ def _positive(name: str, value: object, *, allow_zero: bool = False) -> int:
     expected = "an integer >= 0" if allow_zero else "an integer >= 1"
     if isinstance(value, bool) or not isinstance(value, int):
         raise QuantizationError(f"{name} must be an integer", expected=expected,
-                                found=repr(value))
+                                found=repr(value), hint=f"give {name} as a whole number")
     if value < 0 or (value == 0 and not allow_zero):
         raise QuantizationError(
             f"{name} must be {'non-negative' if allow_zero else 'positive'}",
-            expected=expected, found=str(value))
+            expected=expected, found=str(value), hint=f"give {name} as a count of at least "
+            f"{0 if allow_zero else 1}")
     return value
 
 
@@ -69,7 +70,9 @@ def model_dtype_of(model_dtype: str) -> str:
     except (KeyError, AttributeError):
         raise QuantizationError(f"unknown model dtype {model_dtype!r}",
                                 expected=", ".join(_MODEL_DTYPES),
-                                found=repr(model_dtype)) from None
+                                found=repr(model_dtype),
+                                hint="the model dtype is the activation dtype, named as "
+                                "torch names it") from None
     if name not in _MODEL_DTYPES:
         raise QuantizationError(
             f"model dtype {name} cannot hold a KV cache", expected=", ".join(_MODEL_DTYPES),
@@ -90,7 +93,8 @@ def _kind(kind: str) -> tuple[str, str | None]:
         names = sorted(x.name for x in kinds.KINDS if x.quant_class is not None)
         raise QuantizationError(f"unknown layer kind {kind!r}",
                                 expected="attention, mla (or a specific kind: "
-                                + ", ".join(names) + ")", found=repr(kind))
+                                + ", ".join(names) + ")", found=repr(kind),
+                                hint="a layer kind of kvspec.model.kinds, or attention / mla")
     return ("mla" if k.latent else "attention"), k.quant_class
 
 

@@ -12,7 +12,17 @@ from typing import Any
 
 from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity_chart
 from kvspec.reports.explain.report import GroupRow, Report
-from kvspec.reports.format import human_bytes, md_table, pct, short_bytes, table, wrap
+from kvspec.reports.format import (
+    human_bytes,
+    md_cell,
+    md_code,
+    md_table,
+    md_text,
+    pct,
+    short_bytes,
+    table,
+    wrap,
+)
 
 __all__ = ["FORMATS", "arrow", "breakable", "environment", "group_padding", "pages_text",
            "render", "wrap_at"]
@@ -89,7 +99,8 @@ def environment():
         undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
         keep_trailing_newline=True, extensions=["jinja2.ext.do"])
     env.filters.update(bytes=human_bytes, sbytes=short_bytes, pct=pct, table=table,
-                       md_table=md_table, wrap=wrap, pages=pages_text, padding=group_padding,
+                       md_table=md_table, code=md_code, md_text=md_text, md_cell=md_cell,
+                       wrap=wrap, pages=pages_text, padding=group_padding,
                        num=lambda n: f"{n:,}", arrow=arrow,
                        breakable=breakable, wrap_at=wrap_at)
     return env
