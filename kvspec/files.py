@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -147,10 +148,56 @@ def _clean_stale(path: Path) -> None:
             pass
 
 
+#: ``-o -``: the result goes to stdout.
+STDOUT = "-"
+
+
+def is_stdout(output: str | Path | None) -> bool:
+    return output is not None and str(output) == STDOUT
+
+
+def _kind(path: Path) -> str | None:
+    """What an existing ``path`` is, its links followed: ``file``, ``dir``,
+    ``stream`` (a character device such as /dev/null or a terminal, a pipe:
+    written in place), ``other`` (a block device, a socket); None if absent."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "stream" if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) else "other"
+
+
+def _write_stream(path: Path, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", file=str(path),
+                         hint="give -o a path in a writable directory, or - for stdout"
+                         ) from None
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader never sees a half-written file;
-    a :class:`KvspecError` (``UsageError``) when the path cannot be written."""
+    a :class:`KvspecError` (``UsageError``) when the path cannot be written.
+
+    A symbolic link stays: its target is written. A character device or a pipe
+    (``/dev/null``, ``/dev/stdout``, a FIFO) is written in place, never replaced;
+    a block device or a socket is refused."""
     path = Path(path)
+    kind = _kind(path)
+    if kind == "stream":
+        _write_stream(path, text)
+        return
+    if kind == "other":
+        raise UsageError(f"cannot write {path}: it is a device or socket, not a file",
+                         file=str(path), hint="give -o a file path, or - for stdout")
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UsageError(f"cannot write {path}: {blocker} is a file, not a directory",
@@ -195,14 +242,17 @@ def refuse_overwrite(output: str | Path | None, force: bool, *,
     ``inputs`` (never, even with ``--force``), or it exists and ``--force`` was not
     given (unless ``ours(text)`` says it is kvspec's own kind of file, which the
     command regenerates)."""
-    if output is None:
+    if output is None or is_stdout(output):
         return
     for i in inputs:
         if same_file(output, i):
             raise UsageError(f"{output} is the input: writing it would lose it",
                              hint="give -o another path")
     path = Path(output)
-    if not path.exists() or force:
+    kind = _kind(path)
+    if kind == "stream":   # /dev/null, /dev/stdout, a pipe: nothing there to lose
+        return
+    if kind is None or force:
         return
     if ours is not None and path.is_file():
         try:
@@ -220,7 +270,7 @@ def emit(text: str, output: str | Path | None, *, quiet: bool = False) -> None:
     (saying so on stderr, so stdout stays clean for pipes)."""
     import click
 
-    if output is None:
+    if output is None or is_stdout(output):
         click.echo(text, nl=False)
         return
     write_atomic(output, text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,65 @@ def test_stale_temporaries_are_cleaned_on_the_next_write(tmp_path: Path) -> None
     os.utime(stale, (0, 0))
     assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kvlayout.json"]
+
+
+_WRITERS = [["compile", LLAMA], ["explain", LLAMA],
+            ["init", "--from-hf", "tests/data/hf/qwen3-8b.json"],
+            ["import", str(CONFORMANCE / "cases" / "gemma-2-9b-tp1.json")]]
+
+
+@pytest.mark.parametrize("command", _WRITERS, ids=lambda c: c[0])
+def test_dash_writes_to_stdout_and_no_file(command: list[str], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    code, out, err = invoke([*command, "-o", "-"])
+    assert code == 0, err
+    assert not (ROOT / "-").exists()
+    if command[0] == "compile":   # the artifact itself, byte for byte
+        assert out == (ROOT / "layouts" / "llama-3.1-8b.kvlayout.json").read_text()
+    else:
+        assert out and "wrote" not in err
+    if command[0] == "init":
+        assert "\nname: qwen3-8b\n" in out   # named from the config, not from "-"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+@pytest.mark.parametrize("command", _WRITERS, ids=lambda c: c[0])
+def test_a_pipe_is_written_in_place_never_replaced(command: list[str], tmp_path: Path) -> None:
+    """As /dev/null or /dev/stdout: with --force, replacing one would turn a device
+    into a plain file (as root, /dev/null itself)."""
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    code, _, err = invoke([*command, "-o", str(fifo), "--force"])
+    reader.join(30)
+    assert code == 0, err
+    assert stat.S_ISFIFO(fifo.lstat().st_mode) and got and got[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_symlinked_output_keeps_its_link(tmp_path: Path) -> None:
+    target, link = tmp_path / "real.kvlayout.json", tmp_path / "link.kvlayout.json"
+    target.write_text("{}")   # not an artifact: --force
+    link.symlink_to(target.name)
+    assert invoke(["compile", "-q", LLAMA, "-o", str(link), "--force"])[0] == 0
+    assert link.is_symlink() and target.read_text() == (ROOT / "layouts" /
+                                                        "llama-3.1-8b.kvlayout.json").read_text()
+
+
+def test_a_socket_is_not_written(tmp_path: Path) -> None:
+    import socket
+
+    path = tmp_path / "s"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))
+        code, _, err = invoke(["explain", LLAMA, "-o", str(path), "--force"])
+    assert code == 2 and "it is a device or socket, not a file" in err and "hint:" in err
 
 
 # dumps -------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 @click.command("compile", short_help="Compile a source into a frozen layout artifact.")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Artifact path (default: SOURCE with .kvlayout.json).")
+              help="Artifact path (default: SOURCE with .kvlayout.json; -: print the "
+              "artifact on stdout, without the summary).")
 @click.option("--memory", help="Plan the artifact's budget section for this memory per rank.")
 @click.option("--force", is_flag=True,
               help="Overwrite an output file that is not a kvspec artifact.")
@@ -29,7 +30,7 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     """
     from kvspec.artifact import is_artifact_text
     from kvspec.compiler import compile_unit
-    from kvspec.files import refuse_overwrite
+    from kvspec.files import is_stdout, refuse_overwrite
     from kvspec.reports.summary import summary, summary_warnings
 
     out = output or default_artifact_path(source)
@@ -42,6 +43,11 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
                               hint="give the KV cache more memory (--memory)") from None
         raise
     assert unit.artifact is not None
+    if is_stdout(out):
+        click.echo(unit.artifact.text(), nl=not unit.artifact.text().endswith("\n"))
+        for w in summary_warnings(unit.artifact):
+            warn(w, quiet=quiet)
+        return
     unit.artifact.write(out)
     if not quiet:
         click.echo(summary(unit.artifact, warnings=False))

@@ -95,7 +95,9 @@ walk through the commands, see [getting-started.md](getting-started.md).
   a source's artifact lives beside it as `X.kvlayout.json`.
 * **Files** written with `-o` are written atomically: a reader never sees half a file.
   A command never writes over its own input, and replaces an existing file only with
-  `--force` (`compile` also replaces its own earlier artifact).
+  `--force` (`compile` also replaces its own earlier artifact). `-o -` writes to stdout;
+  a device or pipe (`/dev/null`, `/dev/stdout`, a FIFO) is written in place, never
+  replaced; a symbolic link stays a link (its target is written).
 """
 
 

@@ -21,17 +21,18 @@ FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "
               help="Output format (default: from -o's suffix, else text); json: the "
               "report's data (docs/reports.md).")
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Write the report here (atomically) instead of stdout.")
+              help="Write the report here (atomically) instead of stdout (-: stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @quiet_option
 def command(layout: Path, memory: str | None, fmt: str | None, output: Path | None,
             force: bool, quiet: bool) -> None:
     """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
     padding, pools, capacity for a budget, waste by cause and warnings."""
-    from kvspec.files import emit, refuse_overwrite
+    from kvspec.files import emit, is_stdout, refuse_overwrite
     from kvspec.reports.explain import explain, render
     from kvspec.reports.explain.export import report_json
 
+    output = None if is_stdout(output) else output
     if fmt is None:
         fmt = FORMAT_BY_SUFFIX.get(output.suffix.lower(), "text") if output else "text"
     refuse_overwrite(output, force, inputs=(layout,))
