@@ -181,6 +181,17 @@ def _write_stream(path: Path, text: str) -> None:
                          ) from None
 
 
+def _mode_for(path: Path) -> int:
+    """The mode a file written at ``path`` gets: the one it has when it exists (a
+    replace keeps it, as writing in place would), else what open() would give."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader never sees a half-written file;
     a :class:`KvspecError` (``UsageError``) when the path cannot be written.
@@ -215,9 +226,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        umask = os.umask(0)  # mkstemp creates 0600; give the mode a plain open() would
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _mode_for(path))   # mkstemp creates 0600
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

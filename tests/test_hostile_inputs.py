@@ -456,3 +456,11 @@ def test_a_zero_layer_stride_is_refused() -> None:
     with pytest.raises(ArtifactError, match="not what kvspec plans") as info:
         Artifact.from_text(json.dumps(data), origin="x.kvlayout.json")
     assert info.value.path == "body.stages[0].tensors[0].layer_stride.per_block"
+
+
+def test_a_replaced_output_keeps_its_mode(tmp_path: Path) -> None:
+    out = tmp_path / "a.kvlayout.json"
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
+    out.chmod(0o640)
+    assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
+    assert out.stat().st_mode & 0o777 == 0o640
