@@ -150,6 +150,8 @@ def cfg_int(cfg: Mapping[str, Any], key: str, default: int | None = None, *,
         if default is None:
             raise _missing(cfg, key, "an integer")
         return default
+    if type(value) is int and minimum <= value <= maximum:
+        return value
     bounds = f"an integer of at least {minimum} and at most {maximum:,}"
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"config.json field {key!r} must be an integer", cfg, (key,),
