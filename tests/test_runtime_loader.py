@@ -674,3 +674,43 @@ def test_every_shipped_layout_loads_on_meta(path: Path) -> None:
     for stage in range(len(art.body["stages"])):
         cache = load(art, device="meta", num_blocks=own or art.min_num_blocks(), stage=stage)
         assert list(cache.views) == art.body["stages"][stage]["layers"]
+
+
+# ---------------------------------------------------------------------------
+# any arguments: a cache, or a clear error
+# ---------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_LAYOUTS = sorted((Path(__file__).parents[1] / "layouts").glob("*.kvlayout.json"))
+_ANY = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 70_000), st.sampled_from([10**30, 2**63]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(
+        ["x", "", "40GiB", "1KiB", "0", "auto", "-1"]),
+    st.dictionaries(st.integers(-1, 9), st.one_of(st.integers(-1, 300), st.text(max_size=2)),
+                    max_size=3), st.lists(st.integers(0, 3), max_size=2))
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(i: int) -> Artifact:
+    return Artifact.read(_LAYOUTS[i])
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(layout=st.integers(0, len(_LAYOUTS) - 1),
+       kwargs=st.dictionaries(st.sampled_from(["num_blocks", "memory", "memory_fraction",
+                                               "stage", "kernel_block_size", "zero"]),
+                              _ANY, max_size=3),
+       device=st.sampled_from(["meta", "meta", "meta", None, 5, "tpu", "xla", "cuda:7"]))
+def test_any_arguments_load_or_are_a_clear_error(layout: int, kwargs: dict,
+                                                 device: Any) -> None:
+    """On ``meta`` (no memory behind it) and on devices this torch cannot use:
+    a cache, or a KvspecError with a hint -- never a torch or Python exception."""
+    try:
+        cache = load(_shipped(layout), device=device, **kwargs)
+    except KvspecError as err:
+        assert err.hint, err.render()
+        return
+    assert cache.device.type == "meta" and cache.num_blocks >= 1
