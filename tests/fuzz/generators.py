@@ -634,22 +634,29 @@ def _dump_text_op(rng: random.Random, text: str, big: bool) -> tuple[str, str]:
     return "".join(lines), "delete_line"
 
 
-def mutate_dump(rng: random.Random, data: bytes, *, big: bool = True
-                ) -> tuple[bytes, list[str]]:
-    """A dump with one to four structural edits, and sometimes an edit of its text."""
+def _mutate_json(rng: random.Random, data: bytes, op: Any, *, indents: list[Any],
+                 text_p: float, flip_p: float, big: bool) -> tuple[bytes, list[str]]:
+    """JSON with one to four edits by ``op``, written with one of ``indents``;
+    then an edit of its text (``text_p``) and flipped bits (``flip_p``) sometimes."""
     obj: Any = json.loads(data)
     ops = []
     for _ in range(rng.choice([1, 1, 2, 3, 4])):
-        obj, op = _dump_op(rng, obj)
-        ops.append(op)
-    text = json.dumps(obj, indent=rng.choice([1, 1, 2, None]))
-    if rng.random() < 0.3:
-        text, op = _dump_text_op(rng, text, big and rng.random() < 0.3)
-        ops.append(op)
-    if rng.random() < 0.05:
-        out, op = m_flip_bits(rng, text.encode("utf-8", "surrogatepass")), "flip_bits"
-        return out, ops + [op]
+        obj, name = op(rng, obj)
+        ops.append(name)
+    text = json.dumps(obj, indent=rng.choice(indents))
+    if rng.random() < text_p:
+        text, name = _dump_text_op(rng, text, big and rng.random() < 0.3)
+        ops.append(name)
+    if flip_p and rng.random() < flip_p:
+        return m_flip_bits(rng, text.encode("utf-8", "surrogatepass")), ops + ["flip_bits"]
     return text.encode("utf-8", "surrogatepass"), ops
+
+
+def mutate_dump(rng: random.Random, data: bytes, *, big: bool = True
+                ) -> tuple[bytes, list[str]]:
+    """A dump with one to four structural edits, and sometimes an edit of its text."""
+    return _mutate_json(rng, data, _dump_op, indents=[1, 1, 2, None], text_p=0.3,
+                        flip_p=0.05, big=big)
 
 
 # ---------------------------------------------------------------------------
@@ -702,23 +709,16 @@ def _config_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
         value[rng.randrange(len(value))] = copy.deepcopy(rng.choice(_HF_VALUES))
         target[key] = value
         return obj, f"entry:{key}"
-    target[key] = _retyped(rng, value) if rng.random() < 0.3 else copy.deepcopy(rng.choice(_HF_VALUES))
+    target[key] = (_retyped(rng, value) if rng.random() < 0.3
+                   else copy.deepcopy(rng.choice(_HF_VALUES)))
     return obj, f"set:{key}"
 
 
 def mutate_config(rng: random.Random, data: bytes, *, big: bool = True
                   ) -> tuple[bytes, list[str]]:
     """A config.json with one to four edits of the fields the families read."""
-    obj: Any = json.loads(data)
-    ops = []
-    for _ in range(rng.choice([1, 1, 2, 3, 4])):
-        obj, op = _config_op(rng, obj)
-        ops.append(op)
-    text = json.dumps(obj, indent=rng.choice([2, 2, 1, None]))
-    if rng.random() < 0.15:
-        text, op = _dump_text_op(rng, text, big and rng.random() < 0.3)
-        ops.append(op)
-    return text.encode("utf-8", "surrogatepass"), ops
+    return _mutate_json(rng, data, _config_op, indents=[2, 2, 1, None], text_p=0.15,
+                        flip_p=0, big=big)
 
 
 def check_init(file: str, data: bytes, *, seconds: float = 10.0) -> Outcome:
