@@ -1387,21 +1387,18 @@ if st is not None:
         out, ops = mutate_source(rng, data, others=[d for _, d in _SOURCES[:8]], big=big)
         return name, out, ops
 
-    @st.composite
-    def mutated_dumps(draw: Any, big: bool = False) -> tuple[str, bytes, list[str]]:
-        name, data = draw(st.sampled_from(_DUMPS))
-        rng = random.Random(draw(st.integers(0, 2**64 - 1)))
-        out, ops = mutate_dump(rng, data, big=big)
-        return name, out, ops
+    def _mutated(seeds: list[tuple[str, bytes]], mutate: Any) -> Any:
+        """A strategy of (seed name, ``mutate`` of its bytes, mutations)."""
+        @st.composite
+        def strategy(draw: Any, big: bool = False) -> tuple[str, bytes, list[str]]:
+            name, data = draw(st.sampled_from(seeds))
+            rng = random.Random(draw(st.integers(0, 2**64 - 1)))
+            out, ops = mutate(rng, data, big=big)
+            return name, out, ops
+        return strategy
 
-    _CONFIGS = config_seeds()
-
-    @st.composite
-    def mutated_configs(draw: Any, big: bool = False) -> tuple[str, bytes, list[str]]:
-        name, data = draw(st.sampled_from(_CONFIGS))
-        rng = random.Random(draw(st.integers(0, 2**64 - 1)))
-        out, ops = mutate_config(rng, data, big=big)
-        return name, out, ops
+    mutated_dumps = _mutated(_DUMPS, mutate_dump)
+    mutated_configs = _mutated(config_seeds(), mutate_config)
 
     @st.composite
     def command_lines(draw: Any) -> list[str]:
