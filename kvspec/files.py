@@ -192,9 +192,25 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def _sync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable, where the file system allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` so a reader never sees a half-written file;
-    a :class:`KvspecError` (``UsageError``) when the path cannot be written.
+    a :class:`KvspecError` (``UsageError``) when the path cannot be written. The
+    file is synced before it is renamed into place, and the rename after, so a
+    crash or power loss leaves the old file or the new one, never an empty one.
 
     A symbolic link stays: its target is written. A character device or a pipe
     (``/dev/null``, ``/dev/stdout``, a FIFO) is written in place, never replaced;
@@ -226,8 +242,11 @@ def write_atomic(path: str | Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())   # the bytes are on disk before the name points at them
         os.chmod(tmp, _mode_for(path))   # mkstemp creates 0600
         os.replace(tmp, path)
+        _sync_directory(path.parent)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}", file=str(path),

@@ -464,3 +464,15 @@ def test_a_replaced_output_keeps_its_mode(tmp_path: Path) -> None:
     out.chmod(0o640)
     assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
     assert out.stat().st_mode & 0o777 == 0o640
+
+
+def test_an_output_is_synced_before_and_after_its_rename(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crash or power loss leaves the old file or the new one, never an empty one."""
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append("replace"),
+                                                     real_replace(a, b))[1])
+    assert invoke(["compile", "-q", LLAMA, "-o", str(tmp_path / "a.kvlayout.json")])[0] == 0
+    assert calls == ["fsync", "replace", "fsync"]
