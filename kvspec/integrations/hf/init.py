@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from kvspec.errors import ErrorList, KvspecError
 from kvspec.integrations import rules
+from kvspec.integrations.hf.config import config_error, not_an_object
 from kvspec.integrations.hf.engine import Hybrid, engine_section, hybrid
 from kvspec.integrations.hf.families import (
     LayerFacts,
@@ -47,8 +48,12 @@ from kvspec.integrations.hf.families import (
     describe,
     family_title,
 )
-from kvspec.integrations.hf.config import config_error, not_an_object
-from kvspec.integrations.hf.families.facts import STATE, ConfigError, cfg_opt_int, text_config
+from kvspec.integrations.hf.families.facts import (
+    STATE,
+    ConfigError,
+    cfg_opt_int,
+    text_config,
+)
 from kvspec.integrations.options import InitOptions, header
 from kvspec.model import kinds
 from kvspec.source.layers import SKIP

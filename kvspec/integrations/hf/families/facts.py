@@ -10,8 +10,6 @@ from typing import Any
 
 from kvspec.model import kinds
 from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
-from kvspec.source.layers import MAX_LAYERS
-from kvspec.source.schema import MAX_TOKENS
 from kvspec.model.specs import (
     MLA,
     ChunkedLocal,
@@ -19,6 +17,8 @@ from kvspec.model.specs import (
     MambaState,
     SlidingWindow,
 )
+from kvspec.source.layers import MAX_LAYERS
+from kvspec.source.schema import MAX_TOKENS
 
 #: The layer kinds a family emits, named by the registry (:mod:`kvspec.model.kinds`).
 FULL = kinds.of(FullAttention).name
