@@ -270,7 +270,7 @@ def refuse_overwrite(output: str | Path | None, force: bool, *,
     ``inputs`` (never, even with ``--force``), or it exists and ``--force`` was not
     given (unless ``ours(text)`` says it is kvspec's own kind of file, which the
     command regenerates)."""
-    if output is None or is_stdout(output):
+    if output is None:
         return
     for i in inputs:
         if same_file(output, i):
@@ -298,7 +298,7 @@ def emit(text: str, output: str | Path | None, *, quiet: bool = False) -> None:
     (saying so on stderr, so stdout stays clean for pipes)."""
     import click
 
-    if output is None or is_stdout(output):
+    if output is None:
         click.echo(text, nl=False)
         return
     write_atomic(output, text)

@@ -64,6 +64,12 @@ def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
                              "errors.")(f)
 
 
+def dash_is_stdout(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """``-o -``: no output file, the result goes to stdout (an option callback)."""
+    from kvspec.files import is_stdout
+    return None if is_stdout(value) else value
+
+
 def single_memory(text: str | None, option: str = "--memory") -> int | None:
     """One size; a range (``A..B``) is a usage error here."""
     if text is None:

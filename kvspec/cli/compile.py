@@ -34,7 +34,8 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     from kvspec.reports.summary import summary, summary_warnings
 
     out = output or default_artifact_path(source)
-    refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)
+    if not is_stdout(out):
+        refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)
     try:
         unit = compile_unit(source, memory=single_memory(memory))
     except KvspecError as err:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, quiet_option, single_memory
+from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option, single_memory
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "md",
@@ -20,7 +20,7 @@ FORMAT_BY_SUFFIX = {".html": "html", ".htm": "html", ".md": "md", ".markdown": "
 @click.option("--format", "fmt", type=click.Choice(["text", "md", "html", "json"]),
               help="Output format (default: from -o's suffix, else text); json: the "
               "report's data (docs/reports.md).")
-@click.option("-o", "--output", type=click.Path(path_type=Path),
+@click.option("-o", "--output", type=click.Path(path_type=Path), callback=dash_is_stdout,
               help="Write the report here (atomically) instead of stdout (-: stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @quiet_option
@@ -28,11 +28,10 @@ def command(layout: Path, memory: str | None, fmt: str | None, output: Path | No
             force: bool, quiet: bool) -> None:
     """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
     padding, pools, capacity for a budget, waste by cause and warnings."""
-    from kvspec.files import emit, is_stdout, refuse_overwrite
+    from kvspec.files import emit, refuse_overwrite
     from kvspec.reports.explain import explain, render
     from kvspec.reports.explain.export import report_json
 
-    output = None if is_stdout(output) else output
     if fmt is None:
         fmt = FORMAT_BY_SUFFIX.get(output.suffix.lower(), "text") if output else "text"
     refuse_overwrite(output, force, inputs=(layout,))

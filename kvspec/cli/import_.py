@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, quiet_option
+from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -19,18 +19,17 @@ from kvspec.errors import (
 @click.command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Where to write the source (default, or -: stdout).")
+              callback=dash_is_stdout, help="Where to write the source (default, or -: stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @quiet_option
 def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
     from kvspec.compiler import compile_source
-    from kvspec.files import emit, is_stdout, refuse_overwrite
+    from kvspec.files import emit, refuse_overwrite
     from kvspec.integrations.dump.importer import import_source
     from kvspec.integrations.dump.locate import in_dump
     from kvspec.integrations.dump.read import load_dump
 
-    output = None if is_stdout(output) else output
     data, raw = load_dump(dump)
     imported = import_source(data, str(dump), raw)
     model = data.get("model")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, quiet_option
+from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 
 
@@ -70,7 +70,7 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 @click.option("--name", help="The layout's name (default: from -o or the config file).")
 @click.option("--model", "model_id", help="The model's id, e.g. meta-llama/Llama-3.1-8B.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Where to write the source (default, or -: stdout).")
+              callback=dash_is_stdout, help="Where to write the source (default, or -: stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @quiet_option
 def command(config_path: Path | None, vllm_model: Path | None, target: str | None, tp: int,
@@ -89,10 +89,9 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     before committing it.
     """
     from kvspec.cli.common import single_memory
-    from kvspec.files import emit, is_stdout, refuse_overwrite
+    from kvspec.files import emit, refuse_overwrite
     from kvspec.integrations.options import InitOptions
 
-    output = None if is_stdout(output) else output
     if (config_path is None) == (vllm_model is None):
         raise UsageError("give one of --from-hf config.json and --from-vllm MODEL",
                          hint="e.g. kvspec init --from-hf config.json -o layouts/m.yaml")

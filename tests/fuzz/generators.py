@@ -809,32 +809,9 @@ def check_args(args: list[str], workdir: str, *, seconds: float = 10.0) -> Outco
     """Run ``kvspec ARGS`` in-process in ``workdir`` (holding :data:`CLI_FILES`,
     restored before the run): exit 0, 1 or 2, no traceback, every message with
     a hint. (``diff`` exits 1 with nothing on stderr when the plans differ.)"""
-    import os
-
-    from tests.conftest import invoke
-
     for name, rel in CLI_FILES.items():
         (Path(workdir) / name).write_bytes((ROOT / rel).read_bytes())
-    out, here = Outcome("ok"), os.getcwd()
-    try:
-        os.chdir(workdir)
-        with time_limit(seconds):
-            code, stdout, stderr = invoke(args)
-    except (Exception, CaseTimeout) as exc:  # noqa: BLE001
-        category, sig = _crash_signature(exc)
-        out.add(category, f"{type(exc).__name__}: {str(exc)[:160]}", sig)
-        return out
-    finally:
-        os.chdir(here)
-    out.exit_code = code
-    if "Traceback" in stdout or "Traceback" in stderr:
-        out.add("traceback", "'Traceback' in the output", "printed traceback")
-    if code not in (0, 1, 2):
-        out.add("exit code", f"exit {code}", f"exit {code}")
-    elif code:
-        out.status = "clean" if out.status == "ok" else out.status
-        _usage_messages(out, stderr)
-    return out
+    return run_cli(args, _usage_messages, seconds=seconds, cwd=workdir)
 
 
 # ---------------------------------------------------------------------------
@@ -1256,20 +1233,27 @@ def judge_messages(out: Outcome, stderr: str, file: str, positions: Positions) -
             out.add("message quality: no hint", lines[0][:200], template)
 
 
-def check_cli(args: list[str], file: str, data: bytes, *, seconds: float = 10.0,
-              kind: str = "yaml") -> Outcome:
-    """Run ``kvspec ARGS`` in-process on the input ``data`` (already written at
-    ``file``) and judge it."""
+def run_cli(args: list[str], judge: Any, *, seconds: float = 10.0,
+            cwd: str | None = None) -> Outcome:
+    """Run ``kvspec ARGS`` in-process (in ``cwd``): anything escaping, a printed
+    traceback or an exit code other than 0, 1 and 2 is a defect; a refusal's
+    stderr goes to ``judge(outcome, stderr)``."""
+    import os
+
     from tests.conftest import invoke
 
-    out = Outcome("ok")
+    out, here = Outcome("ok"), os.getcwd()
     try:
+        if cwd is not None:
+            os.chdir(cwd)
         with time_limit(seconds):
             code, stdout, stderr = invoke(args)
     except (Exception, CaseTimeout) as exc:  # noqa: BLE001  anything escaping is a defect
         category, sig = _crash_signature(exc)
         out.add(category, f"{type(exc).__name__}: {str(exc)[:160]}", sig)
         return out
+    finally:
+        os.chdir(here)
     out.exit_code, out.stdout = code, stdout
     if "Traceback" in stdout or "Traceback" in stderr:
         out.add("traceback", "'Traceback' in the output", "printed traceback")
@@ -1280,8 +1264,16 @@ def check_cli(args: list[str], file: str, data: bytes, *, seconds: float = 10.0,
         return out
     if out.status == "ok":
         out.status = "clean"
-    judge_messages(out, stderr, file, Positions(data, kind))
+    judge(out, stderr)
     return out
+
+
+def check_cli(args: list[str], file: str, data: bytes, *, seconds: float = 10.0,
+              kind: str = "yaml") -> Outcome:
+    """Run ``kvspec ARGS`` in-process on the input ``data`` (already written at
+    ``file``) and judge it."""
+    return run_cli(args, lambda out, stderr: judge_messages(
+        out, stderr, file, Positions(data, kind)), seconds=seconds)
 
 
 def _probe_counts(layout: Any, st: Any, n0: int, cap: int = 60_000) -> list[int]:

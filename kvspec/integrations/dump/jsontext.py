@@ -42,6 +42,13 @@ class _Located(Exception):
         super().__init__(message)
         self.message, self.pos, self.kw = message, pos, kw
 
+    def error(self, text: str, file: str, hint: str) -> SourceError:
+        """This problem as a :class:`SourceError` at its line and column of ``text``
+        (``hint`` unless the problem has its own)."""
+        line, col = _line_col(text, self.pos)
+        return SourceError(self.message, file=file, line=line, column=col,
+                           **{"hint": hint, **self.kw})
+
 
 def _line_col(text: str, pos: int) -> tuple[int, int]:
     line = text.count("\n", 0, pos) + 1
@@ -99,9 +106,7 @@ def positions(text: str, file: str) -> Document:
     try:
         data, pos, keys = _scan(text)
     except _Located as exc:
-        line, col = _line_col(text, exc.pos)
-        raise SourceError(exc.message, file=file, line=line, column=col,
-                          **{"hint": _HINT, **exc.kw}) from None
+        raise exc.error(text, file, _HINT) from None
     return Document(data, file, pos, keys)
 
 
@@ -124,9 +129,7 @@ def unreadable_at(text: str, file: str, what: str, hint: str) -> SourceError | N
     try:
         _scan(text, lenient=True, what=what)
     except _Located as exc:
-        line, col = _line_col(text, exc.pos)
-        return SourceError(exc.message, file=file, line=line, column=col,
-                           **{"hint": hint, **exc.kw})
+        return exc.error(text, file, hint)
     return None
 
 
