@@ -185,6 +185,11 @@ class PlanError(KvspecError):
     """The layers cannot be planned the way the reference planner plans them."""
 
 
+#: The hint of a check that guards kvspec's own planning: no source should reach it.
+PLANNER_BUG = ("kvspec planned something it cannot lay out: please report it with the "
+               "source and `kvspec --version`")
+
+
 class NotEnoughMemoryError(PlanError):
     """One request at ``max_model_len`` does not fit the memory budget.
 

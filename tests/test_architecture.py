@@ -104,3 +104,38 @@ def test_the_list_of_layer_kinds_exists_once() -> None:
                          and e.value in names}
                 assert len(found) < 3, (f"{path.relative_to(ROOT)}:{node.lineno} lists layer "
                                         f"kinds {sorted(found)}: derive it from kvspec.model.kinds")
+
+
+def _error_classes() -> set[str]:
+    """The names of KvspecError and of every class in kvspec derived from it."""
+    bases: dict[str, set[str]] = {}
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases.setdefault(node.name, set()).update(
+                    b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
+                    for b in node.bases)
+    found = {"KvspecError"}
+    while True:
+        more = {name for name, of in bases.items() if of & found} - found
+        if not more:
+            return found
+        found |= more
+
+
+def test_every_error_kvspec_raises_carries_a_hint() -> None:
+    """Each ``raise SomeKvspecError(...)`` gives ``hint=`` (or passes keywords on):
+    what to do next is part of every message, also of checks no source should reach."""
+    classes = _error_classes() - {"ErrorList"}  # it carries each error with its own hint
+    missing = []
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = node.exc if isinstance(node, ast.Raise) else None
+            if not isinstance(call, ast.Call):
+                continue
+            name = call.func.id if isinstance(call.func, ast.Name) else getattr(
+                call.func, "attr", "")
+            keywords = {k.arg for k in call.keywords}
+            if name in classes and "hint" not in keywords and None not in keywords:
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert len(classes) > 10 and not missing, missing

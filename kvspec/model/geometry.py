@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
 
-from kvspec.errors import PlanError
+from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_B, DIM_L, AxisOrder
 from kvspec.model.dtypes import dtype_size
@@ -78,7 +78,7 @@ def layout_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
         if padded is not None and phys == grid_end - 1:
             current = Affine.max(current, padded)
             if current.a == 0 and current.b % padded:
-                raise PlanError("a padded page does not tile its stride")
+                raise PlanError("a padded page does not tile its stride", hint=PLANNER_BUG)
         pinned = fixed[dim]
         strides[dim] = Affine.of(pinned) if pinned is not None else current
         current = strides[dim] * Affine.of(shape[dim])
@@ -174,7 +174,8 @@ def tensor_geometry(layers: Sequence[str], layer_stride: int, block_stride: int,
     size = dtype_size(dtype)
     c_bytes = shape[3]
     if c_bytes % size or any(s % size for s in byte_strides[1:4]):
-        raise PlanError(f"a {dtype} view does not tile the page's {c_bytes}-byte cells")
+        raise PlanError(f"a {dtype} view does not tile the page's {c_bytes}-byte cells",
+                        hint=PLANNER_BUG)
     bs = (byte_strides[1], byte_strides[2], byte_strides[3], byte_strides[4])
     elem = (bs[0] // size, bs[1] // size, bs[2] // size, 1 if bs[3] == 1 else bs[3])
     view_shape = (shape[0], shape[1], shape[2], c_bytes // size)
@@ -184,6 +185,7 @@ def tensor_geometry(layers: Sequence[str], layer_stride: int, block_stride: int,
     for i, name in enumerate(layers[:2]):  # offset + i * step: aligned iff these two are
         off = offset + i * step
         if off % size:
-            raise PlanError(f"layer {name} starts at byte {off}, not aligned to {dtype}")
+            raise PlanError(f"layer {name} starts at byte {off}, not aligned to {dtype}",
+                            hint=PLANNER_BUG)
     return ViewGeometry(layer=layers[0], dtype=dtype, shape=view_shape, stride=elem,
                         storage_offset=offset // size, byte_stride=bs, byte_offset=offset), step

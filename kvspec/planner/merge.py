@@ -51,4 +51,5 @@ def is_uniform_type(specs: Mapping[str, LayerSpec] | Sequence[LayerSpec]) -> boo
     try:
         return UniformType.is_uniform_type(specs)
     except MergeConflict as exc:
-        raise PlanError(str(exc)) from exc
+        raise PlanError(str(exc), hint="layers that share a group must agree in kind "
+                        "and page shape; give the odd layer its own type") from exc

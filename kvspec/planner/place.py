@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kvspec.errors import PlanError
+from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_B, DIM_H, DIM_L, AxisOrder
 from kvspec.model.engine import Engine
@@ -42,7 +42,7 @@ def bytes_per_block(groups: Sequence[Group]) -> int:
     """Bytes one block costs in the pool: the widest group, aligned."""
     widest = max(g.page_bytes() for g in groups)
     if widest <= 0:
-        raise PlanError("a KV cache group holds no bytes per block")
+        raise PlanError("a KV cache group holds no bytes per block", hint=PLANNER_BUG)
     aligns = [s.block_stride_alignment or 1 for g in groups for s in g.layer_specs()]
     return round_up(widest, math.lcm(*aligns) if aligns else 1)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvspec.errors import PlanError
+from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Group, Plan, Stage
 from kvspec.model.specs import LayerSpec, SlidingWindow, replace
@@ -33,7 +33,9 @@ def _merged_specs(engine: Engine, stage_specs: Sequence[Mapping[str, LayerSpec]]
     for stage in stage_specs:
         for name, spec in stage.items():
             if merged.setdefault(name, spec) != spec:
-                raise PlanError(f"layer {name} has different specs on different ranks")
+                raise PlanError(f"layer {name} has different specs on different ranks",
+                                layer=name, hint="a layer's spec must be the same on every "
+                                "rank that holds it; check the per-stage specs given")
     # Multi-module speculation re-prefills trailing tokens: sliding windows keep them.
     retained = max(0, engine.num_prefill_lookahead_tokens - 1)
     if retained:
@@ -82,6 +84,6 @@ def plan_layers(engine: Engine, stage_specs: Sequence[Mapping[str, LayerSpec]],
     for index, stage in enumerate(stage_specs):
         projected = project_groups(groups, list(stage)) if len(stage_specs) > 1 else groups
         if sum(len(g.layer_names) for g in projected) != len(stage):
-            raise PlanError("some layers are not assigned to any group")
+            raise PlanError("some layers are not assigned to any group", hint=PLANNER_BUG)
         stages.append(plan_stage(engine, index, tuple(stage), projected))
     return Plan(engine, merged, tuple(groups), tuple(stages), tuple(log.entries))

@@ -141,7 +141,8 @@ def blocks_for(layout: Layout, *, memory: int | None = None,
         num_blocks = override
     if num_blocks is None:
         if memory is None:
-            raise PlanError("give num_blocks or a memory budget to size the pool")
+            raise PlanError("give num_blocks or a memory budget to size the pool",
+                            hint="e.g. blocks_for(layout, memory=40 * 2**30)")
         counts = [st.blocks_for(memory) for st in layout.stages if st.bytes_per_block]
         num_blocks = override if override is not None else (min(counts) if counts else 1)
     need = layout.min_num_blocks()

@@ -43,6 +43,12 @@ def group_blocks_per_request(engine: Engine, group: Group) -> int:
     return cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
 
 
+def _unsizable(exc: ValueError) -> PlanError:
+    """A layer's figures refused while sizing a request (a spec made through the
+    Python API; sources are checked before planning)."""
+    return PlanError(str(exc), hint="check the layer's fields against docs/format.md")
+
+
 def memory_usage(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes one request at ``engine.max_model_len`` needs, padding included."""
     if not groups:
@@ -53,7 +59,7 @@ def memory_usage(engine: Engine, groups: Sequence[Group]) -> int:
     try:
         blocks = sum(group_blocks_per_request(engine, g) for g in groups)
     except ValueError as exc:
-        raise PlanError(str(exc)) from exc
+        raise _unsizable(exc) from exc
     return bytes_per_block(groups) * blocks
 
 
@@ -72,7 +78,7 @@ def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: i
             try:
                 return sum(group_blocks_per_request(at, g) for g in groups) <= limit
             except ValueError as exc:
-                raise PlanError(str(exc)) from exc
+                raise _unsizable(exc) from exc
     else:
         def fits(length: int) -> bool:
             return memory_usage(dataclasses.replace(engine, max_model_len=length),

@@ -84,6 +84,17 @@ def md_code(text: Any) -> str:
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
+def md_html(text: Any) -> str:
+    """``text`` with HTML escaped, on one line: kvspec's own prose (a warning,
+    whose names come quoted), where Markdown markup may stay.
+
+    >>> print(md_html("layer '<b>' pads"))
+    layer '&lt;b&gt;' pads
+    """
+    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return s.replace("\n", " ")
+
+
 def md_text(text: Any) -> str:
     """``text`` as Markdown that shows it as written: HTML and the characters
     Markdown reads as markup escaped.
@@ -91,8 +102,7 @@ def md_text(text: Any) -> str:
     >>> print(md_text("<img src=x> *a* [b](c)"))
     &lt;img src=x&gt; \\*a\\* \\[b\\](c)
     """
-    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return re.sub(r"([\\`*_\[\]|#])", r"\\\1", s.replace("\n", " "))
+    return re.sub(r"([\\`*_\[\]|#])", r"\\\1", md_html(text))
 
 
 def md_cell(text: Any) -> str:

@@ -274,7 +274,8 @@ def parse_yaml(text: str, file: str = "<input>") -> Document:
         raise _yaml_error(_python_parser_error(text) or exc, text, file) from None
     except RecursionError:
         raise SourceError(f"the document is nested more than {MAX_DEPTH} levels deep",
-                          file=file, line=1, column=1) from None
+                          file=file, line=1, column=1, hint="a source needs a few levels; "
+                          "check the brackets and indentation") from None
     if node is None:
         raise SourceError("the file is empty", file=file, line=1, column=1,
                           expected="kvspec: 1, name: ..., engine: ..., layers: ...",

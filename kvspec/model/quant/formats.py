@@ -124,7 +124,8 @@ class QuantFormat:
             raise QuantizationError(
                 "per_token_head_scales must be 'in_cell' or 'separate'",
                 expected="'in_cell' (the Triton backend's layout) or 'separate'",
-                found=repr(per_token_head_scales))
+                found=repr(per_token_head_scales),
+                hint="'in_cell' unless the backend keeps the scales in a tensor of their own")
         if self.model_dtypes is not None:
             self.check_model_dtype(kv_cache_dtype, layer.model_dtype)
         dtype = self.dtype_for(kv_cache_dtype, layer.model_dtype)

@@ -45,7 +45,9 @@ def add_hidden_groups(groups: list[Group], hidden: Mapping[str, HiddenState],
                       log: PlanLog) -> list[Group]:
     pages = {g.spec.page_size_bytes for g in groups}
     if len(pages) != 1:
-        raise PlanError("hidden-state caches need one common page size across groups")
+        raise PlanError("hidden-state caches need one common page size across groups",
+                        hint="give the attention layers one page size (block_size, heads, "
+                        "head_size, dtype), or drop the hidden-state layers")
     common = pages.pop()
     need = max(_per_token(s) for s in hidden.values())
     if need > common:

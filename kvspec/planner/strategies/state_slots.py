@@ -101,7 +101,8 @@ def _balanced_state_group_count(engine: Engine, state_names: list[str],
     mla_idx = [layer_index(n) for n in mla_names]
     if None in state_idx or None in mla_idx:
         raise PlanError("layer names need a layer index ('layers.N') under pipeline "
-                        "parallelism")
+                        "parallelism", hint="name layers with {index} (the default "
+                        "layer_name has it), or set parallel.pipeline: 1")
     known = [i for i in state_idx + mla_idx if i is not None]
     total = engine.total_num_hidden_layers or (max(known) + 1)
     for lo, hi in stage_bounds(total, pp, engine.pp_layer_partition):

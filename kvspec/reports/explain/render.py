@@ -15,6 +15,7 @@ from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
     human_bytes,
     md_cell,
+    md_html,
     md_code,
     md_table,
     md_text,
@@ -100,6 +101,7 @@ def environment():
         keep_trailing_newline=True, extensions=["jinja2.ext.do"])
     env.filters.update(bytes=human_bytes, sbytes=short_bytes, pct=pct, table=table,
                        md_table=md_table, code=md_code, md_text=md_text, md_cell=md_cell,
+                       md_html=md_html,
                        wrap=wrap, pages=pages_text, padding=group_padding,
                        num=lambda n: f"{n:,}", arrow=arrow,
                        breakable=breakable, wrap_at=wrap_at)
