@@ -210,9 +210,11 @@ def compile(path: str | Path, *, memory: int | str | None = None) -> Artifact:  
 
     ``memory`` is the budget per rank, in bytes or as a size (``"40GiB"``).
     """
-    return compile_source(read_source(path), str(path), memory=memory)
+    from kvspec.files import shown
+    return compile_source(read_source(path), shown(path), memory=memory)
 
 
 def compile_unit(path: str | Path, *, memory: int | str | None = None,
                  passes: tuple[Pass, ...] = PASSES) -> Unit:
-    return run(Unit(text=read_source(path), file=str(path), memory=_memory(memory)), passes)
+    from kvspec.files import shown
+    return run(Unit(text=read_source(path), file=shown(path), memory=_memory(memory)), passes)

@@ -9,6 +9,9 @@ leaves the old file as it was; a temporary file a killed writer left behind is
 cleaned up by the next write), never go over the input, and never replace a
 file that is not kvspec's own without ``--force``.
 
+An input given as ``-`` is read from stdin (once: every reader of ``-`` in
+one command gets the same text) and named ``<stdin>`` in messages.
+
 Sizes have one strict grammar everywhere (flags, sources, the Python API):
 an integer of bytes, or a number and a unit -- ``KiB MiB GiB TiB PiB`` (powers
 of two), ``KB MB GB TB PB`` (powers of ten), ``B``.
@@ -22,10 +25,11 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 from kvspec.errors import KvspecError, SourceError, UsageError
 
@@ -108,9 +112,48 @@ def _position(data: bytes, at: int) -> tuple[int, int]:
     return data.count(b"\n", 0, at) + 1, len(data[start:at].decode("utf-8", "replace")) + 1
 
 
+#: ``-`` as an input: stdin, named :data:`STDIN_NAME` in messages.
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+_stdin_read: tuple[object, bytes] | None = None  # (the stream, what it held)
+
+
+def is_stdin(path: str | Path | None) -> bool:
+    return path is not None and str(path) == STDIN
+
+
+def shown(path: str | Path) -> str:
+    """How messages name the input ``path`` (``<stdin>`` for ``-``)."""
+    return STDIN_NAME if is_stdin(path) else str(path)
+
+
+def _stdin_bytes() -> bytes:
+    """All of stdin, read once per stream (a command may look at its input twice:
+    ``explain -`` tells a source from an artifact by its text, then reads it)."""
+    global _stdin_read
+    stream = sys.stdin
+    if _stdin_read is not None and _stdin_read[0] is stream:
+        return _stdin_read[1]
+    if stream is None:
+        raise OSError("stdin is closed")
+    buffer = getattr(stream, "buffer", None)
+    data = buffer.read() if buffer is not None else stream.read().encode("utf-8")
+    _stdin_read = (stream, data)
+    return data
+
+
 def read_text(path: str | Path, *, what: str, hint: str | None = None,
               error: type[KvspecError] = SourceError) -> str:
-    """The UTF-8 text of ``path``; ``what`` names the file in messages."""
+    """The UTF-8 text of ``path`` (stdin for ``-``); ``what`` names the file in
+    messages."""
+    if is_stdin(path):
+        try:
+            data = _stdin_bytes()
+        except (OSError, ValueError) as exc:  # closed, or not readable
+            raise error(f"cannot read {what} from stdin: {exc}", file=STDIN_NAME,
+                        hint="pipe the file in (kvspec validate - < model.yaml), or give "
+                        "its path") from None
+        return _decoded(data, STDIN_NAME, what, error)
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -121,12 +164,16 @@ def read_text(path: str | Path, *, what: str, hint: str | None = None,
     except OSError as exc:
         raise error(f"cannot read {what}: {exc.strerror or exc}", file=str(path),
                     hint=hint or "check the path and its permissions") from None
+    return _decoded(data, str(path), what, error)
+
+
+def _decoded(data: bytes, file: str, what: str, error: type[KvspecError]) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line, column = _position(data, exc.start)
         raise error(f"{what} is not UTF-8 text: byte {data[exc.start]:#04x} cannot be "
-                    "decoded", file=str(path), line=line, column=column,
+                    "decoded", file=file, line=line, column=column,
                     hint="save the file as UTF-8") from None
 
 

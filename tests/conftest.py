@@ -42,18 +42,25 @@ def runner():
     return CliRunner()
 
 
-def invoke(args: list[str]) -> tuple[int, str, str]:
-    """Run ``kvspec ARGS`` through ``kvspec.cli.main``: (exit code, stdout, stderr)."""
+def invoke(args: list[str], stdin: str | bytes = b"") -> tuple[int, str, str]:
+    """Run ``kvspec ARGS`` through ``kvspec.cli.main`` with ``stdin`` on its standard
+    input (never the test process's own): (exit code, stdout, stderr)."""
     import contextlib
     import io
+    import sys
 
     from kvspec.cli import main
 
+    data = stdin.encode() if isinstance(stdin, str) else stdin
     out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    code, saved = 0, sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(args)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.stdin = saved
     return code, out.getvalue(), err.getvalue()

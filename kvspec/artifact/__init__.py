@@ -112,10 +112,10 @@ class Artifact:
 
     @classmethod
     def read(cls, path: str | Path) -> Artifact:
-        from kvspec.files import read_text
+        from kvspec.files import read_text, shown
         text = read_text(path, what="an artifact", error=ArtifactError,
                          hint="compile a source with `kvspec compile model.yaml`")
-        return cls.from_text(text, origin=str(path))
+        return cls.from_text(text, origin=shown(path))
 
     # -- writing ------------------------------------------------------------
     def text(self) -> str:

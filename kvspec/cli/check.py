@@ -38,7 +38,7 @@ from kvspec.errors import (
     KvspecError,
     UsageError,
 )
-from kvspec.files import write_atomic
+from kvspec.files import is_stdin, write_atomic
 
 Status = Literal["current", "stale", "missing", "orphaned", "invalid", "fixed"]
 
@@ -111,6 +111,11 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
     pairs: dict[Path, Path | None] = {}
     for raw in paths:
         path = Path(raw)
+        if is_stdin(path):
+            raise UsageError("check takes files, not stdin (-): it compares each source "
+                             "with the artifact beside it", found="-",
+                             hint="give the source's path, or check a piped source with "
+                             "`kvspec validate -`")
         if path.is_dir():
             for source in sorted(p for p in path.iterdir()
                                  if p.is_file() and p.name.endswith(_SOURCE_SUFFIXES)

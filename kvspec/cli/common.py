@@ -70,6 +70,15 @@ def dash_is_stdout(ctx: click.Context, param: click.Parameter, value: Any) -> An
     return None if is_stdout(value) else value
 
 
+def stdin_once(paths: tuple[Path, ...]) -> None:
+    """A usage error when ``-`` (stdin) is given for more than one input."""
+    from kvspec.files import is_stdin
+    if sum(map(is_stdin, paths)) > 1:
+        raise UsageError("- (stdin) is given for more than one input; it can be read once",
+                         found=" ".join(map(str, paths)),
+                         hint="pipe one input in, and give the others as paths")
+
+
 def single_memory(text: str | None, option: str = "--memory") -> int | None:
     """One size; a range (``A..B``) is a usage error here."""
     if text is None:

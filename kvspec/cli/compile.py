@@ -14,8 +14,8 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 @click.command("compile", short_help="Compile a source into a frozen layout artifact.")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Artifact path (default: SOURCE with .kvlayout.json; -: print the "
-              "artifact on stdout, without the summary).")
+              help="Artifact path (default: SOURCE with .kvlayout.json, or stdout when "
+              "SOURCE is -; -: print the artifact on stdout, without the summary).")
 @click.option("--memory", help="Plan the artifact's budget section for this memory per rank.")
 @click.option("--force", is_flag=True,
               help="Overwrite an output file that is not a kvspec artifact.")
@@ -24,15 +24,20 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
             quiet: bool) -> None:
     """Compile SOURCE into a frozen layout artifact and print its summary.
 
+    A SOURCE of - is read from stdin, and the artifact then goes to stdout
+    unless -o names a file.
+
     The summary goes to stdout, warnings and "wrote ..." to stderr. An existing
     output is replaced only when it is a kvspec artifact (or with --force); the
     source itself never is.
     """
     from kvspec.artifact import is_artifact_text
     from kvspec.compiler import compile_unit
-    from kvspec.files import is_stdout, refuse_overwrite
+    from kvspec.files import STDOUT, is_stdin, is_stdout, refuse_overwrite
     from kvspec.reports.summary import summary, summary_warnings
 
+    if output is None and is_stdin(source):  # a filter: stdin to stdout
+        output = Path(STDOUT)
     out = output or default_artifact_path(source)
     if not is_stdout(out):
         refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import EXIT_DIFFER, single_memory
+from kvspec.cli.common import EXIT_DIFFER, single_memory, stdin_once
 from kvspec.errors import EXIT_OK, EXIT_USAGE, KvspecError
 
 
@@ -37,6 +37,7 @@ def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
     1 when they differ, 2 on error."""
     from kvspec.reports.diff import diff, render_diff
 
+    stdin_once((a, b))
     budget = single_memory(memory)
     try:
         result = diff(a, b, memory=budget)

@@ -93,6 +93,11 @@ walk through the commands, see [getting-started.md](getting-started.md).
 * **Layouts** are sources (`X.yaml`, compiled on the fly) or artifacts
   (`X.kvlayout.json`, verified against their hash) wherever a command says LAYOUT;
   a source's artifact lives beside it as `X.kvlayout.json`.
+* **Standard input.** An input given as `-` is read from stdin and named `<stdin>` in
+  messages: `git show HEAD:layouts/m.yaml | kvspec validate -`. Every command that reads
+  a source, an artifact, a dump or a config takes it (`init --from-hf -`), once per
+  command line; `compile -` writes the artifact to stdout unless `-o` names a file.
+  `check` needs files: it compares each source with the artifact beside it.
 * **Files** written with `-o` are written atomically: a reader never sees half a file.
   A command never writes over its own input, and replaces an existing file only with
   `--force` (`compile` also replaces its own earlier artifact). `-o -` writes to stdout;

@@ -25,20 +25,20 @@ from kvspec.errors import (
 def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
     from kvspec.compiler import compile_source
-    from kvspec.files import emit, refuse_overwrite
+    from kvspec.files import emit, refuse_overwrite, shown
     from kvspec.integrations.dump.importer import import_source
     from kvspec.integrations.dump.locate import in_dump
     from kvspec.integrations.dump.read import load_dump
 
     data, raw = load_dump(dump)
-    imported = import_source(data, str(dump), raw)
+    imported = import_source(data, shown(dump), raw)
     model = data.get("model")
     text = imported.text(model if isinstance(model, str) else None)
-    where = dict(file=str(dump), text=raw, dump=data, source=imported.source,
+    where = dict(file=shown(dump), text=raw, dump=data, source=imported.source,
                  first_layer_of_type=imported.first_layer_of_type)
     problem = None
     try:
-        compile_source(text, str(output or dump))  # what we write must compile
+        compile_source(text, shown(output or dump))  # what we write must compile
     except NotEnoughMemoryError as err:  # the model is valid; its budget is too small
         problem = in_dump(err, **where)
     except KvspecError as err:

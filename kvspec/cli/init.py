@@ -29,7 +29,8 @@ def _max_model_len(text: str | None) -> int | str | None:
 def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
     if output is not None:
         return output.name.removesuffix(".yaml").removesuffix(".yml")
-    if config_path.stem != "config":
+    from kvspec.files import is_stdin
+    if config_path.stem != "config" and not is_stdin(config_path):
         return config_path.stem
     name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
     return name.lower() or str(config.get("model_type") or "model")
@@ -37,7 +38,7 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 
 @click.command("init", short_help="Write a layout source from a Hugging Face config.json.")
 @click.option("--from-hf", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The model's Hugging Face config.json.")
+              help="The model's Hugging Face config.json (-: read it from stdin).")
 @click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),
               help="A model directory holding config.json (or the file): build it with "
               "vLLM's own model code on the meta device (needs kvspec[vllm]).")
@@ -89,7 +90,7 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     before committing it.
     """
     from kvspec.cli.common import single_memory
-    from kvspec.files import emit, refuse_overwrite
+    from kvspec.files import emit, is_stdin, refuse_overwrite, shown
     from kvspec.integrations.options import InitOptions
 
     if (config_path is None) == (vllm_model is None):
@@ -104,6 +105,10 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
                              hint="see docs/engine-rules.md") from None
     source = config_path if config_path is not None else vllm_model
     assert source is not None
+    if is_stdin(vllm_model):
+        raise UsageError("--from-vllm takes a model directory, not stdin",
+                         hint="pipe a config.json in with --from-hf -, or give the "
+                         "directory holding it")
     refuse_overwrite(output, force, inputs=(source,))
     config, config_text = {}, None
     if config_path is not None:
@@ -114,7 +119,7 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         model=model_id, tp=tp, pp=pp, max_model_len=_max_model_len(max_model_len),
         memory=single_memory(memory), kv_cache_dtype=kv_cache_dtype,
         dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
-        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=str(source), target=target,
+        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=shown(source), target=target,
         prefix_caching=not no_prefix_caching)
     if vllm_model is not None:
         from kvspec.integrations.vllm.init import init_source as from_vllm

@@ -79,6 +79,7 @@ def _plan_of(path: Path):  # noqa: ANN202 - (plan, budget, error locator)
     """A source's plan, or an artifact's (its max_model_len fixed as compiled)."""
     from kvspec.compiler import PLAN_PASSES, compile_unit, locate
     from kvspec.errors import Location
+    from kvspec.files import shown
     from kvspec.reports.explain import is_artifact_path
 
     if is_artifact_path(path):
@@ -88,7 +89,7 @@ def _plan_of(path: Path):  # noqa: ANN202 - (plan, budget, error locator)
         engine = dataclasses.replace(layout.engine, original_max_model_len=None)
         budget = layout.budget.memory if layout.budget is not None else None
         return dataclasses.replace(layout.plan, engine=engine), budget, \
-            lambda e: e.at(Location(str(path), None, None, e.path))
+            lambda e: e.at(Location(shown(path), None, None, e.path))
     unit = compile_unit(path, passes=PLAN_PASSES)
     assert unit.plan is not None and unit.source is not None
     memory = unit.source.engine.memory

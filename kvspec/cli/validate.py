@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, echo_json, error, note, quiet_option, warn
+from kvspec.cli.common import USAGE, echo_json, error, note, quiet_option, stdin_once, warn
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
@@ -19,29 +19,33 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     """Check SOURCES without writing anything: every source, every problem.
 
+    A SOURCE of - is read from stdin (one at most).
+
     Each source is checked, also after one that fails; the exit code is 1 when
     any has a problem.
     """
     from kvspec.compiler import CHECK_PASSES, compile_unit
+    from kvspec.files import shown
     from kvspec.reports.summary import summary_warnings
 
+    stdin_once(sources)
     results = []
     for source in sources:
+        name = shown(source)
         try:
             unit = compile_unit(source, passes=CHECK_PASSES)
             warnings = summary_warnings(unit.layout) if unit.layout is not None else []
-            results.append({"file": str(source), "ok": True, "errors": [],
-                            "warnings": warnings})
+            results.append({"file": name, "ok": True, "errors": [], "warnings": warnings})
         except KvspecError as err:
-            results.append({"file": str(source), "ok": False, "errors": _errors(err),
+            results.append({"file": name, "ok": False, "errors": _errors(err),
                             "warnings": []})
             if fmt == "text":
                 error(err)
             continue
         if fmt == "text" and not quiet:
-            click.echo(f"{source}: ok")
+            click.echo(f"{name}: ok")
             for w in warnings:
-                warn(f"{source}: {w}")
+                warn(f"{name}: {w}")
     if fmt == "json":
         echo_json(results)
     bad = sum(not r["ok"] for r in results)

@@ -41,9 +41,11 @@ class InitOptions:
     def command_line(self, start: str) -> str:
         """The ``kvspec init`` command that asks for these options; ``start`` is
         ``--from-hf`` or ``--from-vllm``."""
+        from kvspec.files import STDIN, STDIN_NAME
         from kvspec.source.writer import exact_size
 
-        parts = [f"kvspec init {start} {self.config_name}"]
+        config = STDIN if self.config_name == STDIN_NAME else self.config_name
+        parts = [f"kvspec init {start} {config}"]
         memory = exact_size(self.memory) if self.memory is not None else None
         flags: list[tuple[str, Any, Any]] = [
             ("--target", self.target, None), ("--tp", self.tp, 1), ("--pp", self.pp, 1),

@@ -33,9 +33,9 @@ def read_dump(data: dict[str, Any]) -> tuple[Engine, list[dict[str, LayerSpec]]]
 
 def load_dump(path: str | Path) -> tuple[Any, str]:
     """A dump file: its parsed JSON and its text (for error positions)."""
-    from kvspec.files import read_text
+    from kvspec.files import read_text, shown
     from kvspec.integrations.dump.jsontext import read_json
 
     text = read_text(path, what="the dump", hint="give the path of a per-layer spec dump "
                      "(JSON)")
-    return read_json(text, str(path)), text
+    return read_json(text, shown(path)), text

@@ -25,10 +25,10 @@ def read_config(path: str | Path) -> tuple[dict[str, Any], str]:
     """The parsed ``config.json`` at ``path`` and its text; errors at the file.
     It is read as ``json`` (and ``transformers``) read it: NaN and Infinity are
     numbers, and of a key given twice the last counts."""
-    from kvspec.files import read_text
+    from kvspec.files import read_text, shown
     from kvspec.integrations.dump.jsontext import unreadable_at
 
-    file = str(path)
+    file = shown(path)
     text = read_text(path, what="config.json", error=KvspecError, hint=_HINT)
     try:
         data = json.loads(text)

@@ -120,4 +120,4 @@ def verify_path(path: str | Path, *, memory: int | None = None, adapter: Any) ->
     plan = subject.plan if subject.plan is not None else subject.layout.plan
     layout_memory = subject.memory if memory is None else None
     mem, origin = budget(plan, layout_memory, memory)
-    return verify_plan(plan, mem, adapter=adapter, path=str(path), memory_origin=origin)
+    return verify_plan(plan, mem, adapter=adapter, path=subject.path, memory_origin=origin)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kvspec.artifact import Artifact
 from kvspec.errors import KvspecError, NotEnoughMemoryError, PlanError
+from kvspec.files import shown
 from kvspec.model.plan import Layout, Plan
 from kvspec.planner import blocks_for
 
@@ -41,15 +42,17 @@ class Subject:
 
 
 def is_artifact_path(path: str | Path) -> bool:
-    """``*.json`` files are artifacts; so is any other file holding a JSON object
-    with a ``body`` (a YAML source may be a flow mapping, which JSON parsing rejects
-    or which has no ``body``)."""
+    """``*.json`` files are artifacts; so is any other file (or stdin, ``-``)
+    holding a JSON object with a ``body`` (a YAML source may be a flow mapping,
+    which JSON parsing rejects or which has no ``body``)."""
+    from kvspec.files import read_text
+
     path = Path(path)
     if path.suffix == ".json":
         return True
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = read_text(path, what="a layout")
+    except KvspecError:  # the reader of the source says why
         return False
     if not text.lstrip().startswith("{"):
         return False
@@ -70,7 +73,7 @@ def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
             blocks_for(layout, memory=mem)
         except PlanError as err:
             misfit = err
-    return Subject(str(path), "artifact", layout, None, mem, misfit)
+    return Subject(shown(path), "artifact", layout, None, mem, misfit)
 
 
 def _source_subject(path: str | Path, memory: int | None) -> Subject:
@@ -92,7 +95,7 @@ def _source_subject(path: str | Path, memory: int | None) -> Subject:
     assert layout is not None and unit.plan is not None
     if mem is None and layout.budget is not None:  # a fixed block count
         mem = layout.budget.memory
-    return Subject(str(path), "source", layout, unit.plan, mem, misfit)
+    return Subject(shown(path), "source", layout, unit.plan, mem, misfit)
 
 
 def load_subject(path: str | Path, memory: int | None = None) -> Subject:
