@@ -59,6 +59,30 @@ def test_artifact_resizes_for_any_budget() -> None:
         art.num_blocks_for(num_blocks=100)
 
 
+#: Two pipeline stages whose blocks cost differently (stage 1 holds twice the layers).
+UNEVEN_STAGES = """kvspec: 1
+name: uneven
+engine: {block_size: 16, max_model_len: 4096, num_blocks: 400}
+parallel: {pipeline: 2, pipeline_partition: [1, 2]}
+defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
+layer_types:
+  full: {kind: full_attention}
+layers:
+  - {type: full, repeat: 3}
+"""
+
+
+def test_a_fixed_block_count_costs_what_the_costliest_rank_spends() -> None:
+    """With ``num_blocks`` fixed, the budget is what those blocks cost the rank that
+    spends the most (here stage 1), as re-sizing the artifact says too."""
+    layout = compile_source(UNEVEN_STAGES, "uneven.yaml").layout
+    costs = [400 * st.bytes_per_block for st in layout.stages]
+    assert costs[1] == 2 * costs[0]
+    assert layout.budget.memory == costs[1]
+    from kvspec.planner.resolve import resize  # the figure re-sizing gives
+    assert resize(layout, num_blocks=400).memory == layout.budget.memory
+
+
 def test_source_hash_and_determinism() -> None:
     text = LLAMA.read_text()
     a = compile_source(text, "a.yaml")

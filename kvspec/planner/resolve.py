@@ -122,8 +122,9 @@ def resolve(plan: Plan, *, memory: int | None = None, num_blocks: int | None = N
     concurrency = n_min / per_req if per_req else float("inf")
     tokens = int(concurrency * engine.max_model_len) if per_req else 0
     sched, hashed = block_sizes(engine, first.groups)
-    return Resolved(plan, engine, memory if memory is not None else avail[0], n_min,
-                    results, concurrency, tokens, sched, hashed)
+    if memory is None:  # what the fixed block count costs the rank that spends the most
+        memory = max(n_min * st.bytes_per_block + st.fixed_bytes for st in stages)
+    return Resolved(plan, engine, memory, n_min, results, concurrency, tokens, sched, hashed)
 
 
 # ---------------------------------------------------------------------------
