@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from kvspec.compiler import compile_source
 from kvspec.model import kinds
-from kvspec.model.specs import MergeConflict, MergeInvalid, UniformType
+from kvspec.model.specs import MergeConflict, MergeInvalid, UniformType, layer_specs
 from kvspec.model.specs.base import merge_fields
 from kvspec.source.schema import LayerKind
 
@@ -129,3 +129,48 @@ def test_fp8_mla_and_sliding_window_mla_keep_their_quantization() -> None:
             assert s.dtype == "float8_e4m3fn"
             if s.kind == "sliding_window_mla":
                 assert s.alignment == 576
+
+
+SINK_HALF = """kvspec: 1
+name: sink-half
+engine: {block_size: 16, max_model_len: 8192, memory: 2GiB}
+layer_types:
+  t0: {kind: sink_full_attention, num_kv_heads: 1, head_size: 96, sink_len: 4,
+       dtype: float32, tokens_per_state: 1/2}
+layers:
+  - {pattern: [t0], repeat: 6}
+"""
+
+
+def test_sink_layers_with_several_states_per_token_form_one_group() -> None:
+    """The reference's (and vLLM 0.33.0's) ``SinkFullAttentionSpec.merge`` drops
+    ``tokens_per_state``, so its same-spec check fails for identical layers:
+    kvspec merges them (docs/deviations.md, 3)."""
+    layout = compile_source(SINK_HALF, "sink.yaml").layout
+    (group,) = layout.groups
+    assert len(group.layer_names) == 6 and not isinstance(group.spec, UniformType)
+    assert group.spec.tokens_per_state == Fraction(1, 2) and group.spec.sink_len == 4
+
+
+SWA_MLA_HYBRID_OFF = """kvspec: 1
+name: swa-mla-off
+engine: {max_model_len: 32768, hybrid: false, memory: 4GiB}
+defaults: {dtype: float16}
+layer_types:
+  swa: {kind: sliding_window_mla, num_kv_heads: 1, head_size: 576, sliding_window: 4096}
+  mla: {kind: mla, num_kv_heads: 1, head_size: 576}
+layers:
+  - {repeat: 7, pattern: [swa, mla]}
+"""
+
+
+def test_sliding_window_mla_with_the_hybrid_manager_off_is_one_mla_group() -> None:
+    """The reference's promotion copies ``bounded_replay`` into ``MLAAttentionSpec``,
+    which lacks it (a TypeError): kvspec allocates the sliding-window MLA layers as
+    MLA layers, in one group (docs/deviations.md, 6)."""
+    layout = compile_source(SWA_MLA_HYBRID_OFF, "off.yaml").layout
+    (group,) = layout.groups
+    assert len(group.layer_names) == 14
+    assert {s.kind for s in layer_specs(group.spec)} == {"mla"}
+    windows = {s.sliding_window for s in layer_specs(group.spec)}
+    assert windows == {4096}  # the window is kept for compute (a merge keeps the one window)

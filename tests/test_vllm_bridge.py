@@ -223,6 +223,61 @@ def test_layouts_upstream_cannot_hold_are_refused_in_enforce_mode() -> None:
     with pytest.raises(EngineDrift, match="state-slot-layout"):
         exp.check_servable()
     Expectation(_artifact("syn-stride-alignment"), "s", "enforce").check_servable()
+    encoder = compile_source(ENCODER_ONLY, "enc.yaml")
+    with pytest.raises(EngineDrift, match="encoder-only-layers"):
+        Expectation(encoder, "enc", "enforce").check_servable()
+
+
+#: Two encoder-only layers before two decoder layers: the reference plans them pages.
+ENCODER_ONLY = """kvspec: 1
+name: enc
+engine: {block_size: 16, max_model_len: 4096, memory: 1GiB}
+defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
+layer_types:
+  full: {kind: full_attention}
+  enc: {kind: encoder_only}
+layers:
+  - {pattern: [enc], repeat: 2}
+  - {pattern: [full], repeat: 2}
+"""
+
+
+#: A hybrid over two pipeline stages in a block-outer layout: the Mamba layers are packed
+#: into groups, and each stage holds none of some group's layers.
+PACKED_PP = """kvspec: 1
+name: packed
+engine: {block_size: 16, max_model_len: 4096, memory: 2GiB, layout: BLNHC,
+         mamba_cache_mode: align}
+parallel: {pipeline: 2}
+defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
+layer_types:
+  full: {kind: full_attention}
+  m: {kind: mamba, shapes: [[3, 2048], [16, 64, 64]], dtypes: [bfloat16, float32],
+      mamba_type: mamba2, layer_name: "model.layers.{index}.mixer"}
+layers:
+  - {pattern: [full, m, m], repeat: 2}
+"""
+
+
+@pytest.mark.parametrize("source,rules", [
+    (ENCODER_ONLY, {"encoder-only-layers"}),
+    (ENCODER_ONLY.replace("engine: {", "engine: {async_scheduling: true, ")
+     .replace("defaults:", "parallel: {pipeline: 2}\ndefaults:"), {"encoder-only-layers",
+                                                                  "async-pipeline"}),
+    ("""kvspec: 1
+name: ring
+engine: {block_size: 128, max_model_len: 32768, memory: 64MiB, prefix_match_unit: 128}
+layer_types:
+  ring: {kind: circular_buffer, num_kv_heads: 1, head_size: 64, dtype: float16, block_size: 64}
+layers:
+  - {pattern: [ring], repeat: 4}
+""", {"engine-block-size", "prefix-match-unit"}),
+    (PACKED_PP.replace("BLNHC", "LBNHC"), set()),  # layer-outer: no packed group
+    (PACKED_PP, {"pp-packed-group"}),
+])
+def test_rules_apply_to_the_plans_they_describe(source: str, rules: set[str]) -> None:
+    plan = compile_source(source, "r.yaml").layout.plan
+    assert {r.id for r in by_design.applicable(plan)} == rules
 
 
 def test_final_configs_are_checked_against_kvspec_for_the_engine_budget() -> None:

@@ -26,7 +26,15 @@ from functools import cache
 
 from kvspec.model import kinds
 from kvspec.model.plan import Plan
-from kvspec.model.specs import Attention, MambaState, layer_specs
+from kvspec.model.specs import (
+    Attention,
+    FullAttention,
+    MambaState,
+    SlidingWindow,
+    SlidingWindowMLA,
+    UniformType,
+    layer_specs,
+)
 
 #: Fields that follow from the block count and the bytes per block.
 _CAPACITY = ("num_blocks", "stage[*].num_blocks", "pool_bytes_per_block",
@@ -89,12 +97,52 @@ def _dcp_unsharded(plan: Plan) -> bool:
 
 
 def _prefix_match_unit(plan: Plan) -> bool:
-    unit = plan.engine.prefix_match_unit
-    return unit is not None and unit != plan.engine.block_size
+    """A unit other than the block size: the engine's, or (one group) upstream's,
+    the group's own times DCP where it is sharded (see ``engine-block-size``)."""
+    unit, engine = plan.engine.prefix_match_unit, plan.engine
+    if unit is None:
+        return False
+    if len(plan.groups) != 1:
+        return unit != engine.block_size
+    spec = plan.groups[0].spec
+    dcp = engine.decode_context_parallel_size if getattr(spec, "dcp_sharded", False) else 1
+    return unit != engine.block_size or unit != spec.block_size * dcp
 
 
 def _eagle(plan: Plan) -> bool:
     return plan.engine.speculative_method is not None
+
+
+def _sink_states(plan: Plan) -> bool:
+    return _any_spec(lambda s: kinds.of(s).name == "sink_full_attention"
+                     and getattr(s, "tokens_per_state", 1) != 1)(plan)
+
+
+def _lookahead(plan: Plan) -> bool:
+    return plan.engine.num_prefill_lookahead_tokens > 1 and _any_spec(
+        lambda s: isinstance(s, SlidingWindow))(plan)
+
+
+def _swa_mla_promoted(plan: Plan) -> bool:
+    return not plan.engine.hybrid and _any_spec(
+        lambda s: isinstance(s, SlidingWindowMLA))(plan) and _any_spec(
+        lambda s: isinstance(s, FullAttention))(plan)
+
+
+def _async_pipeline(plan: Plan) -> bool:
+    return plan.engine.pipeline_parallel_size > 1 and plan.engine.async_scheduling_resolved
+
+
+def _engine_block_size(plan: Plan) -> bool:
+    return len(plan.groups) == 1 and plan.groups[0].spec.block_size != plan.engine.block_size
+
+
+def _stage_without_uniform_group(plan: Plan) -> bool:
+    """A pipeline stage holds none of the layers of a group that packs specs of
+    several shapes (the reference's UniformTypeKVCacheSpecs)."""
+    packed = {i for i, g in enumerate(plan.groups) if isinstance(g.spec, UniformType)}
+    return len(plan.stages) > 1 and any(
+        not st.groups[i].layer_names for st in plan.stages for i in packed)
 
 
 RULES: tuple[Rule, ...] = (
@@ -139,6 +187,56 @@ RULES: tuple[Rule, ...] = (
          "group for MTP (_annotate_eagle_groups)",
          "flags groups holding layers whose spec has is_draft", ("group[*].is_eagle_group",),
          _eagle),
+    Rule("engine-block-size", "one group whose block size is not engine.block_size",
+         "takes the configured engine block_size x DCP as the scheduler and hash block "
+         "size of a single group (resolve_kv_cache_block_sizes reads "
+         "cache_config.block_size)",
+         "first sets cache_config.block_size to the smallest prefix-cacheable group's "
+         "block size (EngineCore._initialize_kv_caches), so a single group's own block "
+         "size x DCP", ("scheduler_block_size", "hash_block_size"), _engine_block_size),
+    Rule("pp-packed-group", "a pipeline stage without any layer of a packed group",
+         "projects the group to no layers and places tensors for the stage's own layers "
+         "only",
+         "keeps the group's UniformTypeKVCacheSpecs whole when the stage has none of its "
+         "layers (_project_kv_cache_groups_to_worker), and get_kv_cache_config_from_groups "
+         "places tensors for those other stages' layers", ("stage[*].tensor*",),
+         _stage_without_uniform_group),
+    Rule("async-pipeline", "async scheduling with more than one pipeline stage",
+         "counts pipeline stages x 2 batches in flight (docs/concepts.md; no conformance "
+         "case has async scheduling with pipeline stages), so sliding-window and "
+         "chunked-local groups keep more blocks per request",
+         "counts pipeline stages + 1 (Model Runner V2, the default on GPUs) or pipeline "
+         "stages (V1, which does not overlap steps under PP) (VllmConfig."
+         "max_concurrent_batches)", ("group[*].max_memory_usage_bytes",
+                                     "group[*].max_num_blocks_per_req", "max_concurrency",
+                                     "kv_cache_size_tokens", "estimated_max_model_len",
+                                     "max_model_len"), _async_pipeline),
+    Rule("encoder-only-layers", "encoder-only attention layers",
+         "plans encoder-only layers (EncoderOnlyAttentionSpec) into a group of their own, "
+         "with pages in every block", "leaves them out of planning (their "
+         "get_kv_cache_spec is None) and adds their group afterwards, without memory "
+         "(may_add_encoder_only_layers_to_kv_cache_config)", ("*",),
+         _any_spec(lambda s: kinds.of(s).name == "encoder_only")),
+    Rule("sink-tokens-per-state", "sink layers that store other than one state per token",
+         "kvspec plans them as it plans any full-attention layers (docs/deviations.md, 3: "
+         "the reference's SinkFullAttentionSpec.merge drops tokens_per_state, as "
+         "upstream's does)", "cannot merge even identical such layers: the merged spec "
+         "loses tokens_per_state, so its same-spec check fails (AssertionError) or the "
+         "layers are packed as UniformTypeKVCacheSpecs", ("*",), _sink_states),
+    Rule("prefill-lookahead", "prefill_lookahead_tokens above 1",
+         "keeps prefill_lookahead_tokens - 1 more tokens in each sliding window "
+         "(the reference's num_prefill_lookahead_tokens, as the source gives it)",
+         "derives the lookahead from --speculative-config (a multi-module MTP drafter: its "
+         "speculative tokens; another EAGLE-family drafter: 1; none: 0), so verify plans "
+         "with what its stand-in config derives", (
+             "group[*].max_memory_usage_bytes", "group[*].max_num_blocks_per_req",
+             "max_concurrency", "kv_cache_size_tokens", "estimated_max_model_len",
+             "max_model_len"), _lookahead),
+    Rule("swa-mla-hybrid-off", "sliding-window MLA layers with the hybrid manager off",
+         "kvspec allocates them as MLA layers (docs/deviations.md, 6: the reference's "
+         "promotion fails the same way)", "fails to promote them: replace_as copies "
+         "SlidingWindowMLASpec.bounded_replay, which MLAAttentionSpec does not have "
+         "(TypeError in _promote_local_kv_cache_specs)", ("*",), _swa_mla_promoted),
     Rule("tp-replicas", "tensor-parallel replicas of MLA caches",
          "does not record replicas", "sets KVCacheConfig.kv_tp_replicas from "
          "max_tp_shards (MLA layers publish 1); planning is unchanged", (),

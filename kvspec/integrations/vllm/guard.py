@@ -42,7 +42,8 @@ PLAN_NEUTRAL_FIELDS = frozenset({"is_draft", "max_tp_shards"})
 GROUP_FIELDS = ("spec_class", "block_size", "page_size_bytes", "page_size_padded",
                 "sliding_window", "attention_chunk_size")
 #: Rules under which upstream vLLM cannot hold the artifact's placement at all.
-UNSERVABLE = frozenset({"state-slot-layout", "kpool-tail", "drafter-pool"})
+UNSERVABLE = frozenset({"state-slot-layout", "kpool-tail", "drafter-pool",
+                        "encoder-only-layers"})
 
 
 class EngineDrift(RuntimeError):

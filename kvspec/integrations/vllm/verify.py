@@ -64,13 +64,12 @@ def budget(plan: Plan, layout_memory: int | None, memory: int | None) -> tuple[i
         return memory, "--memory"
     if layout_memory is not None:
         return layout_memory, "the layout's budget"
-    st = plan.stages[0]
     need = min_blocks_to_serve(plan.engine, plan.stages)
     override = plan.engine.num_gpu_blocks_override
     if override is not None:
         return max(override, need) * max(s.bytes_per_block for s in plan.stages) + max(
             s.fixed_bytes for s in plan.stages), "the layout's block count"
-    return 2 * need * st.bytes_per_block + st.fixed_bytes, (
+    return max(2 * need * s.bytes_per_block + s.fixed_bytes for s in plan.stages), (
         "none in the layout: twice what one request at max_model_len needs")
 
 
@@ -83,7 +82,7 @@ def kvspec_view(plan: Plan, memory: int) -> dict[str, Any]:
     view = reference_view(plan, resolved)
     for st, worker in zip(plan.stages, view["workers"]):
         worker["pool_bytes_per_block"] = st.bytes_per_block
-        worker["groups"] = [list(g.layer_names) for g in st.groups if g.layer_names]
+        worker["groups"] = [list(g.layer_names) for g in st.groups]  # empty ones too, as vLLM
     return view
 
 

@@ -19,10 +19,17 @@ from typing import Any
 from kvspec.integrations.vllm.v0_33 import specs as vspecs
 from kvspec.integrations.vllm.v0_33.config import planning_config
 
+#: Layers vLLM 0.33.0's model runner leaves out of planning: an encoder-only
+#: attention layer's ``get_kv_cache_spec`` is None, and the runner adds its group
+#: after planning, without memory (``may_add_encoder_only_layers_to_kv_cache_config``).
+UNPLANNED = frozenset({"EncoderOnlyAttentionSpec"})
+
 
 def worker_specs(stages: list[dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One dict of real specs per pipeline stage (its tensor-parallel ranks are alike)."""
-    return [{n: vspecs.materialize(d) for n, d in st.items()} for st in stages]
+    """One dict of real specs per pipeline stage (its tensor-parallel ranks are
+    alike), as vLLM's model runner reports them: without :data:`UNPLANNED` layers."""
+    return [{n: vspecs.materialize(d) for n, d in st.items() if d["class"] not in UNPLANNED}
+            for st in stages]
 
 
 def plan(settings: dict[str, Any], stages: list[dict[str, dict[str, Any]]],
@@ -41,7 +48,7 @@ def plan(settings: dict[str, Any], stages: list[dict[str, dict[str, Any]]],
     try:
         out.update(_run(vc, workers, memory, out))
         out["ok"] = True
-    except (ValueError, NotImplementedError, AssertionError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - vLLM's code refusing (or failing on) the plan
         out["error"] = {"type": type(exc).__name__, "message": str(exc),
                         "stage": out.get("stage", stage)}
     return out
@@ -70,6 +77,9 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
     out["stage"] = "get_kv_cache_configs"
     configs = core.get_kv_cache_configs(vc, workers, [memory] * len(workers), groups)
     result = _settle(vc, configs)
+    # at the max_model_len planning settled on (fitted to memory when it was auto),
+    # as kvspec reports a group's figures
+    out["groups"] = [vspecs.group_view(g, vc) for g in groups]
     for view, pool_bytes in zip(result["workers"], pool):
         view["pool_bytes_per_block"] = pool_bytes
     return result
