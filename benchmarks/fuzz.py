@@ -16,7 +16,11 @@ every core, and print the counts.
 * generated valid sources: compiled (and then: the block-id property at several
   block counts, every invariant, reading back, loading on ``meta`` at the
   smallest block count and larger), refused cleanly, or a violation, per axis
-  order.
+  order;
+* ``--against-vllm N`` (run it with the vLLM venv's python): N more generated
+  sources, each that compiles checked with ``kvspec verify --against vllm``; a
+  difference from vLLM 0.33.0 that no by-design rule explains is a defect, its
+  class the fields that differ.
 
 A defect is a traceback (any exception out of ``kvspec.cli.main``), a
 ``RecursionError``, a ``MemoryError``, a case over ``--time-limit`` seconds, a
@@ -40,6 +44,7 @@ import argparse
 import contextlib
 import hashlib
 import importlib
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -62,7 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.fuzz import generators as g
 
-KINDS = ("source", "dump", "config", "args", "valid")
+KINDS = ("source", "dump", "config", "args", "valid", "vllm")
 
 
 # ---------------------------------------------------------------------------
@@ -93,6 +98,9 @@ def make_case(kind: str, seed: int, i: int) -> tuple[bytes, dict[str, Any]]:
         name, data = rng.choice(seeds)
         out, ops = g.mutate_config(rng, data)
         return out, {"seed_file": name, "ops": ops}
+    if kind == "vllm":   # any family and axis order, as the generator draws them
+        text, meta = g.valid_source(rng)
+        return text.encode("utf-8"), meta
     layout = g.AXIS_ORDERS[i % len(g.AXIS_ORDERS)]
     family = g.FAMILIES[(i // len(g.AXIS_ORDERS)) % len(g.FAMILIES)]
     text, meta = g.valid_source(rng, layout=layout, family=family)
@@ -110,6 +118,8 @@ def command(kind: str, file: str) -> list[str]:
 def judge(kind: str, data: bytes, workdir: str, limit: float) -> g.Outcome:
     if kind == "valid":
         return g.check_valid(data.decode("utf-8"), "fuzz.yaml", seconds=limit)
+    if kind == "vllm":
+        return g.check_against_vllm(data.decode("utf-8"), workdir, seconds=max(limit, 60))
     if kind == "args":
         return g.check_args(data.decode("utf-8", "surrogatepass").split("\0"), workdir,
                             seconds=limit)
@@ -128,7 +138,7 @@ def judge(kind: str, data: bytes, workdir: str, limit: float) -> g.Outcome:
 
 
 def _still(kind: str, data: bytes, signature: str, workdir: str, limit: float) -> bool:
-    if kind == "valid":
+    if kind in ("valid", "vllm"):
         try:
             data.decode("utf-8")
         except UnicodeDecodeError:
@@ -257,6 +267,7 @@ def worker(wid: int, tasks: Any, results: Any, limit: float, memory: int) -> Non
 def _summary(out: g.Outcome, meta: dict[str, Any], raw: bytes | None) -> dict[str, Any]:
     return {"status": out.status, "defects": out.defects, "signatures": out.signatures,
             "details": out.details, "meta": meta, "raw": raw, "messages": out.messages,
+            "exit_code": out.exit_code,
             "no_pos": out.messages_without_position,
             "no_hint": out.messages_without_hint}
 
@@ -367,6 +378,8 @@ class Tally:
             self.slow.append((kind, i, r["slow_under_load"], r["meta"]))
         for cat in dict.fromkeys(_group(d) for d in r["defects"]):
             self.defects[kind][cat] += 1
+        if kind == "vllm" and r["status"] == "ok":
+            c["agree" if r.get("exit_code") == 0 else "by design only"] += 1
         if kind == "valid":
             meta = r["meta"]
             for key, table in ((meta.get("layout"), self.by_layout),
@@ -394,7 +407,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool = Pool(args.jobs, args.time_limit, args.memory_limit << 20)
     tally = Tally()
     plan = [("source", args.sources), ("dump", args.dumps), ("config", args.configs),
-            ("args", args.args), ("valid", args.valid)]
+            ("args", args.args), ("valid", args.valid), ("vllm", args.against_vllm)]
     t0 = time.time()
     phase_time = {}
     results: dict[tuple[str, int], dict[str, Any]] = {}
@@ -532,6 +545,19 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
                 out.append("")
         out.append("  (refused: clean KvspecError; msg: refusals whose message is below the "
                    "bar; a case may count in several columns)")
+    c = t.counts["vllm"]
+    if c["tried"]:
+        out.append("")
+        out.append("generated sources against vLLM 0.33.0 (kvspec verify --against vllm)")
+        out.append(f"{'':10}{'tried':>7}{'compiled':>9}{'agree':>7}{'by design':>10}"
+                   f"{'unexplained':>12}{'failed':>7}")
+        d = t.defects["vllm"]
+        compiled = c["tried"] - c["clean"]
+        out.append(f"{'all':10}{c['tried']:>7}{compiled:>9}{c['agree']:>7}"
+                   f"{c['by design only']:>10}{d['unexplained difference']:>12}"
+                   f"{c['defect'] - d['unexplained difference']:>7}")
+        out.append("  (by design: every difference is one docs/vllm.md's table explains; "
+                   "failed: the command did not run to a verdict)")
     out.append("")
     if t.slow:
         out.append(f"over {args.time_limit:g} s while every core was busy, in time when run "
@@ -580,6 +606,7 @@ def save(result: dict[str, Any], args: argparse.Namespace, text: str) -> None:
                "config": "kvspec " + " ".join(g.init_args(str(path), data)),
                "args": "kvspec " + shlex.join(data.decode("utf-8", "surrogatepass").split(
                    "\0")) + " (in a directory holding tests/fuzz/generators.py's CLI_FILES)",
+               "vllm": f"kvspec verify {path} --against vllm (in the vLLM venv)",
                "valid": f"python -c \"import kvspec; a = kvspec.compile('{path}'); "
                         "from kvspec.artifact.invariants import check_artifact; "
                         "print(check_artifact(a)); kvspec.load(a, device='meta', "
@@ -609,6 +636,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="mutated Hugging Face configs (kvspec init)")
     p.add_argument("--args", type=int, default=5000, help="command lines")
     p.add_argument("--valid", type=int, default=12000, help="generated valid sources")
+    p.add_argument("--against-vllm", type=int, default=0, metavar="N",
+                   help="generated sources checked with verify --against vllm (needs vLLM)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", default="/tmp/kvspec-fuzz", help="where reproducers go")
@@ -620,6 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--progress", type=int, default=2000, help="report every N cases")
     args = p.parse_args(argv)
     os.chdir(ROOT)
+    if args.against_vllm and importlib.util.find_spec("vllm") is None:
+        print("vLLM is not importable here: --against-vllm skipped (run this with the vLLM "
+              "venv's python, see docs/vllm.md)", file=sys.stderr)
+        args.against_vllm = 0
     result = run(args)
     text = report(result, args)
     save(result, args, text)

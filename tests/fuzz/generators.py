@@ -28,6 +28,10 @@ bar) or ``defect`` with a category. The bar for a refusal: exit 1 or 2, no
 a position in the input (a YAML or JSON syntax error, a byte that is not UTF-8, or
 an ``at:`` path that names a node of the input) and ``FILE: error:`` otherwise,
 and carries a ``hint:`` line (how to put it right).
+
+Where vLLM 0.33.0 is installed, :func:`check_against_vllm` is a differential
+oracle: a generated source that compiles is checked with ``kvspec verify
+--against vllm``, and any difference no by-design rule explains is a defect.
 """
 
 from __future__ import annotations
@@ -1311,6 +1315,47 @@ def check_valid(text: str, file: str = "fuzz.yaml", *, load: bool | None = None,
     except (Exception, CaseTimeout) as exc:  # noqa: BLE001
         category, sig = _crash_signature(exc)
         out.add(category, f"{type(exc).__name__}: {str(exc)[:160]}", sig)
+    return out
+
+
+def check_against_vllm(text: str, workdir: str, *, seconds: float = 60.0) -> Outcome:
+    """``kvspec verify --against vllm`` of a generated source that compiles (one
+    that does not is ``clean``: vLLM is not asked). ``ok`` when the plans agree
+    (``exit_code`` 0) or differ only by design (1); a defect when the command
+    fails (a traceback, an exit code other than 0 and 1) or a difference has no
+    by-design rule: its class is the differing fields, indices as ``[*]``, and
+    for a refusal the error's type."""
+    import os
+
+    from kvspec.compiler import compile_source
+    from kvspec.errors import KvspecError
+
+    try:
+        compile_source(text, "fuzz.yaml")
+    except KvspecError:
+        return Outcome("clean")
+    path = os.path.join(workdir, "case.yaml")
+    Path(path).write_text(text, encoding="utf-8")
+    args = ["verify", path, "--against", "vllm", "--format", "json"]
+
+    def judge(o: Outcome, stderr: str) -> None:   # exit 1 or 2 (run_cli judges others)
+        if o.exit_code == 1:   # the plans differ: the JSON says whether by design
+            o.status = "ok"
+        else:
+            first = stderr.strip().splitlines()[0] if stderr.strip() else ""
+            o.add("cannot verify", first[:160], re.sub(r"\d+", "N", first.split(": ", 1)[-1])[:80])
+
+    out = run_cli(args, judge, seconds=seconds)
+    if out.status == "defect" or out.exit_code is None:
+        return out
+    rows = [d for d in json.loads(out.stdout)["differences"] if d["status"] != "by design"]
+    fields = sorted({re.sub(r"\[\d+\]", "[*]", d["field"]) + (
+        f" ({str(d['vllm']).split(':')[0].removeprefix('refused (')})"
+        if d["field"] == "outcome" else "") for d in rows})
+    if fields:
+        out.add("unexplained difference", "; ".join(
+            f"{d['field']}: kvspec {str(d['kvspec'])[:60]}, vLLM {str(d['vllm'])[:60]}"
+            for d in rows[:3]), " | ".join(fields[:6]))
     return out
 
 
