@@ -23,6 +23,7 @@ from kvspec.model import kinds
 from kvspec.model.specs import MergeConflict, MergeInvalid, UniformType, layer_specs
 from kvspec.model.specs.base import merge_fields
 from kvspec.source.schema import LayerKind
+from tests.conftest import ROOT
 
 DECLARABLE = [k for k in kinds.KINDS if k.spec is not UniformType]
 
@@ -131,15 +132,7 @@ def test_fp8_mla_and_sliding_window_mla_keep_their_quantization() -> None:
                 assert s.alignment == 576
 
 
-SINK_HALF = """kvspec: 1
-name: sink-half
-engine: {block_size: 16, max_model_len: 8192, memory: 2GiB}
-layer_types:
-  t0: {kind: sink_full_attention, num_kv_heads: 1, head_size: 96, sink_len: 4,
-       dtype: float32, tokens_per_state: 1/2}
-layers:
-  - {pattern: [t0], repeat: 6}
-"""
+SINK_HALF = (ROOT / "tests" / "data" / "vllm" / "sink-half.yaml").read_text()
 
 
 def test_sink_layers_with_several_states_per_token_form_one_group() -> None:
@@ -152,16 +145,8 @@ def test_sink_layers_with_several_states_per_token_form_one_group() -> None:
     assert group.spec.tokens_per_state == Fraction(1, 2) and group.spec.sink_len == 4
 
 
-SWA_MLA_HYBRID_OFF = """kvspec: 1
-name: swa-mla-off
-engine: {max_model_len: 32768, hybrid: false, memory: 4GiB}
-defaults: {dtype: float16}
-layer_types:
-  swa: {kind: sliding_window_mla, num_kv_heads: 1, head_size: 576, sliding_window: 4096}
-  mla: {kind: mla, num_kv_heads: 1, head_size: 576}
-layers:
-  - {repeat: 7, pattern: [swa, mla]}
-"""
+SWA_MLA_HYBRID_OFF = (ROOT / "tests" / "data" / "vllm" / "swa-mla-hybrid-off.yaml"
+                      ).read_text()
 
 
 def test_sliding_window_mla_with_the_hybrid_manager_off_is_one_mla_group() -> None:

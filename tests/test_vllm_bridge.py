@@ -228,35 +228,14 @@ def test_layouts_upstream_cannot_hold_are_refused_in_enforce_mode() -> None:
         Expectation(encoder, "enc", "enforce").check_servable()
 
 
-#: Two encoder-only layers before two decoder layers: the reference plans them pages.
-ENCODER_ONLY = """kvspec: 1
-name: enc
-engine: {block_size: 16, max_model_len: 4096, memory: 1GiB}
-defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
-layer_types:
-  full: {kind: full_attention}
-  enc: {kind: encoder_only}
-layers:
-  - {pattern: [enc], repeat: 2}
-  - {pattern: [full], repeat: 2}
-"""
+#: Sources of tests/data/vllm (tests/data/vllm/README.md).
+SOURCES = ROOT / "tests" / "data" / "vllm"
+ENCODER_ONLY = (SOURCES / "encoder-only.yaml").read_text()
 
 
 #: A hybrid over two pipeline stages in a block-outer layout: the Mamba layers are packed
 #: into groups, and each stage holds none of some group's layers.
-PACKED_PP = """kvspec: 1
-name: packed
-engine: {block_size: 16, max_model_len: 4096, memory: 2GiB, layout: BLNHC,
-         mamba_cache_mode: align}
-parallel: {pipeline: 2}
-defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
-layer_types:
-  full: {kind: full_attention}
-  m: {kind: mamba, shapes: [[3, 2048], [16, 64, 64]], dtypes: [bfloat16, float32],
-      mamba_type: mamba2, layer_name: "model.layers.{index}.mixer"}
-layers:
-  - {pattern: [full, m, m], repeat: 2}
-"""
+PACKED_PP = (SOURCES / "packed-pp.yaml").read_text()
 
 
 @pytest.mark.parametrize("source,rules", [
@@ -264,14 +243,7 @@ layers:
     (ENCODER_ONLY.replace("engine: {", "engine: {async_scheduling: true, ")
      .replace("defaults:", "parallel: {pipeline: 2}\ndefaults:"), {"encoder-only-layers",
                                                                   "async-pipeline"}),
-    ("""kvspec: 1
-name: ring
-engine: {block_size: 128, max_model_len: 32768, memory: 64MiB, prefix_match_unit: 128}
-layer_types:
-  ring: {kind: circular_buffer, num_kv_heads: 1, head_size: 64, dtype: float16, block_size: 64}
-layers:
-  - {pattern: [ring], repeat: 4}
-""", {"engine-block-size", "prefix-match-unit"}),
+    ((SOURCES / "ring-unit.yaml").read_text(), {"engine-block-size", "prefix-match-unit"}),
     (PACKED_PP.replace("BLNHC", "LBNHC"), set()),  # layer-outer: no packed group
     (PACKED_PP, {"pp-packed-group"}),
 ])
