@@ -125,9 +125,9 @@ def block_overlaps(layout: Layout, st: Stage, blocks: int, limit: int = 20) -> l
 
 def _accounting(layout: Layout) -> list[str]:
     problems = []
-    if layout.budget is not None and layout.engine.num_gpu_blocks_override is None:
+    if layout.budget is not None:  # a fixed block count's budget is what it costs too
         for st in layout.stages:
-            used = st.bytes_per_block * layout.budget.num_blocks + st.fixed_bytes
+            used = st.memory_for(layout.budget.num_blocks)
             if used > layout.budget.memory:
                 problems.append(f"stage {st.index}: {used} bytes allocated for a budget of "
                                 f"{layout.budget.memory}")

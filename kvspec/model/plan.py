@@ -114,6 +114,11 @@ class Stage:
             return 1
         return (memory - self.fixed_bytes) // self.bytes_per_block
 
+    def memory_for(self, num_blocks: int) -> int:
+        """What ``num_blocks`` blocks cost one rank of this stage (the inverse of
+        :meth:`blocks_for`): the pool, and a drafter's own."""
+        return num_blocks * self.bytes_per_block + self.fixed_bytes
+
     @property
     def main_groups(self) -> tuple[Group, ...]:
         """Groups drawing from the main pool (not a drafter's own)."""

@@ -123,7 +123,7 @@ def resolve(plan: Plan, *, memory: int | None = None, num_blocks: int | None = N
     tokens = int(concurrency * engine.max_model_len) if per_req else 0
     sched, hashed = block_sizes(engine, first.groups)
     if memory is None:  # what the fixed block count costs the rank that spends the most
-        memory = max(n_min * st.bytes_per_block + st.fixed_bytes for st in stages)
+        memory = max(st.memory_for(n_min) for st in stages)
     return Resolved(plan, engine, memory, n_min, results, concurrency, tokens, sched, hashed)
 
 
@@ -165,8 +165,7 @@ def resize(layout: Layout, *, memory: int | None = None,
     st0 = layout.stage(0)
     per_req = blocks_per_request(engine, st0.groups)
     conc = n / per_req if per_req else float("inf")
-    spent = memory if memory is not None else max(
-        n * st.bytes_per_block + st.fixed_bytes for st in layout.stages)
+    spent = memory if memory is not None else max(st.memory_for(n) for st in layout.stages)
     est = min((estimate_max_model_len(engine, st.groups, spent - st.bytes_per_block)
                for st in layout.stages if st.groups), default=0)
     return Budget(spent, n, conc, int(conc * engine.max_model_len) if per_req else 0,

@@ -67,9 +67,9 @@ def budget(plan: Plan, layout_memory: int | None, memory: int | None) -> tuple[i
     need = min_blocks_to_serve(plan.engine, plan.stages)
     override = plan.engine.num_gpu_blocks_override
     if override is not None:
-        return max(override, need) * max(s.bytes_per_block for s in plan.stages) + max(
-            s.fixed_bytes for s in plan.stages), "the layout's block count"
-    return max(2 * need * s.bytes_per_block + s.fixed_bytes for s in plan.stages), (
+        return max(s.memory_for(max(override, need)) for s in plan.stages), \
+            "the layout's block count"
+    return max(s.memory_for(2 * need) for s in plan.stages), (
         "none in the layout: twice what one request at max_model_len needs")
 
 

@@ -61,7 +61,7 @@ def capacity(subject: Subject, memory: int) -> Capacity:
 def min_memory(layout: Layout) -> int:
     """The smallest per-rank budget that serves one request at ``max_model_len``:
     the planner's fewest blocks, and a drafter's fixed pool, on the costliest stage."""
-    return max(fig.min_num_blocks * st.bytes_per_block + st.fixed_bytes
+    return max(st.memory_for(fig.min_num_blocks)
                for st, fig in zip(layout.stages, layout.stage_figures))
 
 

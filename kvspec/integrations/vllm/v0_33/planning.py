@@ -64,7 +64,6 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
     register_all_kvcache_specs(vc)
     out["stage"] = "get_global_kv_cache_groups"
     groups = core.get_global_kv_cache_groups(vc, workers)
-    out["groups"] = [vspecs.group_view(g, vc) for g in groups]
     builder = get_kv_cache_config_builder(vc)
     out["builder"] = f"{type(builder).__module__}.{type(builder).__qualname__}"
     projected = [P._project_kv_cache_groups_to_worker(groups, w) for w in workers]
