@@ -169,6 +169,44 @@ def test_differences_a_rule_explains_are_marked_by_design() -> None:
     assert rows[0].status == "differs"  # num_blocks is not what mode 'all' changes
 
 
+def test_a_rule_upstream_refuses_by_explains_only_that_refusal() -> None:
+    """prefix-match-unit is upstream refusing (ValueError): where upstream plans, a
+    difference is not its to explain; a refusal of another type is not either."""
+    plan = compile_source((SOURCES / "encoder-unit.yaml").read_text()
+                          .replace("  enc: {kind: encoder_only}\n", "")
+                          .replace("  - {pattern: [enc], repeat: 2}\n", ""), "u.yaml").layout.plan
+    assert {r.id for r in by_design.applicable(plan)} == {"prefix-match-unit"}
+
+    def more_blocks(view):
+        view["num_blocks"] += 1
+
+    rows = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, more_blocks)).rows
+    assert [(r.field, r.status) for r in rows] == [("num_blocks", "differs")]
+
+    def refuse(kind):
+        def edit(view):
+            view.clear()
+            view.update(ok=False, error={"type": kind, "message": "no"})
+        return edit
+
+    verdict = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, refuse("ValueError")))
+    assert verdict.by_design_only and verdict.rules_used[0].id == "prefix-match-unit"
+    rows = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, refuse("ZeroDivisionError"))).rows
+    assert [(r.field, r.status) for r in rows] == [("outcome", "differs")]
+
+
+def test_a_difference_is_credited_to_the_rule_that_names_its_field() -> None:
+    """A rule that explains every field (encoder-only-layers) credits only what no
+    rule naming the field explains; a refusal rule credits no planned field."""
+    rules = tuple(by_design.by_id(i) for i in ("prefix-match-unit", "encoder-only-layers",
+                                                 "pp-packed-group"))
+    assert by_design.explaining("stage[1].tensor[0].layers", rules).id == "pp-packed-group"
+    assert by_design.explaining("num_groups", rules).id == "encoder-only-layers"
+    assert by_design.explaining("outcome", rules, "ValueError").id == "prefix-match-unit"
+    assert by_design.explaining("outcome", rules, "TypeError").id == "encoder-only-layers"
+    assert by_design.explaining("num_groups", rules[:1]) is None
+
+
 def test_one_side_refusing_is_an_outcome_difference() -> None:
     rows = compare({"ok": True}, {"ok": False, "error": {"type": "ValueError",
                                                            "message": "too small"}})

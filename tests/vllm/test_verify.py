@@ -79,6 +79,8 @@ REGRESSIONS = {
     "lookahead": {"prefill-lookahead"},
     "swa-mla-hybrid-off": {"swa-mla-hybrid-off"},
     "sink-half": {"sink-tokens-per-state"},
+    "encoder-unit": {"encoder-only-layers"},
+    "packed-pp-unit": {"pp-packed-group"},
 }
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "vllm"
 

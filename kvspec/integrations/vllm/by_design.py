@@ -9,7 +9,9 @@ test keeps the two in step).
 
 Each rule says when it applies to a plan and which compared fields it
 explains (patterns of :mod:`.compare`'s field names: ``[*]`` any index, ``*``
-anything).
+anything). A rule whose upstream behaviour is a refusal explains the
+``outcome`` only, and only a refusal of the types it names: a plan upstream
+does plan, or refuses for another reason, is not its to explain.
 
 >>> [r.id for r in RULES][:3]
 ['state-slot-layout', 'kpool-tail', 'drafter-pool']
@@ -55,8 +57,20 @@ class Rule:
     #: Compared fields it explains (patterns); empty: none are compared.
     fields: tuple[str, ...]
     applies: Callable[[Plan], bool]
+    #: The exception types of upstream's refusals it explains (the ``outcome``
+    #: field); empty: a refusal of any type its fields cover.
+    refusals: tuple[str, ...] = ()
 
-    def explains(self, field: str) -> bool:
+    @property
+    def everything(self) -> bool:
+        """It explains every field (its upstream plans differently throughout)."""
+        return self.fields == ("*",)
+
+    def explains(self, field: str, refusal: str | None = None) -> bool:
+        """Whether it explains a difference in ``field``; ``refusal``: the type of
+        upstream's refusal, for the ``outcome`` field."""
+        if field == "outcome" and self.refusals and refusal not in self.refusals:
+            return False
         return any(_pattern(p).fullmatch(field) for p in self.fields)
 
 
@@ -155,7 +169,8 @@ RULES: tuple[Rule, ...] = (
     Rule("kpool-tail", "kpool indexer tail ring (KpoolTailSpec)",
          "keeps a one-block ring of a kpool indexer's raw tail, aliasing its indexer's page",
          "has no KpoolTailSpec (its nearest relative, CircularBufferSpec, is not aliased)",
-         ("*",), _any_spec(lambda s: kinds.of(s).name == "kpool_tail")),
+         ("outcome",), _any_spec(lambda s: kinds.of(s).name == "kpool_tail"),
+         refusals=("NotUpstream",)),
     Rule("drafter-pool", "a drafter's own pool (DraftSlidingWindowSpec)",
          "gives GLM-5-Next drafter layers a fixed pool of their own "
          "(VLLM_GLM5NEXT_DRAFT_POOL*, KVCacheConfig.draft_num_blocks)",
@@ -181,7 +196,8 @@ RULES: tuple[Rule, ...] = (
     Rule("prefix-match-unit", "prefix_match_unit other than the block size",
          "ignores prefix_match_unit when planning",
          "refuses a prefix_match_unit other than the block size for one group with "
-         "prefix caching (ValueError)", ("*",), _prefix_match_unit),
+         "prefix caching (ValueError)", ("outcome",), _prefix_match_unit,
+         refusals=("ValueError",)),
     Rule("eagle-groups", "which group is the drafter's",
          "flags groups with non_causal_multi_token_decode layers, or the last layer's "
          "group for MTP (_annotate_eagle_groups)",
@@ -236,7 +252,8 @@ RULES: tuple[Rule, ...] = (
          "kvspec allocates them as MLA layers (docs/deviations.md, 6: the reference's "
          "promotion fails the same way)", "fails to promote them: replace_as copies "
          "SlidingWindowMLASpec.bounded_replay, which MLAAttentionSpec does not have "
-         "(TypeError in _promote_local_kv_cache_specs)", ("*",), _swa_mla_promoted),
+         "(TypeError in _promote_local_kv_cache_specs)", ("outcome",), _swa_mla_promoted,
+         refusals=("TypeError",)),
     Rule("tp-replicas", "tensor-parallel replicas of MLA caches",
          "does not record replicas", "sets KVCacheConfig.kv_tp_replicas from "
          "max_tp_shards (MLA layers publish 1); planning is unchanged", (),
@@ -255,14 +272,41 @@ def applicable(plan: Plan) -> tuple[Rule, ...]:
     return tuple(r for r in RULES if r.applies(plan))
 
 
-def explaining(field: str, rules: tuple[Rule, ...]) -> Rule | None:
-    """The first of ``rules`` that explains a difference in ``field``."""
-    return next((r for r in rules if r.explains(field)), None)
+def explaining(field: str, rules: tuple[Rule, ...], refusal: str | None = None
+               ) -> Rule | None:
+    """The rule of ``rules`` that explains a difference in ``field`` (``refusal``:
+    the type of upstream's refusal, for ``outcome``): the first that names the
+    field, else the first that explains every field (``*``), so a difference is
+    credited to the rule whose mechanism it is.
+
+    >>> rules = (by_id("encoder-only-layers"), by_id("pp-packed-group"),
+    ...          by_id("prefix-match-unit"))
+    >>> explaining("stage[1].tensor[0].layers", rules).id
+    'pp-packed-group'
+    >>> explaining("outcome", rules, "ValueError").id
+    'prefix-match-unit'
+    >>> explaining("outcome", rules, "ZeroDivisionError").id
+    'encoder-only-layers'
+    >>> explaining("num_blocks", rules[1:]) is None
+    True
+    """
+    named = next((r for r in rules if not r.everything and r.explains(field, refusal)), None)
+    return named or next((r for r in rules if r.everything), None)
+
+
+def _scope(rule: Rule) -> str:
+    """What a rule explains, for the table."""
+    if rule.everything:
+        return "every field no rule naming it explains"
+    if rule.refusals:
+        return "vLLM's refusal (" + ", ".join(rule.refusals) + ")"
+    return ", ".join(f"`{f}`" for f in rule.fields) or "nothing compared"
 
 
 def markdown_table() -> str:
     """The table docs/vllm.md shows (a test checks the page holds it)."""
-    lines = ["| rule | what | the reference (and kvspec) | upstream vLLM 0.33.0 |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| `{r.id}` | {r.title} | {r.reference} | {r.upstream} |" for r in RULES]
+    lines = ["| rule | what | the reference (and kvspec) | upstream vLLM 0.33.0 | explains |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| `{r.id}` | {r.title} | {r.reference} | {r.upstream} | {_scope(r)} |"
+              for r in RULES]
     return "\n".join(lines)

@@ -61,9 +61,9 @@ class _Rows:
         self.rules = rules
         self.rows: list[Row] = []
 
-    def check(self, field: str, a: Any, b: Any) -> None:
+    def check(self, field: str, a: Any, b: Any, refusal: str | None = None) -> None:
         if not _same(field, a, b):
-            self.rows.append(Row(field, a, b, explaining(field, self.rules)))
+            self.rows.append(Row(field, a, b, explaining(field, self.rules, refusal)))
 
 
 def compare(kv: dict[str, Any], vl: dict[str, Any], rules: tuple[Rule, ...] = (),
@@ -97,7 +97,9 @@ def compare(kv: dict[str, Any], vl: dict[str, Any], rules: tuple[Rule, ...] = ()
 def _outcomes(out: _Rows, kv: dict[str, Any], vl: dict[str, Any]) -> None:
     a, b = kv.get("ok") is not False, vl.get("ok") is not False
     if a != b:
-        out.check("outcome", "planned" if a else _error(kv), "planned" if b else _error(vl))
+        refusal = None if b else str((vl.get("error") or {}).get("type", "error"))
+        out.check("outcome", "planned" if a else _error(kv), "planned" if b else _error(vl),
+                  refusal)
     elif not a:
         out.check("estimated_max_model_len", kv.get("estimated_max_model_len"),
                   vl.get("estimated_max_model_len"))

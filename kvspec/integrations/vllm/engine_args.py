@@ -169,7 +169,7 @@ def _no_flag(artifact: Artifact) -> list[tuple[str, str]]:
     if engine.max_num_encoder_input_tokens is not None:
         out.append(("max_num_encoder_input_tokens", "vLLM derives it from the model's encoder"))
     out += [(f"by design: {r.id}", f"{r.title}: vLLM {TARGET} {r.upstream}")
-            for r in applicable(layout.plan) if r.fields == ("*",)]
+            for r in applicable(layout.plan) if r.everything or r.refusals]
     return out
 
 
