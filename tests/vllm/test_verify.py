@@ -81,6 +81,7 @@ REGRESSIONS = {
     "sink-half": {"sink-tokens-per-state"},
     "encoder-unit": {"encoder-only-layers"},
     "packed-pp-unit": {"pp-packed-group"},
+    "encoder-all": {"encoder-only-layers"},
 }
 SOURCES = Path(__file__).resolve().parents[1] / "data" / "vllm"
 
@@ -96,6 +97,15 @@ def _agrees_or_by_design(path: Path, rules: set[str]) -> None:
 @pytest.mark.parametrize("name", REGRESSIONS)
 def test_sources_beyond_the_cases_agree_or_differ_by_design(name: str) -> None:
     _agrees_or_by_design(SOURCES / f"{name}.yaml", REGRESSIONS[name])
+
+
+def test_an_attention_free_model_is_planned_as_the_engine_core_plans_it() -> None:
+    """No layer left to plan (encoder-only layers only): the engine core gives such a
+    model no memory and asks no capacity of it, so vLLM plans it, without groups."""
+    code, result = _verify(SOURCES / "encoder-all.yaml")
+    fields = {d["field"] for d in result["differences"]}
+    assert "outcome" not in fields and "num_groups" in fields, result["differences"][:3]
+    assert result["by_design_only"] and code == 1
 
 
 def _generated(count: int, seed: int = 20261201) -> list[tuple[int, str]]:

@@ -74,7 +74,9 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
         P._estimate_max_model_len_from_groups(builder, vc, g, memory - b)
         for g, b in zip(projected, pool) if g) if any(projected) else None
     out["stage"] = "get_kv_cache_configs"
-    configs = core.get_kv_cache_configs(vc, workers, [memory] * len(workers), groups)
+    # as the engine core: an attention-free model (no layer planned) gets no memory
+    available = [memory if any(workers) else 0] * len(workers)
+    configs = core.get_kv_cache_configs(vc, workers, available, groups)
     result = _settle(vc, configs)
     # at the max_model_len planning settled on (fitted to memory when it was auto),
     # as kvspec reports a group's figures
@@ -104,7 +106,10 @@ def _settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
         "scheduler_block_size": sbs,
         "hash_block_size": hbs,
         "engine_block_size": vc.cache_config.block_size,
-        "max_concurrency": U.get_max_concurrency_for_kv_cache_config(vc, sched),
+        # the engine core asks only of a model with layers planned (attention-free
+        # models have no groups, and the call divides by their blocks per request)
+        "max_concurrency": U.get_max_concurrency_for_kv_cache_config(vc, sched)
+        if kgs else None,
         "kv_cache_size_tokens": vc.cache_config.kv_cache_size_tokens,
         "max_model_len": vc.model_config.max_model_len,
         "kv_tp_replicas": configs[0].kv_tp_replicas,
