@@ -183,16 +183,19 @@ def test_a_rule_upstream_refuses_by_explains_only_that_refusal() -> None:
     rows = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, more_blocks)).rows
     assert [(r.field, r.status) for r in rows] == [("num_blocks", "differs")]
 
-    def refuse(kind):
+    def refuse(kind, message):
         def edit(view):
             view.clear()
-            view.update(ok=False, error={"type": kind, "message": "no"})
+            view.update(ok=False, error={"type": kind, "message": message})
         return edit
 
-    verdict = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, refuse("ValueError")))
+    verdict = verify_plan(plan, 2**30, adapter=FakeAdapter(
+        plan, refuse("ValueError", "Invalid prefix_match_unit=8; with a single group ...")))
     assert verdict.by_design_only and verdict.rules_used[0].id == "prefix-match-unit"
-    rows = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, refuse("ZeroDivisionError"))).rows
-    assert [(r.field, r.status) for r in rows] == [("outcome", "differs")]
+    for kind, message in (("ZeroDivisionError", "division by zero"),
+                          ("ValueError", "KV cache layout BHLNC cannot express ...")):
+        rows = verify_plan(plan, 2**30, adapter=FakeAdapter(plan, refuse(kind, message))).rows
+        assert [(r.field, r.status) for r in rows] == [("outcome", "differs")]
 
 
 def test_a_difference_is_credited_to_the_rule_that_names_its_field() -> None:
@@ -202,8 +205,9 @@ def test_a_difference_is_credited_to_the_rule_that_names_its_field() -> None:
                                                  "pp-packed-group"))
     assert by_design.explaining("stage[1].tensor[0].layers", rules).id == "pp-packed-group"
     assert by_design.explaining("num_groups", rules).id == "encoder-only-layers"
-    assert by_design.explaining("outcome", rules, "ValueError").id == "prefix-match-unit"
-    assert by_design.explaining("outcome", rules, "TypeError").id == "encoder-only-layers"
+    refusal = "ValueError: Invalid prefix_match_unit=8; ..."
+    assert by_design.explaining("outcome", rules, refusal).id == "prefix-match-unit"
+    assert by_design.explaining("outcome", rules, "TypeError: x").id == "encoder-only-layers"
     assert by_design.explaining("num_groups", rules[:1]) is None
 
 

@@ -10,8 +10,9 @@ test keeps the two in step).
 Each rule says when it applies to a plan and which compared fields it
 explains (patterns of :mod:`.compare`'s field names: ``[*]`` any index, ``*``
 anything). A rule whose upstream behaviour is a refusal explains the
-``outcome`` only, and only a refusal of the types it names: a plan upstream
-does plan, or refuses for another reason, is not its to explain.
+``outcome`` only, and only the refusal it names (the exception's type and the
+start of its message): a plan upstream does plan, or refuses for another
+reason, is not its to explain.
 
 >>> [r.id for r in RULES][:3]
 ['state-slot-layout', 'kpool-tail', 'drafter-pool']
@@ -57,8 +58,9 @@ class Rule:
     #: Compared fields it explains (patterns); empty: none are compared.
     fields: tuple[str, ...]
     applies: Callable[[Plan], bool]
-    #: The exception types of upstream's refusals it explains (the ``outcome``
-    #: field); empty: a refusal of any type its fields cover.
+    #: Upstream's refusals it explains (the ``outcome`` field), each as
+    #: ``"Type: the start of the message"`` (``*``: anything); empty: any refusal,
+    #: where its fields cover ``outcome``.
     refusals: tuple[str, ...] = ()
 
     @property
@@ -67,11 +69,18 @@ class Rule:
         return self.fields == ("*",)
 
     def explains(self, field: str, refusal: str | None = None) -> bool:
-        """Whether it explains a difference in ``field``; ``refusal``: the type of
-        upstream's refusal, for the ``outcome`` field."""
-        if field == "outcome" and self.refusals and refusal not in self.refusals:
+        """Whether it explains a difference in ``field``; ``refusal``: upstream's
+        refusal (``"Type: message"``), for the ``outcome`` field."""
+        if field == "outcome" and self.refusals and not any(
+                _refusal(p).match(refusal or "") for p in self.refusals):
             return False
         return any(_pattern(p).fullmatch(field) for p in self.fields)
+
+
+@cache
+def _refusal(text: str) -> re.Pattern[str]:
+    """``ValueError: Invalid *``: a refusal of that type whose message starts so."""
+    return re.compile(re.escape(text).replace(r"\*", ".*"))
 
 
 @cache
@@ -164,13 +173,14 @@ RULES: tuple[Rule, ...] = (
          "groups MLA, indexer, Mamba and drafter layers into state slots whose pages "
          "alias one another (_get_kv_cache_groups_glm5_next, _glm5_next_tensor_layout)",
          "has no such layout: unify_kv_cache_spec_page_size refuses the page sizes "
-         "(NotImplementedError), or BLHNC packs them instead", ("*",),
+         "(NotImplementedError; in BHLNC, ValueError: the layout cannot express them), "
+         "or BLHNC packs them instead", ("*",),
          _strategy("state_slots")),
     Rule("kpool-tail", "kpool indexer tail ring (KpoolTailSpec)",
          "keeps a one-block ring of a kpool indexer's raw tail, aliasing its indexer's page",
          "has no KpoolTailSpec (its nearest relative, CircularBufferSpec, is not aliased)",
          ("outcome",), _any_spec(lambda s: kinds.of(s).name == "kpool_tail"),
-         refusals=("NotUpstream",)),
+         refusals=("NotUpstream: vLLM * has no KpoolTailSpec",)),
     Rule("drafter-pool", "a drafter's own pool (DraftSlidingWindowSpec)",
          "gives GLM-5-Next drafter layers a fixed pool of their own "
          "(VLLM_GLM5NEXT_DRAFT_POOL*, KVCacheConfig.draft_num_blocks)",
@@ -197,7 +207,7 @@ RULES: tuple[Rule, ...] = (
          "ignores prefix_match_unit when planning",
          "refuses a prefix_match_unit other than the block size for one group with "
          "prefix caching (ValueError)", ("outcome",), _prefix_match_unit,
-         refusals=("ValueError",)),
+         refusals=("ValueError: Invalid prefix_match_unit",)),
     Rule("eagle-groups", "which group is the drafter's",
          "flags groups with non_causal_multi_token_decode layers, or the last layer's "
          "group for MTP (_annotate_eagle_groups)",
@@ -253,7 +263,7 @@ RULES: tuple[Rule, ...] = (
          "promotion fails the same way)", "fails to promote them: replace_as copies "
          "SlidingWindowMLASpec.bounded_replay, which MLAAttentionSpec does not have "
          "(TypeError in _promote_local_kv_cache_specs)", ("outcome",), _swa_mla_promoted,
-         refusals=("TypeError",)),
+         refusals=("TypeError: *unexpected keyword argument 'bounded_replay'",)),
     Rule("tp-replicas", "tensor-parallel replicas of MLA caches",
          "does not record replicas", "sets KVCacheConfig.kv_tp_replicas from "
          "max_tp_shards (MLA layers publish 1); planning is unchanged", (),
@@ -283,9 +293,9 @@ def explaining(field: str, rules: tuple[Rule, ...], refusal: str | None = None
     ...          by_id("prefix-match-unit"))
     >>> explaining("stage[1].tensor[0].layers", rules).id
     'pp-packed-group'
-    >>> explaining("outcome", rules, "ValueError").id
+    >>> explaining("outcome", rules, "ValueError: Invalid prefix_match_unit=8; ...").id
     'prefix-match-unit'
-    >>> explaining("outcome", rules, "ZeroDivisionError").id
+    >>> explaining("outcome", rules, "ValueError: KV cache layout BHLNC cannot ...").id
     'encoder-only-layers'
     >>> explaining("num_blocks", rules[1:]) is None
     True
@@ -299,7 +309,7 @@ def _scope(rule: Rule) -> str:
     if rule.everything:
         return "every field no rule naming it explains"
     if rule.refusals:
-        return "vLLM's refusal (" + ", ".join(rule.refusals) + ")"
+        return "vLLM's refusal " + ", ".join(f"`{r}`" for r in rule.refusals)
     return ", ".join(f"`{f}`" for f in rule.fields) or "nothing compared"
 
 

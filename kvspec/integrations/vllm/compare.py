@@ -97,7 +97,8 @@ def compare(kv: dict[str, Any], vl: dict[str, Any], rules: tuple[Rule, ...] = ()
 def _outcomes(out: _Rows, kv: dict[str, Any], vl: dict[str, Any]) -> None:
     a, b = kv.get("ok") is not False, vl.get("ok") is not False
     if a != b:
-        refusal = None if b else str((vl.get("error") or {}).get("type", "error"))
+        err = vl.get("error") or {}
+        refusal = None if b else f"{err.get('type', 'error')}: {err.get('message', '')}"
         out.check("outcome", "planned" if a else _error(kv), "planned" if b else _error(vl),
                   refusal)
     elif not a:
