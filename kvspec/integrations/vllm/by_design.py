@@ -285,9 +285,9 @@ def applicable(plan: Plan) -> tuple[Rule, ...]:
 def explaining(field: str, rules: tuple[Rule, ...], refusal: str | None = None
                ) -> Rule | None:
     """The rule of ``rules`` that explains a difference in ``field`` (``refusal``:
-    the type of upstream's refusal, for ``outcome``): the first that names the
-    field, else the first that explains every field (``*``), so a difference is
-    credited to the rule whose mechanism it is.
+    upstream's refusal as ``"Type: message"``, for ``outcome``): the first that
+    names the field, else the first that explains every field (``*``), so a
+    difference is credited to the rule whose mechanism it is.
 
     >>> rules = (by_id("encoder-only-layers"), by_id("pp-packed-group"),
     ...          by_id("prefix-match-unit"))
