@@ -72,20 +72,15 @@ class Rule:
         """Whether it explains a difference in ``field``; ``refusal``: upstream's
         refusal (``"Type: message"``), for the ``outcome`` field."""
         if field == "outcome" and self.refusals and not any(
-                _refusal(p).match(refusal or "") for p in self.refusals):
+                _pattern(p).match(refusal or "") for p in self.refusals):
             return False
         return any(_pattern(p).fullmatch(field) for p in self.fields)
 
 
 @cache
-def _refusal(text: str) -> re.Pattern[str]:
-    """``ValueError: Invalid *``: a refusal of that type whose message starts so."""
-    return re.compile(re.escape(text).replace(r"\*", ".*"))
-
-
-@cache
 def _pattern(text: str) -> re.Pattern[str]:
-    """``group[*].x``: any group's ``x``; ``*`` elsewhere: anything."""
+    """``group[*].x``: any group's ``x``; ``*`` elsewhere: anything (a refusal's
+    ``ValueError: Invalid *`` is matched at the start of upstream's)."""
     parts = [re.escape(p).replace(r"\*", ".*") for p in text.split("[*]")]
     return re.compile(r"\[\d+\]".join(parts))
 

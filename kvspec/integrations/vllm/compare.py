@@ -97,18 +97,22 @@ def compare(kv: dict[str, Any], vl: dict[str, Any], rules: tuple[Rule, ...] = ()
 def _outcomes(out: _Rows, kv: dict[str, Any], vl: dict[str, Any]) -> None:
     a, b = kv.get("ok") is not False, vl.get("ok") is not False
     if a != b:
-        err = vl.get("error") or {}
-        refusal = None if b else f"{err.get('type', 'error')}: {err.get('message', '')}"
         out.check("outcome", "planned" if a else _error(kv), "planned" if b else _error(vl),
-                  refusal)
+                  None if b else "{}: {}".format(*_refusal(vl)))
     elif not a:
         out.check("estimated_max_model_len", kv.get("estimated_max_model_len"),
                   vl.get("estimated_max_model_len"))
 
 
-def _error(view: dict[str, Any]) -> str:
+def _refusal(view: dict[str, Any]) -> tuple[str, str]:
+    """The type and message of a side's refusal."""
     err = view.get("error") or {}
-    return f"refused ({err.get('type', 'error')}: {str(err.get('message', ''))[:160]})"
+    return str(err.get("type", "error")), str(err.get("message", ""))
+
+
+def _error(view: dict[str, Any]) -> str:
+    kind, message = _refusal(view)
+    return f"refused ({kind}: {message[:160]})"
 
 
 def _groups(out: _Rows, kv: list[dict[str, Any]], vl: list[dict[str, Any]]) -> None:

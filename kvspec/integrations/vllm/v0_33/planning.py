@@ -92,10 +92,12 @@ def _settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
 
     sched = core.generate_scheduler_kv_cache_config(configs)
     kgs = sched.kv_cache_groups
+    concurrency = None  # the engine core asks it only of a model with layers planned
     if kgs:
         part = [g.kv_cache_spec.block_size for g in kgs if g.kv_cache_spec.prefix_cacheable]
         vc.cache_config.block_size = min(part or [g.kv_cache_spec.block_size for g in kgs])
         core.update_kv_cache_capacity(vc, sched)
+        concurrency = U.get_max_concurrency_for_kv_cache_config(vc, sched)
     sbs, hbs = core.resolve_kv_cache_block_sizes(sched, vc)
     workers = [vspecs.config_view(c) for c in configs]
     return {
@@ -106,10 +108,7 @@ def _settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
         "scheduler_block_size": sbs,
         "hash_block_size": hbs,
         "engine_block_size": vc.cache_config.block_size,
-        # the engine core asks only of a model with layers planned (attention-free
-        # models have no groups, and the call divides by their blocks per request)
-        "max_concurrency": U.get_max_concurrency_for_kv_cache_config(vc, sched)
-        if kgs else None,
+        "max_concurrency": concurrency,
         "kv_cache_size_tokens": vc.cache_config.kv_cache_size_tokens,
         "max_model_len": vc.model_config.max_model_len,
         "kv_tp_replicas": configs[0].kv_tp_replicas,
