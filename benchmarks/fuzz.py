@@ -347,6 +347,9 @@ class Pool:
 def preimport() -> None:
     """Import all of kvspec (and torch) once, before forking the workers."""
     import kvspec
+    from kvspec.integrations.vllm import OFFLINE_ENV
+    for key, value in OFFLINE_ENV.items():  # as the kvspec command sets them before
+        os.environ.setdefault(key, value)   # vLLM is imported (the adapter modules import it)
     for mod in pkgutil.walk_packages(kvspec.__path__, "kvspec."):
         if mod.name.endswith("__main__"):
             continue

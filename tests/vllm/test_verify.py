@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,6 +57,32 @@ def test_text_output_is_a_table_naming_the_rule(tmp_path: Path) -> None:
     assert code == 1
     assert "differs by design: block-stride-alignment" in out
     assert out.splitlines()[-1].startswith("differs from vLLM 0.33.0 by design only")
+
+
+_PLATFORM_CHOSEN_EARLY = """
+import vllm.v1.core.kv_cache_planning  # chooses vLLM's platform: none, without a GPU
+from kvspec.errors import KvspecError
+from kvspec.integrations.vllm.verify import verify_path
+from kvspec.integrations import vllm as bridge
+try:
+    verify_path("layouts/llama-3.1-8b.yaml", memory=None, adapter=bridge.adapter())
+except KvspecError as err:
+    print(err.message, "|", err.hint)
+"""
+
+
+def test_vllm_imported_before_the_cpu_platform_is_set_is_a_clear_error() -> None:
+    """In a process that imported vLLM before ``VLLM_TARGET_DEVICE=cpu`` was set
+    (and has no GPU), vLLM's platform is none: an in-process verify says so and
+    how to fix it, where vLLM's config code would fail on an empty device string."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TARGET_DEVICE"}
+    out = subprocess.run([sys.executable, "-c", _PLATFORM_CHOSEN_EARLY], env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == (
+        "vLLM chose no platform in this process: it was imported and asked for one before "
+        "VLLM_TARGET_DEVICE=cpu was set, and found no GPU | set VLLM_TARGET_DEVICE=cpu "
+        "before anything imports vLLM (the kvspec command does it for you)"), out.stdout
 
 
 def test_a_layout_that_does_not_load_cannot_be_verified(tmp_path: Path) -> None:

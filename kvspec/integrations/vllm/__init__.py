@@ -65,4 +65,10 @@ def adapter(*, offline: bool = True) -> ModuleType:
 
         import torch  # noqa: F401 - its import sets its loggers' levels; quiet them after
         logging.getLogger("torch").setLevel(logging.ERROR)
-    return importlib.import_module(ADAPTERS[version])
+    module = importlib.import_module(ADAPTERS[version])
+    if offline:
+        problem = module.platform_problem()
+        if problem is not None:
+            raise UsageError(problem, hint="set VLLM_TARGET_DEVICE=cpu before anything "
+                             "imports vLLM (the kvspec command does it for you)")
+    return module

@@ -13,6 +13,20 @@ A later vLLM gets a sibling package with the same functions.
 VERSION = "0.33.0"
 
 
+def platform_problem():
+    """Why this process cannot run vLLM's planning offline, or None: vLLM chose
+    its platform (on first use) before ``VLLM_TARGET_DEVICE=cpu`` was set, found
+    no accelerator, and left the unspecified platform, whose empty device string
+    fails deep inside its config code."""
+    import sys
+    platforms = sys.modules.get("vllm.platforms")
+    current = getattr(platforms, "_current_platform", None)
+    if current is None or getattr(current, "device_type", "x"):
+        return None
+    return ("vLLM chose no platform in this process: it was imported and asked for "
+            "one before VLLM_TARGET_DEVICE=cpu was set, and found no GPU")
+
+
 def plan(settings, stages, memory):
     """vLLM's plan of per-stage vLLM descriptions (see :func:`.planning.plan`)."""
     from kvspec.integrations.vllm.v0_33.planning import plan as _plan
