@@ -60,9 +60,21 @@ def sha256_text(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def encoded_text(data: dict[str, Any]) -> str:
+    """The canonical compact JSON of the envelope without ``sha256`` (what the hash
+    covers), of an envelope whose body the codec built (:func:`.codec.encode`): the
+    artifact schema's one number, ``budget.max_concurrency``, is its only float."""
+    from kvspec.artifact import jsontext
+
+    rest = {k: v for k, v in data.items() if k != "sha256"}
+    budget = data["body"].get("budget")
+    return jsontext.compact_of_known(rest, (budget["max_concurrency"],) if budget else ())
+
+
 def envelope_texts(data: dict[str, Any]) -> tuple[str, str | None]:
     """The canonical compact JSON of the envelope without ``sha256`` (what the hash
-    covers), and the body's own canonical text within it (None if not a dict)."""
+    covers), and the body's own canonical text within it (None if not a dict): of
+    any data (an artifact as it was read), exactly as ``json`` writes it."""
     rest = {k: v for k, v in data.items() if k not in ("sha256", "body")}
     if not isinstance(data.get("body"), dict) or any(k < "body" for k in rest):
         return canonical_json({k: v for k, v in data.items() if k != "sha256"}), None
@@ -80,7 +92,7 @@ def envelope(body: dict[str, Any], *, source_sha256: str) -> dict[str, Any]:
     """Wrap a body with its format, compiler, source hash and the hash of all."""
     data = {"format": FORMAT, "compiler": COMPILER, "source_sha256": source_sha256,
             "body": body}
-    data["sha256"] = envelope_hash(data)
+    data["sha256"] = sha256_text(encoded_text(data))
     return data
 
 

@@ -21,8 +21,12 @@ True
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterable
 from json.encoder import encode_basestring
 from typing import Any
+
+import orjson
 
 _SCALARS = (str, int, float, bool, type(None))
 _dump_compact = json.JSONEncoder(sort_keys=True, separators=(",", ":"),
@@ -95,6 +99,41 @@ def compact(obj: Any) -> str:
     hole = _dump_compact(_HOLE)
     assert text.count(hole) == 1
     return text.replace(hole, _layers_compact(layers, memo, enc))
+
+
+#: orjson's compact form with sorted keys; everything but plain ``dict``, ``list``,
+#: ``str`` and ``int`` (a subclass, a dataclass, a date) goes to its ``default``,
+#: which there is none of: orjson raises, and :func:`compact` writes it as json does.
+_ORJSON = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
+           | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME)
+
+
+def writes_as_json(x: Any) -> bool:
+    """Whether orjson writes ``x`` as ``json`` does: every value but a float under
+    1e-4 (``1e-05`` against ``0.00001``) or one not finite (``NaN`` against ``null``)."""
+    return type(x) is not float or x == 0 or (abs(x) >= 1e-4 and math.isfinite(x))
+
+
+def compact_of_known(obj: Any, floats: Iterable[Any]) -> str:
+    """:func:`compact` of data whose every float is among ``floats`` (an artifact
+    body the codec built has one, ``budget.max_concurrency``): the same text,
+    written by orjson's C encoder, several times faster on a body. Whatever orjson
+    would write otherwise (a float above, an int past 64 bits, a string with a lone
+    surrogate, a key that is not a string, a type it would write and json would
+    not) is written by :func:`compact`.
+
+    >>> data = {"b": [1, "é", None], "a": {"max_concurrency": 2.5}}
+    >>> compact_of_known(data, [2.5]) == compact(data)
+    True
+    >>> compact_of_known({"x": 1e-05}, [1e-05])
+    '{"x":1e-05}'
+    """
+    if all(writes_as_json(x) for x in floats):
+        try:
+            return orjson.dumps(obj, option=_ORJSON).decode()
+        except orjson.JSONEncodeError:
+            pass
+    return compact(obj)
 
 
 def _generic_pretty(obj: Any) -> str:

@@ -24,6 +24,7 @@ from kvspec.artifact import (
     FORMAT,
     Artifact,
     canonical_json,
+    encoded_text,
     envelope_texts,
     sha256_text,
 )
@@ -146,7 +147,7 @@ def _verified_text(data: Any, origin: str, text: str) -> Artifact | None:
         planned = {**data, "body": encode(layout)}
         if canonical_json(planned, pretty=True) != text:
             return None
-        if sha256_text(envelope_texts(planned)[0]) != data.get("sha256"):
+        if sha256_text(encoded_text(planned)) != data.get("sha256"):
             return None
     except Exception:  # noqa: BLE001 - the full path reports it
         return None

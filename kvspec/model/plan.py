@@ -19,7 +19,7 @@ downstream of the planner reads untyped dicts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvspec.model.affine import Affine
 from kvspec.model.engine import Engine
@@ -47,6 +47,12 @@ class Group:
     padding_slots: int = 0
     #: Drafter layers with a pool of their own (state-slot layout).
     own_pool: bool = False
+    _layer_specs: tuple[LayerSpec, ...] | None = field(default=None, init=False, repr=False,
+                                                       compare=False)
+    #: The last engine sizing asked about, and the group's blocks per request for it
+    #: (:func:`kvspec.planner.size.group_blocks_per_request`).
+    _blocks: tuple[Engine, int] | None = field(default=None, init=False, repr=False,
+                                               compare=False)
 
     def layer_spec(self, name: str) -> LayerSpec:
         if isinstance(self.spec, UniformType):
@@ -61,11 +67,19 @@ class Group:
         return sum(specs[n].page_size_bytes for n in self.layer_names)
 
     def layer_specs(self) -> tuple[LayerSpec, ...]:
-        """The distinct specs of this group's layers."""
-        if not isinstance(self.spec, UniformType):
-            return (self.spec,) if self.layer_names else ()
-        specs = self.spec.specs
-        return tuple(dict.fromkeys(specs[n] for n in self.layer_names))
+        """The distinct specs of this group's layers, in first-seen order (computed
+        once: planning and sizing ask for them many times)."""
+        found = self._layer_specs
+        if found is None:
+            if not isinstance(self.spec, UniformType):
+                found = (self.spec,) if self.layer_names else ()
+            else:  # layers alike share one spec object: look for equal ones among those
+                specs, objects = self.spec.specs, {}
+                for n in self.layer_names:
+                    objects.setdefault(id(specs[n]), specs[n])
+                found = tuple(dict.fromkeys(objects.values()))
+            object.__setattr__(self, "_layer_specs", found)
+        return found
 
 
 @dataclass(frozen=True, slots=True)

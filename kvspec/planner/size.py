@@ -37,10 +37,18 @@ def fixed_pool_bytes(engine: Engine, groups: Sequence[Group]) -> int:
 
 
 def group_blocks_per_request(engine: Engine, group: Group) -> int:
+    """Blocks of ``group`` one request at ``engine.max_model_len`` takes (kept on the
+    group for the last engine asked: sizing and its checks ask again and again)."""
+    last = group._blocks
+    if last is not None and last[0] is engine:
+        return last[1]
     spec = group.spec
     if isinstance(spec, UniformType):
-        return spec.max_memory_usage_pages(engine)
-    return cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
+        blocks = spec.max_memory_usage_pages(engine)
+    else:
+        blocks = cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
+    object.__setattr__(group, "_blocks", (engine, blocks))
+    return blocks
 
 
 def _unsizable(exc: ValueError) -> PlanError:

@@ -94,6 +94,11 @@ def init_field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
+@cache
+def init_field_set(cls: type) -> frozenset[str]:
+    return frozenset(init_field_names(cls))
+
+
 def replace(spec: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` (re-runs ``__post_init__``, as the reference does)."""
     return dataclasses.replace(spec, **changes)
@@ -220,18 +225,22 @@ class LayerSpec:
         first = specs[0]
         kind = type(first)
         family, excludes = first.merge_family(), first.merge_excludes()
-        for s in specs:
+        # Layers alike share one spec object, and every rule gives the same for a
+        # value repeated: merge the distinct objects, in first-seen order.
+        unique = list({id(s): s for s in specs}.values())
+        for s in unique:
             if (type(s) is not kind) if family is None else (
                     not isinstance(s, family) or isinstance(s, excludes)):
                 raise MergeConflict(f"{s.kind} layers cannot share a block table with "
                                     f"{first.kind} layers")
-        if all(s is first or s == first for s in specs):
+        if all(s is first or s == first for s in unique):
             out = first
         else:
+            having = [(s, init_field_set(type(s))) for s in unique]
             values = {}
             for name, rule in merge_fields(kind):
-                values[name] = rule(name, [getattr(s, name) for s in specs
-                                           if name in init_field_names(type(s))])
+                values[name] = rule(name, [getattr(s, name) for s, names in having
+                                           if name in names])
             out = kind(**values)
         out.check_merged()
         return out

@@ -33,6 +33,12 @@ class UniformType(LayerSpec):
     members: tuple[tuple[str, LayerSpec], ...]
     _by_name: dict[str, LayerSpec] | None = field(default=None, init=False, repr=False,
                                                   compare=False)
+    #: :meth:`distinct`, and the last :meth:`max_memory_usage_pages` with its engine,
+    #: computed on first use (a spec never changes; sizing asks them again and again).
+    _distinct: tuple[LayerSpec, ...] | None = field(default=None, init=False, repr=False,
+                                                    compare=False)
+    _usage: tuple[Engine, int] | None = field(default=None, init=False, repr=False,
+                                              compare=False)
 
     def __post_init__(self) -> None:
         if self.members:
@@ -68,8 +74,16 @@ class UniformType(LayerSpec):
         return page
 
     def distinct(self) -> tuple[LayerSpec, ...]:
-        """The members' distinct specs, in first-seen order."""
-        return tuple(dict.fromkeys(s for _, s in self.members))
+        """The members' distinct specs, in first-seen order (members alike share one
+        spec object, so equal specs are looked for among the distinct objects)."""
+        found = self._distinct
+        if found is None:
+            objects: dict[int, LayerSpec] = {}
+            for _, s in self.members:
+                objects.setdefault(id(s), s)
+            found = tuple(dict.fromkeys(objects.values()))
+            object.__setattr__(self, "_distinct", found)
+        return found
 
     @property
     def block_table_token_alignment(self) -> int | None:
@@ -80,8 +94,13 @@ class UniformType(LayerSpec):
         return self.first.uses_slot_mapping
 
     def max_memory_usage_pages(self, engine: Engine) -> int:
-        return max(cdiv(s.max_memory_usage_bytes(engine), s.page_size_bytes)
-                   for s in self.distinct())
+        last = self._usage
+        if last is not None and last[0] is engine:
+            return last[1]
+        pages = max(cdiv(s.max_memory_usage_bytes(engine), s.page_size_bytes)
+                    for s in self.distinct())
+        object.__setattr__(self, "_usage", (engine, pages))
+        return pages
 
     def max_memory_usage_bytes(self, engine: Engine) -> int:
         return self.max_memory_usage_pages(engine) * self.page_size_bytes

@@ -57,11 +57,14 @@ def promote_local_specs(specs: Mapping[str, LayerSpec]) -> dict[str, LayerSpec]:
     full_sizes = {s.block_size for s in values if isinstance(s, FullAttention)}
     full_block = next(iter(full_sizes)) if len(full_sizes) == 1 else None
     if has_full and has_local:
+        done: dict[int, LayerSpec] = {}  # layers sharing a spec share its promotion
         for name, spec in specs.items():
             target = next((to for frm, to in _PROMOTIONS if isinstance(spec, frm)), None)
             if target is not None:
                 assert isinstance(spec, Attention)
-                promoted[name] = _promoted(spec, target, full_block or spec.block_size)
+                if id(spec) not in done:
+                    done[id(spec)] = _promoted(spec, target, full_block or spec.block_size)
+                promoted[name] = done[id(spec)]
     if not (is_uniform(promoted) or is_uniform_type(promoted)):
         raise PlanError(
             "failed to promote local-attention layers to one unified type",

@@ -155,7 +155,12 @@ def _tail_group(tails: Mapping[str, LayerSpec], idx_page: int) -> Group:
                         f"({tails[too_big[0]].unpadded_page_size_bytes} bytes) does not fit "
                         f"the indexer page it shares ({idx_page} bytes)",
                         hint="a tail ring must be no larger than its indexer's page")
-    padded = {n: replace(s, page_size_padded=idx_page) for n, s in tails.items()}
+    once: dict[int, LayerSpec] = {}  # tails sharing a spec share its padded one
+    padded = {}
+    for n, s in tails.items():
+        if id(s) not in once:
+            once[id(s)] = replace(s, page_size_padded=idx_page)
+        padded[n] = once[id(s)]
     uniform = UniformType.of(padded)
     if uniform is None:
         raise PlanError("kpool tail layers must share one spec",
@@ -177,7 +182,7 @@ def _state_groups(engine: Engine, states: Mapping[str, MambaState], mla_names: l
             f"the state page ({some.unpadded_page_size_bytes} bytes) does not fit "
             f"the MLA page ({mla_page} bytes)",
             hint="increase tensor parallelism or use a wider KV cache dtype")
-    padded = {n: replace(some, page_size_padded=mla_page) for n in states}
+    padded = dict.fromkeys(states, replace(some, page_size_padded=mla_page))  # all alike
     count = _balanced_state_group_count(engine, list(states), mla_names)
     if count is None:
         raise PlanError(

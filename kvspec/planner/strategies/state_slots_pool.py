@@ -125,10 +125,13 @@ def place(engine: Engine, layout: SlotLayout) -> list[Tensor]:
     size = n * bytes_per_block(engine, layout) + draft_pool_bytes(engine, layout)
     order = engine.axis_order
     tensors: list[Tensor] = []
+    strides_of: dict[tuple[int, Affine], list[Affine]] = {}  # layers sharing a spec
 
     def add(name: str, group: int, spec: LayerSpec, offset: Affine, blocks: Affine,
             pool: str, role: str) -> None:
-        strides = layout_strides(spec, blocks, 1, order)
+        strides = strides_of.get((id(spec), blocks))
+        if strides is None:
+            strides = strides_of[id(spec), blocks] = layout_strides(spec, blocks, 1, order)
         tensors.append(Tensor(size=size, layers=(name,), layer_stride=strides[DIM_L],
                               block_stride=strides[DIM_B], offset=offset, group=group,
                               pool=pool, role=role))
