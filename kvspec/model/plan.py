@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from kvspec.model.affine import Affine
 from kvspec.model.engine import Engine
 from kvspec.model.quant.cells import CellPart
-from kvspec.model.specs.base import LayerSpec
+from kvspec.model.specs.base import LayerSpec, cdiv, distinct
 from kvspec.model.specs.uniform import UniformType
 
 #: Strategies that make groups (``Group.strategy``), in the order they are tried.
@@ -49,8 +49,7 @@ class Group:
     own_pool: bool = False
     _layer_specs: tuple[LayerSpec, ...] | None = field(default=None, init=False, repr=False,
                                                        compare=False)
-    #: The last engine sizing asked about, and the group's blocks per request for it
-    #: (:func:`kvspec.planner.size.group_blocks_per_request`).
+    #: The last engine :meth:`blocks_per_request` was asked about, and its answer.
     _blocks: tuple[Engine, int] | None = field(default=None, init=False, repr=False,
                                                compare=False)
 
@@ -73,13 +72,25 @@ class Group:
         if found is None:
             if not isinstance(self.spec, UniformType):
                 found = (self.spec,) if self.layer_names else ()
-            else:  # layers alike share one spec object: look for equal ones among those
-                specs, objects = self.spec.specs, {}
-                for n in self.layer_names:
-                    objects.setdefault(id(specs[n]), specs[n])
-                found = tuple(dict.fromkeys(objects.values()))
+            else:
+                specs = self.spec.specs
+                found = distinct(specs[n] for n in self.layer_names)
             object.__setattr__(self, "_layer_specs", found)
         return found
+
+    def blocks_per_request(self, engine: Engine) -> int:
+        """Blocks one request at ``engine.max_model_len`` takes in this group (kept
+        for the last engine asked: sizing and its checks ask again and again)."""
+        last = self._blocks
+        if last is not None and last[0] is engine:
+            return last[1]
+        spec = self.spec
+        if isinstance(spec, UniformType):
+            blocks = spec.max_memory_usage_pages(engine)
+        else:
+            blocks = cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
+        object.__setattr__(self, "_blocks", (engine, blocks))
+        return blocks
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from kvspec.errors import NotEnoughMemoryError, PlanError
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Group
-from kvspec.model.specs import Attention, MambaState, UniformType, cdiv, layer_specs
+from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.place import bytes_per_block
 from kvspec.planner.strategies import state_slots_pool as slots
 
@@ -37,18 +37,7 @@ def fixed_pool_bytes(engine: Engine, groups: Sequence[Group]) -> int:
 
 
 def group_blocks_per_request(engine: Engine, group: Group) -> int:
-    """Blocks of ``group`` one request at ``engine.max_model_len`` takes (kept on the
-    group for the last engine asked: sizing and its checks ask again and again)."""
-    last = group._blocks
-    if last is not None and last[0] is engine:
-        return last[1]
-    spec = group.spec
-    if isinstance(spec, UniformType):
-        blocks = spec.max_memory_usage_pages(engine)
-    else:
-        blocks = cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
-    object.__setattr__(group, "_blocks", (engine, blocks))
-    return blocks
+    return group.blocks_per_request(engine)
 
 
 def _unsizable(exc: ValueError) -> PlanError:

@@ -23,7 +23,7 @@ True
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
@@ -97,6 +97,13 @@ def init_field_names(cls: type) -> tuple[str, ...]:
 @cache
 def init_field_set(cls: type) -> frozenset[str]:
     return frozenset(init_field_names(cls))
+
+
+def distinct(specs: Iterable[LayerSpec]) -> tuple[LayerSpec, ...]:
+    """The distinct specs among ``specs``, in first-seen order. Layers alike share
+    one spec object, so equal specs are looked for among the distinct objects
+    (hashing a spec hashes every field)."""
+    return tuple(dict.fromkeys({id(s): s for s in specs}.values()))
 
 
 def replace(spec: Any, **changes: Any) -> Any:

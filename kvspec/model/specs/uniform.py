@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvspec.model.engine import Engine
-from kvspec.model.specs.base import LayerSpec, MergeInvalid, cdiv
+from kvspec.model.specs.base import LayerSpec, MergeInvalid, cdiv, distinct
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,14 +74,10 @@ class UniformType(LayerSpec):
         return page
 
     def distinct(self) -> tuple[LayerSpec, ...]:
-        """The members' distinct specs, in first-seen order (members alike share one
-        spec object, so equal specs are looked for among the distinct objects)."""
+        """The members' distinct specs, in first-seen order (computed once)."""
         found = self._distinct
         if found is None:
-            objects: dict[int, LayerSpec] = {}
-            for _, s in self.members:
-                objects.setdefault(id(s), s)
-            found = tuple(dict.fromkeys(objects.values()))
+            found = distinct(s for _, s in self.members)
             object.__setattr__(self, "_distinct", found)
         return found
 
