@@ -26,6 +26,7 @@ from kvspec.model.engine import Engine
 from kvspec.model.plan import Group, Layout, Stage, Tensor
 from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs import LayerSpec
+from kvspec.model.specs.base import once_per_object
 
 # ---------------------------------------------------------------------------
 # encode
@@ -59,21 +60,6 @@ def encode_engine(layout: Layout) -> dict[str, Any]:
 
 
 Describe = Callable[[LayerSpec], dict[str, Any]]
-
-
-def _once_per_object(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``fn`` computed once per argument object (for one body): the layers, groups and
-    tensors sharing a spec or cell parts share its plain data (the body is read-only
-    data; its text is the same)."""
-    done: dict[int, Any] = {}
-
-    def once(obj: Any) -> Any:
-        key = id(obj)
-        if key not in done:
-            done[key] = fn(obj)
-        return done[key]
-
-    return once
 
 
 def _cell_dicts(parts: tuple[CellPart, ...] | None) -> list[dict[str, Any]] | None:
@@ -123,8 +109,8 @@ def _stage(st: Stage, layout: Layout, describe: Describe) -> dict[str, Any]:
 def encode(layout: Layout) -> dict[str, Any]:
     """The artifact body of ``layout`` (plain JSON data)."""
     layers = {}
-    describe: Describe = _once_per_object(kinds.describe)
-    cells = _once_per_object(_cell_dicts)
+    describe: Describe = once_per_object(kinds.describe)
+    cells = once_per_object(_cell_dicts)
     # Layers alike in everything share one entry.
     entries: dict[tuple, dict[str, Any]] = {}
     for name, e in layout.layers.items():

@@ -20,7 +20,7 @@ from kvspec.errors import KvspecError
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Plan, Stage
 from kvspec.model.specs import Attention, MambaState, layer_specs
-from kvspec.planner.size import block_sizes, group_blocks_per_request
+from kvspec.planner.size import block_sizes
 
 #: Share of a request's KV memory spent on one group's padding that is flagged.
 PADDING_WARN = 0.10
@@ -50,7 +50,7 @@ def state_slot_warnings(engine: Engine, stage: Stage, num_blocks: int) -> list[s
                 f"0.33.0 refuses to start with full CUDA graphs (its default: 'max_num_seqs "
                 f"({seqs}) exceeds available Mamba cache blocks ({num_blocks})'); lower "
                 f"max_num_seqs to {num_blocks} or less, or give the KV cache more memory"]
-    per_request = sum(group_blocks_per_request(engine, g) for g in groups)
+    per_request = sum(g.blocks_per_request(engine) for g in groups)
     slots = (num_blocks - 1) // per_request if per_request else 0
     if slots >= seqs:
         return []
@@ -94,7 +94,7 @@ def _padding(engine: Engine, stage: Stage) -> list[str]:
     """A group's unused bytes in every block it holds, weighed by how many
     blocks a request holds in that group."""
     per_block = stage.bytes_per_block
-    held = {i: group_blocks_per_request(engine, g) for i, g in enumerate(stage.groups)
+    held = {i: g.blocks_per_request(engine) for i, g in enumerate(stage.groups)
             if g.layer_names and not g.own_pool}
     total = per_block * sum(held.values())
     if not (per_block and total):

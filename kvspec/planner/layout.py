@@ -33,7 +33,7 @@ from kvspec.model.specs import (
 )
 from kvspec.planner.checks import early_checks
 from kvspec.planner.resolve import Resolved, min_blocks_to_serve
-from kvspec.planner.size import block_sizes, group_blocks_per_request, memory_usage
+from kvspec.planner.size import block_sizes, memory_usage
 
 
 def _group_figures(gid: int, group: Group, engine: Engine, plan: Plan) -> GroupFigures:
@@ -54,7 +54,7 @@ def _group_figures(gid: int, group: Group, engine: Engine, plan: Plan) -> GroupF
     except ValueError:
         width = None
     return GroupFigures(useful, allocated - useful, group.spec.max_memory_usage_bytes(engine),
-                        group_blocks_per_request(engine, group), width)
+                        group.blocks_per_request(engine), width)
 
 
 def needs_zeroing(groups: tuple[Group, ...]) -> bool:

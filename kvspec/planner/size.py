@@ -36,10 +36,6 @@ def fixed_pool_bytes(engine: Engine, groups: Sequence[Group]) -> int:
     return slots.draft_pool_bytes(engine, layout) if layout is not None else 0
 
 
-def group_blocks_per_request(engine: Engine, group: Group) -> int:
-    return group.blocks_per_request(engine)
-
-
 def _unsizable(exc: ValueError) -> PlanError:
     """A layer's figures refused while sizing a request (a spec made through the
     Python API; sources are checked before planning)."""
@@ -54,7 +50,7 @@ def memory_usage(engine: Engine, groups: Sequence[Group]) -> int:
     if layout is not None:
         return slots.memory_usage(engine, layout)
     try:
-        blocks = sum(group_blocks_per_request(engine, g) for g in groups)
+        blocks = sum(g.blocks_per_request(engine) for g in groups)
     except ValueError as exc:
         raise _unsizable(exc) from exc
     return bytes_per_block(groups) * blocks
@@ -73,7 +69,7 @@ def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: i
         def fits(length: int) -> bool:
             at = dataclasses.replace(engine, max_model_len=length)
             try:
-                return sum(group_blocks_per_request(at, g) for g in groups) <= limit
+                return sum(g.blocks_per_request(at) for g in groups) <= limit
             except ValueError as exc:
                 raise _unsizable(exc) from exc
     else:
@@ -154,7 +150,7 @@ def blocks_per_request(engine: Engine, groups: Sequence[Group]) -> int:
     groups are left out on every stage -- also on a pipeline stage that holds
     none of its layers, where the reference counts them (docs/deviations.md).
     """
-    return sum(group_blocks_per_request(engine, g) for g in groups if not g.own_pool)
+    return sum(g.blocks_per_request(engine) for g in groups if not g.own_pool)
 
 
 def _dcp_block(group: Group, dcp: int) -> int:

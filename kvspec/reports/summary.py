@@ -17,7 +17,7 @@ from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Layout, Plan
 from kvspec.planner import Resolved
 from kvspec.planner.checks import early_checks
-from kvspec.planner.size import blocks_per_request, group_blocks_per_request
+from kvspec.planner.size import blocks_per_request
 from kvspec.reports.format import human_bytes, layers_brief, table
 
 __all__ = ["human_bytes", "plan_table", "plan_warnings", "summary", "summary_warnings",
@@ -79,7 +79,7 @@ def plan_table(plan: Plan, resolved: Resolved, *, warnings: bool = True) -> str:
     engine = resolved.engine
     st0 = plan.stages[0]
     rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
-             g.padding_slots, f"{group_blocks_per_request(engine, g):,}"]
+             g.padding_slots, f"{g.blocks_per_request(engine):,}"]
             for i, g in enumerate(plan.groups)]
     per_request = blocks_per_request(engine, st0.groups)
     lines = [

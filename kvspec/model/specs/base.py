@@ -106,6 +106,21 @@ def distinct(specs: Iterable[LayerSpec]) -> tuple[LayerSpec, ...]:
     return tuple(dict.fromkeys({id(s): s for s in specs}.values()))
 
 
+def once_per_object(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``fn`` computed once per argument object: layers alike share one spec object
+    (and one cell-parts tuple), so what is made from it is made once and shared.
+    The arguments must outlive the returned function's use (the key is ``id``)."""
+    done: dict[int, Any] = {}
+
+    def once(obj: Any) -> Any:
+        key = id(obj)
+        if key not in done:
+            done[key] = fn(obj)
+        return done[key]
+
+    return once
+
+
 def replace(spec: Any, **changes: Any) -> Any:
     """``dataclasses.replace`` (re-runs ``__post_init__``, as the reference does)."""
     return dataclasses.replace(spec, **changes)

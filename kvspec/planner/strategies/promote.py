@@ -28,6 +28,7 @@ from kvspec.model.specs import (
     SlidingWindowMLA,
     recast,
 )
+from kvspec.model.specs.base import once_per_object
 from kvspec.planner.merge import is_uniform, is_uniform_type
 
 #: What each local kind is allocated as, most specific first.
@@ -36,6 +37,10 @@ _PROMOTIONS: tuple[tuple[type[LayerSpec], type[LayerSpec]], ...] = (
     (SlidingWindow, FullAttention),
     (ChunkedLocal, FullAttention),
 )
+
+
+def _target(spec: LayerSpec) -> type[LayerSpec] | None:
+    return next((to for frm, to in _PROMOTIONS if isinstance(spec, frm)), None)
 
 
 def _promoted(spec: Attention, target: type[LayerSpec], block: int) -> LayerSpec:
@@ -57,14 +62,12 @@ def promote_local_specs(specs: Mapping[str, LayerSpec]) -> dict[str, LayerSpec]:
     full_sizes = {s.block_size for s in values if isinstance(s, FullAttention)}
     full_block = next(iter(full_sizes)) if len(full_sizes) == 1 else None
     if has_full and has_local:
-        done: dict[int, LayerSpec] = {}  # layers sharing a spec share its promotion
+        # layers sharing a spec share its promotion
+        promote = once_per_object(lambda s: _promoted(s, _target(s), full_block or s.block_size))
         for name, spec in specs.items():
-            target = next((to for frm, to in _PROMOTIONS if isinstance(spec, frm)), None)
-            if target is not None:
+            if _target(spec) is not None:
                 assert isinstance(spec, Attention)
-                if id(spec) not in done:
-                    done[id(spec)] = _promoted(spec, target, full_block or spec.block_size)
-                promoted[name] = done[id(spec)]
+                promoted[name] = promote(spec)
     if not (is_uniform(promoted) or is_uniform_type(promoted)):
         raise PlanError(
             "failed to promote local-attention layers to one unified type",

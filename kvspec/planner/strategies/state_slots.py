@@ -36,6 +36,7 @@ from kvspec.model.specs import (
     recast,
     replace,
 )
+from kvspec.model.specs.base import once_per_object
 from kvspec.planner.log import PlanLog
 from kvspec.planner.merge import merge_group
 from kvspec.planner.stages import layer_index, stage_bounds
@@ -155,12 +156,8 @@ def _tail_group(tails: Mapping[str, LayerSpec], idx_page: int) -> Group:
                         f"({tails[too_big[0]].unpadded_page_size_bytes} bytes) does not fit "
                         f"the indexer page it shares ({idx_page} bytes)",
                         hint="a tail ring must be no larger than its indexer's page")
-    once: dict[int, LayerSpec] = {}  # tails sharing a spec share its padded one
-    padded = {}
-    for n, s in tails.items():
-        if id(s) not in once:
-            once[id(s)] = replace(s, page_size_padded=idx_page)
-        padded[n] = once[id(s)]
+    pad = once_per_object(lambda s: replace(s, page_size_padded=idx_page))
+    padded = {n: pad(s) for n, s in tails.items()}  # tails sharing a spec share one
     uniform = UniformType.of(padded)
     if uniform is None:
         raise PlanError("kpool tail layers must share one spec",
