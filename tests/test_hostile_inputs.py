@@ -420,18 +420,20 @@ def test_an_edited_artifact_is_refused_or_is_what_kvspec_compiles(source: str) -
 
 @pytest.mark.parametrize("source", TAMPER_SOURCES, ids=lambda s: Path(s).stem)
 def test_reading_text_accepts_exactly_what_reading_data_accepts(source: str) -> None:
-    """``from_text`` first checks the text byte for byte against the plan's own
-    (kvspec.artifact.verify._verified_text); every 20th edit of the tamper test,
-    written as kvspec writes artifacts, gets the same verdict as ``verified``."""
+    """``from_text`` first tries the fast path (kvspec.artifact.verify._verified_text:
+    orjson's parse, the hashed text written from the plan); every 20th edit of the
+    tamper test, written as kvspec writes artifacts, gets the same verdict as
+    ``verified`` of json's parse."""
     from kvspec.artifact import canonical_json
     from kvspec.artifact.verify import _verified_text
 
     data = json.loads(kvspec.compile(ROOT / source).text())
     text = canonical_json(data, pretty=True)
-    assert _verified_text(json.loads(text), "x", text) is not None  # the fast path
-    reformatted = json.dumps(data, indent=2)
-    assert _verified_text(json.loads(reformatted), "x", reformatted) is None
-    assert Artifact.from_text(reformatted).text() == text  # the full path still reads it
+    fast = _verified_text(text, "x")
+    assert fast is not None and fast.text() == text  # the fast path
+    reformatted = json.dumps(data, indent=2)  # whitespace and key order are not checked
+    assert _verified_text(reformatted, "x") is not None
+    assert Artifact.from_text(reformatted).text() == text
     for name, edited in _variants(data)[::20]:
         edited.pop("sha256", None)
         edited["sha256"] = envelope_hash(edited)
@@ -446,6 +448,34 @@ def test_reading_text_accepts_exactly_what_reading_data_accepts(source: str) -> 
         except ArtifactError as err:
             got = err.message
         assert got == expected, name
+
+
+def _retyped(text: str, old: str, new: str) -> str:
+    assert text.count(old) >= 1, old
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize("edit", [
+    ('"block_size": 16,', '"block_size": 16.0,'),  # 16 == 16.0 in Python, not in JSON
+    ('"block_size": 16,', '"block_size": 16e0,'),
+    ('"needs_zeroing": false', '"needs_zeroing": 0'),  # False == 0
+    ('"block_size": 16,', '"block_size": 340282366920938463463374607431768211472,'),
+    ('"block_size": 16,', '"block_size": NaN,'),  # json reads it, orjson refuses it
+    ('"name": "', '"name": "\\ud800'),  # a lone surrogate: json reads it, orjson not
+], ids=["float", "exponent", "bool-as-int", "int-past-64-bits", "nan", "lone-surrogate"])
+def test_a_value_of_another_json_type_is_refused_with_the_hash_left_as_it_was(
+        edit: tuple[str, str]) -> None:
+    """An edit that Python's == cannot see (16.0 for 16, 0 for false) or that orjson
+    parses otherwise than json (an int past 64 bits, NaN, a lone surrogate) is not
+    taken by the fast path, and the full path refuses it: the hash covers the text
+    json writes of the data, which the edit changed."""
+    from kvspec.artifact.verify import _verified_text
+
+    text = kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text()
+    edited = _retyped(text, *edit)
+    assert _verified_text(edited, "x") is None
+    with pytest.raises(ArtifactError, match="sha256|schema|not what kvspec plans"):
+        Artifact.from_text(edited, origin="x.kvlayout.json")
 
 
 def test_a_zero_layer_stride_is_refused() -> None:

@@ -117,10 +117,10 @@ class Artifact:
 
     @classmethod
     def from_text(cls, text: str, *, origin: str = "<artifact>") -> Artifact:
-        from kvspec.artifact.verify import parse_text, verified
+        from kvspec.artifact.verify import read_text
         from kvspec.collector import paused
         with paused():
-            return verified(parse_text(text, origin), origin=origin, text=text)
+            return read_text(text, origin)
 
     @classmethod
     def read(cls, path: str | Path) -> Artifact:

@@ -173,21 +173,29 @@ def decode_inputs(body: Mapping[str, Any]) -> Inputs:
     when it is not one."""
     layers = body["layers"]
     by_id: dict[int, LayerSpec] = {}  # a compiled body shares one description per spec
-    by_text: dict[Any, LayerSpec] = {}  # a read one: equal descriptions, one spec
+    recent: list[tuple[Any, LayerSpec]] = []  # a read one: equal descriptions, one spec
+    by_text: dict[Any, LayerSpec] = {}  # past a handful of distinct specs
 
     def spec_of(name: str) -> LayerSpec:
         data = layers[name]["spec"]
         spec = by_id.get(id(data))
+        if spec is not None:
+            return spec
+        for seen, spec in recent:  # one dict compare (C) finds a layer's spec among a few
+            if seen == data:
+                by_id[id(data)] = spec
+                return spec
+        try:  # JSON read from canonical text keeps its keys sorted
+            key: Any = tuple(data.items())
+            hash(key)
+        except TypeError:  # a list among the values (state shapes)
+            key = repr(data)
+        spec = by_text.get(key)
         if spec is None:
-            try:  # JSON read from canonical text keeps its keys sorted
-                key: Any = tuple(data.items())
-                hash(key)
-            except TypeError:  # a list among the values (state shapes)
-                key = repr(data)
-            spec = by_text.get(key)
-            if spec is None:
-                spec = by_text[key] = kinds.spec_from_dict(data)
-            by_id[id(data)] = spec
+            spec = by_text[key] = kinds.spec_from_dict(data)
+        if len(recent) < 8:
+            recent.append((data, spec))
+        by_id[id(data)] = spec
         return spec
 
     stages = tuple({n: spec_of(n) for n in st["layers"]} for st in body["stages"])

@@ -104,7 +104,7 @@ def compact(obj: Any) -> str:
 #: orjson's compact form with sorted keys; everything but plain ``dict``, ``list``,
 #: ``str`` and ``int`` (a subclass, a dataclass, a date) goes to its ``default``,
 #: which there is none of: orjson raises, and :func:`compact` writes it as json does.
-_ORJSON = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
+ORJSON_SORTED = _ORJSON = (orjson.OPT_SORT_KEYS | orjson.OPT_PASSTHROUGH_SUBCLASS
            | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME)
 
 
