@@ -90,6 +90,10 @@ def project_groups(groups: Sequence[Group], stage_layers: Sequence[str]) -> list
     for g in groups:
         names = tuple(n for n in g.layer_names if n in owned)
         spec = g.spec
+        if len(names) == len(g.layer_names) and (  # the stage holds all of it: the group
+                not isinstance(spec, UniformType) or tuple(spec.specs) == names):
+            out.append(g)
+            continue
         if names and isinstance(spec, UniformType):
             spec = spec.restricted(names)
         out.append(dataclasses.replace(

@@ -32,7 +32,8 @@ def _merged_specs(engine: Engine, stage_specs: Sequence[Mapping[str, LayerSpec]]
     merged: dict[str, LayerSpec] = {}
     for stage in stage_specs:
         for name, spec in stage.items():
-            if merged.setdefault(name, spec) != spec:
+            known = merged.setdefault(name, spec)
+            if known is not spec and known != spec:
                 raise PlanError(f"layer {name} has different specs on different ranks",
                                 layer=name, hint="a layer's spec must be the same on every "
                                 "rank that holds it; check the per-stage specs given")

@@ -67,15 +67,17 @@ def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: i
         limit = available // per_block
 
         def fits(length: int) -> bool:
-            at = dataclasses.replace(engine, max_model_len=length)
+            at = engine if length == engine.max_model_len else \
+                dataclasses.replace(engine, max_model_len=length)
             try:
                 return sum(g.blocks_per_request(at) for g in groups) <= limit
             except ValueError as exc:
                 raise _unsizable(exc) from exc
     else:
         def fits(length: int) -> bool:
-            return memory_usage(dataclasses.replace(engine, max_model_len=length),
-                                groups) <= available
+            at = engine if length == engine.max_model_len else \
+                dataclasses.replace(engine, max_model_len=length)
+            return memory_usage(at, groups) <= available
 
     lo, hi = 1, engine.max_model_len
     if fits(hi):  # the common case: the configured length fits

@@ -118,30 +118,29 @@ def _specs(layers: list[ExpandedLayer], engine: Engine, source: Source, doc: Doc
            errors: list[KvspecError]) -> tuple[dict[str, LayerSpec], dict[str, str | None]]:
     specs: dict[str, LayerSpec] = {}
     dtypes: dict[str, str | None] = {}
-    memo: dict[tuple, LayerSpec] = {}
+    memo: dict[tuple, tuple[LayerSpec, str | None]] = {}
     failed: dict[str, tuple[KvspecError, list[str]]] = {}
     by_value: dict[tuple, LayerSpec] = {}
     for layer in layers:
         cache = layer_cache_dtype(layer, source)
-        kind = layer.fields.get("kind")
         key = (id(layer.fields), cache)  # layers of one type share their fields
         try:
-            spec = memo.get(key)
-            if spec is None:  # identical layers share one spec object
+            found = memo.get(key)
+            if found is None:  # identical layers share one spec object
                 value = _spec_key(layer.fields, cache)
                 spec = by_value.get(value) if value is not None else None
                 if spec is None:
                     spec = build_spec(layer, engine, cache, doc)
                     if value is not None:
                         by_value[value] = spec
-                memo[key] = spec
-            specs[layer.name] = spec
+                kind = layer.fields.get("kind")
+                state = kind is not None and kinds.by_name(kind).state
+                found = memo[key] = (spec, None if state else cache)
         except KvspecError as exc:
             err = exc if exc.file else exc.at(_loc(doc, layer.path))
             failed.setdefault(err.render(), (err, []))[1].append(layer.name)
             continue
-        state = kind is not None and kinds.by_name(kind).state
-        dtypes[layer.name] = None if state else cache
+        specs[layer.name], dtypes[layer.name] = found
     for err, names in failed.values():  # one problem, once, naming every layer it hits
         errors.append(err.replace(message=f"{err.message} (in {len(names)} layers: "
                                   f"{layers_brief(names)})") if len(names) > 1 else err)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import difflib
 import string
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvspec.errors import KvspecError
 from kvspec.source.document import Document
@@ -29,8 +28,10 @@ _ENTRY_ONLY = ("type", "name", "index", "repeat")
 Path = tuple[str | int, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ExpandedLayer:
+class ExpandedLayer(NamedTuple):
+    """One layer of the model as the source gives it (a named tuple: one is made per
+    layer of every compile, in a quarter of a frozen dataclass's time)."""
+
     name: str
     index: int | None
     fields: dict[str, Any]

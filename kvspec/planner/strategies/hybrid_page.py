@@ -16,7 +16,6 @@ so slot *i* of every group can alias the same bytes.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping
 
 from kvspec.model.engine import Engine
@@ -31,6 +30,7 @@ from kvspec.model.specs import (
     cdiv,
     replace,
 )
+from kvspec.model.specs.base import distinct
 from kvspec.planner.log import PlanLog
 from kvspec.planner.merge import merge_group
 
@@ -63,16 +63,21 @@ def _unified(name: str, spec: LayerSpec, largest: int) -> LayerSpec:
 def unify_page_size(specs: Mapping[str, LayerSpec]) -> dict[str, LayerSpec]:
     """Give every layer the largest page: scale block sizes, else pad pages
     (MLA pages pad only through their own row alignment)."""
-    pages = {s.page_size_bytes for s in specs.values()}
+    pages = {s.page_size_bytes for s in distinct(specs.values())}
     if len(pages) <= 1:
         return dict(specs)
     largest = max(pages)
-    memo: dict[LayerSpec, LayerSpec] = {}
+    memo: dict[LayerSpec, LayerSpec] = {}  # equal specs, one unified spec
+    by_id: dict[int, LayerSpec] = {}  # layers alike share a spec object: hash it once
     out: dict[str, LayerSpec] = {}
     for name, spec in specs.items():
-        if spec not in memo:
-            memo[spec] = _unified(name, spec, largest)
-        out[name] = memo[spec]
+        unified = by_id.get(id(spec))
+        if unified is None:
+            unified = memo.get(spec)
+            if unified is None:
+                unified = memo[spec] = _unified(name, spec, largest)
+            by_id[id(spec)] = unified
+        out[name] = unified
     return out
 
 
@@ -80,9 +85,13 @@ def _buckets(specs: Mapping[str, LayerSpec]) -> list[tuple[list[str], list[Layer
     """Same-spec buckets, merged where their specs can share a table (full
     attention that differs only in its window): first fit, in order of first
     appearance."""
-    same: dict[LayerSpec, list[str]] = defaultdict(list)
+    same: dict[LayerSpec, list[str]] = {}
+    by_id: dict[int, list[str]] = {}  # layers alike share a spec object: hash it once
     for name, spec in specs.items():
-        same[spec].append(name)
+        names = by_id.get(id(spec))
+        if names is None:
+            names = by_id[id(spec)] = same.setdefault(spec, [])
+        names.append(name)
     buckets: list[tuple[list[str], list[LayerSpec]]] = []
     for spec, names in same.items():
         for bucket_names, bucket_specs in buckets:

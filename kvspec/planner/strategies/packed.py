@@ -28,6 +28,7 @@ from kvspec.model.specs import (
     UniformType,
     cdiv,
 )
+from kvspec.model.specs.base import distinct
 from kvspec.planner.log import PlanLog
 from kvspec.planner.merge import is_uniform_type
 
@@ -121,8 +122,10 @@ def packed(engine: Engine, specs: Mapping[str, LayerSpec],
            log: PlanLog | None = None) -> list[Group] | None:
     """Groups for pages of different sizes packed per block, or None when the
     axis order is not block-outermost or every page has one size."""
-    pages = {s.page_size_bytes for s in specs.values()}
-    if not engine.axis_order.is_block_outermost or len(pages) <= 1:
+    if not engine.axis_order.is_block_outermost:
+        return None
+    pages = {s.page_size_bytes for s in distinct(specs.values())}
+    if len(pages) <= 1:
         return None
     buckets = _buckets(specs)
     repeats = _repeats(buckets)
