@@ -36,6 +36,7 @@ from kvspec.model.engine import Engine
 from kvspec.model.geometry import layout_strides
 from kvspec.model.plan import Group, Tensor
 from kvspec.model.specs import LayerSpec, UniformType, round_up
+from kvspec.model.specs.base import by_spec
 
 
 def bytes_per_block(groups: Sequence[Group]) -> int:
@@ -62,17 +63,14 @@ def validate_axis_order(order: AxisOrder, groups: Sequence[Group]) -> None:
 
 def _buckets(group: Group) -> dict[LayerSpec, list[str]]:
     """This stage's layers of ``group`` by spec, in order."""
-    by_spec: dict[LayerSpec, list[str]] = {}
     if isinstance(group.spec, UniformType):
         # A stage that owns none of a group's layers keeps the global spec
         # (as the reference projects it); place only this stage's layers.
         owned = set(group.layer_names)
-        for name, spec in group.spec.members:
-            if name in owned:
-                by_spec.setdefault(spec, []).append(name)
-    elif group.layer_names:
-        by_spec[group.spec] = list(group.layer_names)
-    return by_spec
+        return by_spec((name, spec) for name, spec in group.spec.members if name in owned)
+    if group.layer_names:
+        return {group.spec: list(group.layer_names)}
+    return {}
 
 
 def place(engine: Engine, groups: Sequence[Group], group_ids: Sequence[int]) -> list[Tensor]:

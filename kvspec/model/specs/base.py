@@ -106,6 +106,26 @@ def distinct(specs: Iterable[LayerSpec]) -> tuple[LayerSpec, ...]:
     return tuple(dict.fromkeys({id(s): s for s in specs}.values()))
 
 
+def by_spec(layers: Iterable[tuple[str, LayerSpec]]) -> dict[LayerSpec, list[str]]:
+    """Layer names by spec, in first-seen order, equal specs together: each spec
+    object is hashed once, not once per layer (layers alike share one object).
+
+    >>> from kvspec.model.specs import FullAttention
+    >>> a = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    >>> b = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    >>> list(by_spec([("x", a), ("y", b), ("z", a)]).values())
+    [['x', 'y', 'z']]
+    """
+    out: dict[LayerSpec, list[str]] = {}
+    seen: dict[int, list[str]] = {}
+    for name, spec in layers:
+        names = seen.get(id(spec))
+        if names is None:
+            names = seen[id(spec)] = out.setdefault(spec, [])
+        names.append(name)
+    return out
+
+
 def once_per_object(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``fn`` computed once per argument object: layers alike share one spec object
     (and one cell-parts tuple), so what is made from it is made once and shared.

@@ -30,7 +30,7 @@ from kvspec.model.specs import (
     cdiv,
     replace,
 )
-from kvspec.model.specs.base import distinct
+from kvspec.model.specs.base import by_spec, distinct
 from kvspec.planner.log import PlanLog
 from kvspec.planner.merge import merge_group
 
@@ -85,13 +85,7 @@ def _buckets(specs: Mapping[str, LayerSpec]) -> list[tuple[list[str], list[Layer
     """Same-spec buckets, merged where their specs can share a table (full
     attention that differs only in its window): first fit, in order of first
     appearance."""
-    same: dict[LayerSpec, list[str]] = {}
-    by_id: dict[int, list[str]] = {}  # layers alike share a spec object: hash it once
-    for name, spec in specs.items():
-        names = by_id.get(id(spec))
-        if names is None:
-            names = by_id[id(spec)] = same.setdefault(spec, [])
-        names.append(name)
+    same = by_spec(specs.items())
     buckets: list[tuple[list[str], list[LayerSpec]]] = []
     for spec, names in same.items():
         for bucket_names, bucket_specs in buckets:

@@ -36,7 +36,7 @@ from kvspec.model.specs import (
     recast,
     replace,
 )
-from kvspec.model.specs.base import once_per_object
+from kvspec.model.specs.base import by_spec, once_per_object
 from kvspec.planner.log import PlanLog
 from kvspec.planner.merge import merge_group
 from kvspec.planner.stages import layer_index, stage_bounds
@@ -83,11 +83,8 @@ def _draft_spec(engine: Engine, name: str, spec: LayerSpec, target_block: int) -
 def _draft_groups(engine: Engine, drafts: Mapping[str, LayerSpec],
                   target_block: int) -> list[Group]:
     scaled = {n: _draft_spec(engine, n, s, target_block) for n, s in drafts.items()}
-    by_spec: dict[LayerSpec, list[str]] = {}
-    for name, spec in scaled.items():
-        by_spec.setdefault(spec, []).append(name)
     return [merge_group(scaled, names, strategy=STRATEGY, role="draft",
-                        own_pool=engine.draft_pool) for names in by_spec.values()]
+                        own_pool=engine.draft_pool) for names in by_spec(scaled.items()).values()]
 
 
 def _balanced_state_group_count(engine: Engine, state_names: list[str],
