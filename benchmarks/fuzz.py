@@ -2,14 +2,18 @@
 mutated Hugging Face configs, command lines and generated valid sources, over
 every core, and print the counts.
 
-    python benchmarks/fuzz.py --sources 20000 --dumps 5000 --configs 5000 --args 5000 \
-        --valid 12000 --seed 0 --jobs 2
+    python benchmarks/fuzz.py --sources 20000 --dumps 5000 --configs 5000 --artifacts 5000 \
+        --args 5000 --valid 12000 --seed 0 --jobs 2
 
 * mutated sources: ``kvspec validate FILE`` in-process; counted as compiled (exit
   0), clean errors (exit 1/2, every message up to the bar) or defects;
 * mutated dumps: ``kvspec import FILE`` likewise;
 * mutated configs: ``kvspec init --from-hf FILE`` likewise (with a flag or two,
   picked by the file's bytes), and a source it writes must compile;
+* mutated artifacts: the committed ``layouts/*.kvlayout.json`` edited (the hash
+  recomputed most of the time), ``kvspec explain FILE`` likewise; and reading the
+  text (``Artifact.from_text``, the orjson fast path first) must give the verdict
+  ``verified`` gives of ``json``'s parse (tests/fuzz/artifacts.py);
 * command lines: every command with some of its options, hostile values and
   files that exist or not (tests/fuzz/generators.py: ``CLI_FILES``): exit 0, 1
   or 2, no traceback, every message with a hint;
@@ -65,9 +69,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.fuzz import artifacts as a
 from tests.fuzz import generators as g
 
-KINDS = ("source", "dump", "config", "args", "valid", "vllm")
+KINDS = ("source", "dump", "config", "artifact", "args", "valid", "vllm")
 
 
 # ---------------------------------------------------------------------------
@@ -98,6 +103,11 @@ def make_case(kind: str, seed: int, i: int) -> tuple[bytes, dict[str, Any]]:
         name, data = rng.choice(seeds)
         out, ops = g.mutate_config(rng, data)
         return out, {"seed_file": name, "ops": ops}
+    if kind == "artifact":
+        seeds = _SEEDS.setdefault("artifact", a.artifact_seeds())
+        name, data = rng.choice(seeds)
+        out, ops = a.mutate_artifact(rng, data)
+        return out, {"seed_file": name, "ops": ops}
     if kind == "vllm":   # any family and axis order, as the generator draws them
         text, meta = g.valid_source(rng)
         return text.encode("utf-8"), meta
@@ -108,6 +118,8 @@ def make_case(kind: str, seed: int, i: int) -> tuple[bytes, dict[str, Any]]:
 
 
 def case_file(workdir: str, kind: str) -> str:
+    if kind == "artifact":
+        return os.path.join(workdir, "case.kvlayout.json")
     return os.path.join(workdir, "case.json" if kind in ("dump", "config") else "case.yaml")
 
 
@@ -128,6 +140,8 @@ def judge(kind: str, data: bytes, workdir: str, limit: float) -> g.Outcome:
         fh.write(data)
     if kind == "config":
         return g.check_init(file, data, seconds=limit)
+    if kind == "artifact":
+        return a.check_artifact(data, file, seconds=limit)
     return g.check_cli(command(kind, file), file, data, seconds=limit,
                        kind="json" if kind == "dump" else "yaml")
 
@@ -197,7 +211,7 @@ def minimise(kind: str, data: bytes, signature: str, workdir: str, limit: float,
         return b"\0".join(_ddmin(words, lambda p: bool(p) and _still(
             kind, b"\0".join(p), signature, workdir, limit), budget))
     ok = lambda b: _still(kind, b, signature, workdir, limit)
-    if kind in ("dump", "config"):
+    if kind in ("dump", "config", "artifact"):
         try:
             obj = json.loads(data)
             dumped = lambda o: json.dumps(o, indent=1).encode("utf-8", "surrogatepass")
@@ -410,7 +424,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pool = Pool(args.jobs, args.time_limit, args.memory_limit << 20)
     tally = Tally()
     plan = [("source", args.sources), ("dump", args.dumps), ("config", args.configs),
-            ("args", args.args), ("valid", args.valid), ("vllm", args.against_vllm)]
+            ("artifact", args.artifacts), ("args", args.args), ("valid", args.valid),
+            ("vllm", args.against_vllm)]
     t0 = time.time()
     phase_time = {}
     results: dict[tuple[str, int], dict[str, Any]] = {}
@@ -499,7 +514,8 @@ def minimise_all(pool: Pool, tally: Tally, args: argparse.Namespace) -> dict[str
 # ---------------------------------------------------------------------------
 
 _MUTATED = (("source", "mutated sources"), ("dump", "mutated dumps"),
-            ("config", "mutated configs"), ("args", "command lines"))
+            ("config", "mutated configs"), ("artifact", "mutated artifacts"),
+            ("args", "command lines"))
 VALID_COLS = ("tried", "ok", "clean", "invariant: block-overlap", "invariant: loads-on-meta",
               "invariant: reads back", "invariant: other")
 
@@ -602,11 +618,14 @@ def save(result: dict[str, Any], args: argparse.Namespace, text: str) -> None:
             continue
         slug = re.sub(r"[^a-z0-9]+", "-", e["signature"].split(" | ")[0].lower()).strip("-")
         digest = hashlib.sha1(sig.encode("utf-8", "surrogatepass")).hexdigest()[:10]
-        ext = {"dump": ".json", "config": ".json", "args": ".args"}.get(e["kind"], ".yaml")
+        ext = {"dump": ".json", "config": ".json", "artifact": ".kvlayout.json",
+               "args": ".args"}.get(e["kind"], ".yaml")
         path = out / f"{e['kind']}-{slug}-{digest}{ext}"
         path.write_bytes(data)
         how = {"source": f"kvspec validate {path}", "dump": f"kvspec import {path}",
                "config": "kvspec " + " ".join(g.init_args(str(path), data)),
+               "artifact": f"kvspec explain {path}; python -c \"import kvspec; "
+                           f"kvspec.artifact.Artifact.read('{path}')\"",
                "args": "kvspec " + shlex.join(data.decode("utf-8", "surrogatepass").split(
                    "\0")) + " (in a directory holding tests/fuzz/generators.py's CLI_FILES)",
                "vllm": f"kvspec verify {path} --against vllm (in the vLLM venv)",
@@ -637,6 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dumps", type=int, default=5000, help="mutated dumps")
     p.add_argument("--configs", type=int, default=5000,
                    help="mutated Hugging Face configs (kvspec init)")
+    p.add_argument("--artifacts", type=int, default=5000,
+                   help="mutated artifacts (kvspec explain, and the two readers compared)")
     p.add_argument("--args", type=int, default=5000, help="command lines")
     p.add_argument("--valid", type=int, default=12000, help="generated valid sources")
     p.add_argument("--against-vllm", type=int, default=0, metavar="N",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -478,6 +479,77 @@ def test_a_value_of_another_json_type_is_refused_with_the_hash_left_as_it_was(
         Artifact.from_text(edited, origin="x.kvlayout.json")
 
 
+_ENVELOPE = ('{"format": "kvspec.layout/2", "compiler": "kvspec 0.2.0", "source_sha256": "'
+             + "0" * 64 + '", "body": {"layers": %s}}')
+
+
+@pytest.mark.parametrize("text,first,expected", [
+    ("[" * 5000 + "]" * 5000, "1:65: error: not an artifact: nested more than 64 levels deep",
+     "an artifact's few levels of nesting"),
+    (_ENVELOPE % ('{"a": ' * 990 + "1" + "}" * 990),
+     "1:535: error: not an artifact: nested more than 64 levels deep",
+     "an artifact's few levels of nesting"),
+    ('{"format": "kvspec.layout/2", "body": 1' + "0" * 5000 + "}",
+     "1:39: error: not an artifact: a number with 5,001 digits",
+     "a number of at most 4,300 digits"),
+], ids=["deeper-than-json-recurses", "deep-objects", "5001-digits"])
+def test_json_that_python_cannot_take_is_refused_at_its_spot(
+        text: str, first: str, expected: str, tmp_path: Path) -> None:
+    """What json.loads recurses too deep on, or Python cannot make an int of: an
+    error at its position, never a RecursionError or a ValueError, from every
+    command that reads an artifact."""
+    path = tmp_path / "x.kvlayout.json"
+    path.write_text(text)
+    for args in (["explain", str(path)], ["plan", str(path), "--memory", "1GiB"],
+                 ["diff", str(path), str(path)]):
+        code, out, err = invoke(args)
+        assert code == (2 if args[0] == "diff" else 1), (args, err)  # diff: 1 is "differ"
+        assert err.splitlines()[0] == f"{path}:{first}", (args, err)
+        assert f"  expected: {expected}\n" in err and "  hint: " in err
+    with pytest.raises(ArtifactError, match="not an artifact"):
+        kvspec.load(path, device="meta")
+
+
+@pytest.mark.parametrize("depth", [100, 900, 960, 985])
+def test_nesting_json_reads_is_refused_however_deep(depth: int, tmp_path: Path) -> None:
+    """Nesting ``json`` reads but the checks may recurse too deep on (at about a
+    thousand levels less the caller's stack), hash right: an ArtifactError from
+    the text, from the dict and from the command line, never a RecursionError."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit + 2 * depth)  # to write the file; reading has the default
+    try:
+        data = json.loads(_ENVELOPE % ("[" * depth + "]" * depth))
+        data["sha256"] = envelope_hash(data)
+        text = json.dumps(data)
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(ArtifactError):
+        Artifact.from_text(text, origin="x.kvlayout.json")
+    with pytest.raises(ArtifactError):
+        Artifact.from_dict(data)
+    path = tmp_path / "x.kvlayout.json"
+    path.write_text(text)
+    code, _, err = invoke(["explain", str(path)])
+    assert code == 1 and err.startswith(f"{path}") and "Traceback" not in err, err
+
+
+def test_compile_does_not_take_a_deeply_nested_file_for_its_own(tmp_path: Path) -> None:
+    out = tmp_path / "a.kvlayout.json"
+    out.write_text("[" * 5000 + "]" * 5000)
+    code, _, err = invoke(["compile", "-q", LLAMA, "-o", str(out)])
+    assert code != 0 and "Traceback" not in err and "--force" in err, err
+    assert out.read_text() == "[" * 5000 + "]" * 5000
+
+
+def test_an_artifact_without_its_sha256_says_so(tmp_path: Path) -> None:
+    data = json.loads(kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text())
+    want = data.pop("sha256")
+    with pytest.raises(ArtifactError, match="has no sha256") as info:
+        Artifact.from_text(json.dumps(data), origin="x.kvlayout.json")
+    assert info.value.expected == f"sha256: {want} (over the rest)"
+    assert info.value.found == "no sha256"
+
+
 def test_a_zero_layer_stride_is_refused() -> None:
     """Every layer's view on the same bytes: what the first round accepted."""
     data = json.loads(kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text())
@@ -487,6 +559,11 @@ def test_a_zero_layer_stride_is_refused() -> None:
     with pytest.raises(ArtifactError, match="not what kvspec plans") as info:
         Artifact.from_text(json.dumps(data), origin="x.kvlayout.json")
     assert info.value.path == "body.stages[0].tensors[0].layer_stride.per_block"
+    text = json.dumps(data, indent=1)  # the error points at the edited value
+    with pytest.raises(ArtifactError, match="not what kvspec plans") as info:
+        Artifact.from_text(text, origin="x.kvlayout.json")
+    line = text.splitlines()[info.value.line - 1]
+    assert line.strip() == '"per_block": 0' and line[info.value.column - 1:] == "0"
 
 
 def test_a_replaced_output_keeps_its_mode(tmp_path: Path) -> None:

@@ -43,7 +43,7 @@ def is_artifact_text(text: str) -> bool:
     earlier output, and nothing else, without ``--force``."""
     try:
         obj = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, nested too deep, a number too long
         return False
     return isinstance(obj, dict) and str(obj.get("format", "")).startswith("kvspec.layout/")
 

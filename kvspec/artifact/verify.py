@@ -17,6 +17,7 @@ schema (:mod:`.schema`) runs only to explain a failure precisely.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
@@ -33,8 +34,42 @@ from kvspec.artifact import (
 from kvspec.artifact.codec import decode_inputs, encode
 from kvspec.artifact.jsontext import ORJSON_SORTED as _ORJSON
 from kvspec.errors import ArtifactError, KvspecError
+from kvspec.jsonpos import MAX_DIGITS, Located, line_col, scan
 
 _RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
+
+
+#: Deeper than any artifact is nested (a body needs 6 levels); ``json`` recurses
+#: once per level and raises RecursionError near a thousand.
+MAX_DEPTH = 64
+#: A string, a bracket, or an integer longer than Python reads.
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]|-?\d{' + str(MAX_DIGITS + 1) + ",}")
+
+
+def _unreadable(text: str, origin: str) -> ArtifactError:
+    """Where ``text``, JSON that ``json`` could not take (it recursed too deep, or
+    met an integer too long for Python), goes past what an artifact holds."""
+    depth = 0
+    for m in _TOKENS.finditer(text):
+        token = m.group()
+        if token in ("[", "{"):
+            depth += 1
+            if depth <= MAX_DEPTH:
+                continue
+            problem = f"nested more than {MAX_DEPTH} levels deep"
+            expected = "an artifact's few levels of nesting"
+        elif token in ("]", "}"):
+            depth -= 1
+            continue
+        elif token[0] == '"':
+            continue
+        else:
+            problem = f"a number with {len(token.lstrip('-')):,} digits"
+            expected = f"a number of at most {MAX_DIGITS:,} digits"
+        line, column = line_col(text, m.start())
+        return ArtifactError(f"not an artifact: {problem}", file=origin, line=line,
+                             column=column, expected=expected, hint=_RECOMPILE)
+    return ArtifactError("not valid JSON", file=origin, hint=_RECOMPILE)
 
 
 def parse_text(text: str, origin: str) -> Any:
@@ -51,29 +86,54 @@ def parse_text(text: str, origin: str) -> Any:
         raise ArtifactError(f"not valid JSON: {exc.msg}", file=origin, line=exc.lineno,
                             column=exc.colno,
                             hint="compile a source with `kvspec compile model.yaml`") from None
+    except (RecursionError, ValueError):  # nested too deep, or an integer too long
+        raise _unreadable(text, origin) from None
 
 
-def first_difference(a: Any, b: Any, path: str = "body") -> tuple[str, Any, Any] | None:
-    """The first path where ``a`` and ``b`` differ, with both values."""
+Path = tuple[str | int, ...]
+
+
+def first_difference(a: Any, b: Any, path: Path = ("body",)) -> tuple[Path, str, Any, Any] | None:
+    """The first path where ``a`` and ``b`` differ, what differs there (``""``: the
+    values, ``" (length)"``: a list's length) and both."""
     if isinstance(a, dict) and isinstance(b, dict):
         for key in sorted(set(a) | set(b), key=str):
             if key not in a or key not in b:
-                return f"{path}.{key}", a.get(key, "<absent>"), b.get(key, "<absent>")
-            found = first_difference(a[key], b[key], f"{path}.{key}")
+                return (*path, key), "", a.get(key, "<absent>"), b.get(key, "<absent>")
+            found = first_difference(a[key], b[key], (*path, key))
             if found:
                 return found
         return None
     if isinstance(a, list) and isinstance(b, list):
         for i, (x, y) in enumerate(zip(a, b)):
-            found = first_difference(x, y, f"{path}[{i}]")
+            found = first_difference(x, y, (*path, i))
             if found:
                 return found
         if len(a) != len(b):
-            return f"{path} (length)", len(a), len(b)
+            return path, " (length)", len(a), len(b)
         return None
     if a != b or type(a) is not type(b):
-        return path, a, b
+        return path, "", a, b
     return None
+
+
+def _shown(path: Path) -> str:
+    """``("body", "stages", 0)`` -> ``body.stages[0]``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _where(text: str | None, path: Path) -> tuple[int | None, int | None]:
+    """Line and column in ``text`` of the value at ``path`` (or of its nearest parent
+    there: an absent key, an edited container)."""
+    if text is None:
+        return None, None
+    try:
+        positions = scan(text, lenient=True)[1]
+    except Located:
+        return None, None
+    while path and path not in positions:
+        path = path[:-1]
+    return positions.get(path, (None, None))
 
 
 def _short(value: Any) -> str:
@@ -95,6 +155,11 @@ def _envelope(data: Any, origin: str) -> str | None:
                             hint="recompile the source with this kvspec version")
     text, body = envelope_texts(data)
     want, got = data.get("sha256"), sha256_text(text)
+    if not isinstance(want, str):
+        raise ArtifactError("the artifact has no sha256: it was edited or corrupted",
+                            file=origin, expected=f"sha256: {got} (over the rest)",
+                            found="no sha256" if want is None else repr(want)[:80],
+                            hint=_RECOMPILE)
     if want != got:
         raise ArtifactError("the artifact does not match its sha256: it was edited or "
                             "corrupted", file=origin, expected=str(want), found=got,
@@ -176,11 +241,24 @@ def read_text(text: str, origin: str) -> Artifact:
     fast = _verified_text(text, origin)
     if fast is not None:
         return fast
-    return verified(parse_text(text, origin), origin=origin)
+    data = parse_text(text, origin)
+    try:
+        return _verified(data, origin, text)
+    except RecursionError:  # nesting json reads but the checks cannot walk
+        raise _unreadable(text, origin) from None
 
 
 def verified(data: Any, *, origin: str = "<artifact>") -> Artifact:
     """``data`` (a parsed artifact) as a verified :class:`Artifact`."""
+    try:
+        return _verified(data, origin)
+    except RecursionError:  # nesting no artifact has: the checks cannot walk it
+        raise ArtifactError(f"not an artifact: nested more than {MAX_DEPTH} levels deep",
+                            file=origin, expected="an artifact's few levels of nesting",
+                            hint=_RECOMPILE) from None
+
+
+def _verified(data: Any, origin: str, text: str | None = None) -> Artifact:
     stored = _envelope(data, origin)
     from kvspec.artifact.schema import input_problems
     if input_problems(data):
@@ -196,11 +274,13 @@ def verified(data: Any, *, origin: str = "<artifact>") -> Artifact:
         err = _schema_problem(data, origin, "")
         if "schema" in err.message:  # the precise message: what is malformed
             raise err
-        path, stored, planned = diff
+        path, what, stored, planned = diff
+        line, column = _where(text, path)
         newer = data.get("compiler") != COMPILER
         raise ArtifactError(
             "the artifact is not what kvspec plans from its own layers and engine: it was "
-            "edited, or written by another compiler", file=origin, path=path,
+            "edited, or written by another compiler", file=origin, line=line, column=column,
+            path=_shown(path) + what,
             expected=f"{_short(planned)} (as {COMPILER} plans it)", found=_short(stored),
             hint=f"it says it was compiled by {data.get('compiler')}; " + _RECOMPILE
             if newer else _RECOMPILE)
