@@ -24,11 +24,11 @@ from tests.fuzz.generators import (
     _dump_text_op,
     _get,
     _paths,
-    _retyped,
     _set,
     check_cli,
     m_flip_bits,
     time_limit,
+    tree_edit,
 )
 
 #: Values an edit puts in, beside the retypes: near misses of what artifacts hold.
@@ -57,28 +57,14 @@ def _op(rng: random.Random, obj: Any) -> tuple[Any, str]:
     paths = list(_paths(obj))
     body = [p for p in paths if p[:1] == ("body",)] or paths
     path = rng.choice(body if rng.random() < 0.9 else paths)
-    parent = _get(obj, path[:-1]) if path else None
     op = rng.choice(["nudge", "nudge", "nudge", "retype", "value", "drop", "add", "nest",
                      "rename", "swap"])
     if op == "nudge":
         return _set(obj, path, _nudged(rng, _get(obj, path))), op
-    if op == "retype":
-        return _set(obj, path, _retyped(rng, _get(obj, path))), op
-    if op == "drop" and path:
-        del parent[path[-1]]
-        return obj, op
-    if op == "add" and isinstance(_get(obj, path), dict):
-        keys = [p[-1] for p in paths if p and isinstance(p[-1], str)]
-        _get(obj, path)[rng.choice(keys + ["extra"])] = copy.deepcopy(rng.choice(_VALUES))
-        return obj, op
-    if op == "nest":
-        value = _get(obj, path)
-        for _ in range(rng.choice([1, 2, 70])):
-            value = [value] if rng.random() < 0.5 else {"x": value}
-        return _set(obj, path, value), op
-    if op == "rename" and path and isinstance(parent, dict):
-        parent[path[-1] + rng.choice(["s", "_", ""]).upper() or "x"] = parent.pop(path[-1])
-        return obj, op
+    keys = sorted({p[-1] for p in paths if p and isinstance(p[-1], str)})
+    edited = tree_edit(rng, obj, path, op, keys, _VALUES)
+    if edited is not None:
+        return edited
     if op == "swap":
         other = rng.choice(body)
         a, b = _get(obj, path), _get(obj, other)

@@ -548,11 +548,11 @@ def _retyped(rng: random.Random, value: Any) -> Any:
     return copy.deepcopy(rng.choice(_DUMP_VALUES))
 
 
-def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
-    paths = list(_paths(obj))
-    path = rng.choice(paths)
-    op = rng.choice(["retype", "retype", "drop", "add", "nest", "rename", "config", "config",
-                     "layer", "layer", "dup_layers", "top"])
+def tree_edit(rng: random.Random, obj: Any, path: tuple, op: str, keys: list[str],
+              values: list[Any]) -> tuple[Any, str] | None:
+    """The edits of any JSON tree at ``path``: ``retype``, ``drop``, ``add`` (a key
+    of ``keys`` or an odd one, a value of ``values``), ``nest`` and ``rename`` (to a
+    key of ``keys`` or a near miss); None when ``op`` is another or does not apply."""
     parent = _get(obj, path[:-1]) if path else None
     if op == "retype":
         return _set(obj, path, _retyped(rng, _get(obj, path))), op
@@ -560,8 +560,7 @@ def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
         del parent[path[-1]]
         return obj, op
     if op == "add" and isinstance(_get(obj, path), dict):
-        _get(obj, path)[rng.choice(_CONFIG_KEYS + _LAYER_KEYS + ["extra", ""])] = \
-            copy.deepcopy(rng.choice(_DUMP_VALUES))
+        _get(obj, path)[rng.choice(keys + ["extra", ""])] = copy.deepcopy(rng.choice(values))
         return obj, op
     if op == "nest":
         value = _get(obj, path)
@@ -569,9 +568,20 @@ def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
             value = [value] if rng.random() < 0.5 else {"x": value}
         return _set(obj, path, value), op
     if op == "rename" and path and isinstance(parent, dict):
-        new = rng.choice(_CONFIG_KEYS + _LAYER_KEYS + [path[-1] + "s", path[-1].upper(), ""])
+        new = rng.choice(keys + [path[-1] + "s", path[-1].upper(), ""])
         parent[new] = parent.pop(path[-1])
         return obj, op
+    return None
+
+
+def _dump_op(rng: random.Random, obj: Any) -> tuple[Any, str]:
+    paths = list(_paths(obj))
+    path = rng.choice(paths)
+    op = rng.choice(["retype", "retype", "drop", "add", "nest", "rename", "config", "config",
+                     "layer", "layer", "dup_layers", "top"])
+    edited = tree_edit(rng, obj, path, op, _CONFIG_KEYS + _LAYER_KEYS, _DUMP_VALUES)
+    if edited is not None:
+        return edited
     if op == "config" and isinstance(obj, dict) and isinstance(obj.get("config"), dict):
         obj["config"][rng.choice(_CONFIG_KEYS)] = copy.deepcopy(rng.choice(_DUMP_VALUES))
         return obj, op
