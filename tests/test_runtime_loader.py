@@ -219,6 +219,27 @@ def test_every_case_loads_on_cpu_with_its_declared_bytes(name: str) -> None:
             assert_disjoint(f"{name} draft region", draft)
 
 
+@pytest.mark.parametrize("name", OK_CASES)
+def test_each_view_is_the_int8_view_reinterpreted(name: str) -> None:
+    """A view made in elements of the pool seen in its dtype (one as_strided) is
+    the one as_strided over the int8 pool and ``.view(dtype)`` make: dtype, shape,
+    strides, offset and first byte, in every case (fp8 and int8 views take the
+    latter path)."""
+    art = case_artifact(name, small=True)
+    cache = load(art, device="cpu", num_blocks=art.min_num_blocks() + 1)
+    for layer, view in cache.views.items():
+        meta = cache.metadata[layer]
+        item = view.element_size()
+        pool = allocation(cache, layer)  # a drafter's views too: offsets in the device pool
+        ref = torch.as_strided(pool, (*meta.shape[:3], meta.shape[3] * item),
+                               meta.byte_stride, pool.storage_offset() + meta.byte_offset
+                               ).view(view.dtype)
+        assert (view.dtype, view.shape, view.stride(), view.storage_offset(),
+                view.data_ptr()) == (ref.dtype, ref.shape, ref.stride(),
+                                     ref.storage_offset(), ref.data_ptr()), layer
+        assert pool.untyped_storage().data_ptr() == view.untyped_storage().data_ptr()
+
+
 def test_aliasing_is_across_groups_only() -> None:
     """Slot i of every group shares bytes (gemma-2: sliding + full groups)."""
     art = case_artifact("gemma-2-9b-tp1", small=True)

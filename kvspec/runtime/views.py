@@ -121,10 +121,18 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, spec: L
             f"layer {bad}'s view reaches byte {(high if high + extent > limit else low) + extent}"
             f" of a {limit}-byte {pool} pool at {num_blocks} blocks",
             hint="the artifact is inconsistent: recompile it from its source")
-    strided, stride = torch.as_strided, first.byte_stride
-    out: list[tuple[torch.Tensor, LayerMeta]] = []
+    strided, out = torch.as_strided, []
+    if item > 1 and first.byte_stride[3] == 1 and base % item == 0 and limit % item == 0:
+        # The pool seen in dtype once, each layer one as_strided in elements: the
+        # same view as as_strided(...).view(dtype), in one call instead of two
+        # (every offset and stride is a whole number of elements: tensor_geometry).
+        typed, start = buffer.view(dtype), base // item
+        for slot, (name, off) in enumerate(zip(tensor.layers, offsets)):
+            out.append((strided(typed, first.shape, first.stride, start + off // item),
+                        LayerMeta(name, slot, off // item, off, shared)))
+        return out
     for slot, (name, off) in enumerate(zip(tensor.layers, offsets)):
-        view = strided(buffer, byte_shape, stride, base + off)
+        view = strided(buffer, byte_shape, first.byte_stride, base + off)
         if dtype is not torch.int8:
             view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
         out.append((view, LayerMeta(name, slot, off // item, off, shared)))
