@@ -541,6 +541,23 @@ def test_compile_does_not_take_a_deeply_nested_file_for_its_own(tmp_path: Path) 
     assert out.read_text() == "[" * 5000 + "]" * 5000
 
 
+def test_check_and_explain_do_not_recurse_on_deep_json(tmp_path: Path) -> None:
+    """``check`` of a committed artifact nested deeper than json recurses, and
+    ``explain`` of a source that looks like JSON nested as deep, were
+    RecursionError tracebacks (they peek at the JSON to say what it is)."""
+    source = tmp_path / "llama.yaml"
+    source.write_text((ROOT / LLAMA).read_text())
+    (tmp_path / "llama.kvlayout.json").write_text("[" * 5000 + "]" * 5000)
+    code, out, err = invoke(["check", str(tmp_path)])
+    assert code == 1 and "Traceback" not in out + err, out + err
+    assert f"{tmp_path / 'llama.kvlayout.json'}: stale: not a readable artifact" in out + err
+    deep = tmp_path / "deep.yaml"
+    deep.write_text('{"a": ' * 5000 + "1" + "}" * 5000)
+    code, _, err = invoke(["explain", str(deep)])
+    assert code == 1 and "Traceback" not in err, err
+    assert err.startswith(f"{deep}:1:"), err
+
+
 def test_an_artifact_without_its_sha256_says_so(tmp_path: Path) -> None:
     data = json.loads(kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text())
     want = data.pop("sha256")

@@ -172,7 +172,7 @@ def _why_stale(current: str, source_text: str, source: Path) -> str:
         data = json.loads(current)
         compiled_from = data["source_sha256"]
         compiler = data["compiler"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: too deep
         return "not a readable artifact"
     if compiled_from != sha256_text(source_text):
         return f"{source} changed since it was compiled"

@@ -58,7 +58,7 @@ def is_artifact_path(path: str | Path) -> bool:
         return False
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON (a number too long, nested too deep)
         return False
     return isinstance(data, dict) and "body" in data
 
