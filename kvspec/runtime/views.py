@@ -22,7 +22,7 @@ does the arithmetic.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
@@ -30,7 +30,7 @@ from kvspec.errors import ArtifactError, KvspecError
 from kvspec.model import kinds
 from kvspec.model.axes import AxisOrder
 from kvspec.model.dtypes import canonical_dtype, dtype_size
-from kvspec.model.geometry import tensor_geometry
+from kvspec.model.geometry import ViewGeometry, tensor_geometry
 from kvspec.model.plan import Tensor
 from kvspec.model.quant import CellPart
 from kvspec.model.specs import Attention, LayerSpec
@@ -112,7 +112,7 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, spec: L
         num_blocks=pool_blocks, dtype=first.dtype, tensor=index, shape=first.shape,
         stride=first.stride, byte_stride=first.byte_stride, head_size=k, head_size_v=v,
         role=tensor.role)
-    base, limit = buffer.storage_offset(), buffer.numel()
+    limit = buffer.numel()
     offsets = [first.byte_offset + i * step for i in range(len(tensor.layers))]
     low, high = min(offsets), max(offsets)  # every view in the pool: checked at both ends
     if low < 0 or high + extent > limit:
@@ -121,17 +121,25 @@ def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, spec: L
             f"layer {bad}'s view reaches byte {(high if high + extent > limit else low) + extent}"
             f" of a {limit}-byte {pool} pool at {num_blocks} blocks",
             hint="the artifact is inconsistent: recompile it from its source")
-    strided, out = torch.as_strided, []
-    if item > 1 and first.byte_stride[3] == 1 and base % item == 0 and limit % item == 0:
+    return _layer_views(buffer, first, byte_shape, dtype, item, tensor.layers, offsets, shared)
+
+
+def _layer_views(buffer: torch.Tensor, first: ViewGeometry, byte_shape: tuple[int, ...],
+                 dtype: torch.dtype, item: int, layers: Sequence[str], offsets: list[int],
+                 shared: TensorMeta) -> list[tuple[torch.Tensor, LayerMeta]]:
+    """One view per layer at ``offsets`` (bytes into ``buffer``), ``first``'s shape."""
+    strided, out, base = torch.as_strided, [], buffer.storage_offset()
+    if item > 1 and first.byte_stride[3] == 1 and base % item == 0 \
+            and buffer.numel() % item == 0:
         # The pool seen in dtype once, each layer one as_strided in elements: the
         # same view as as_strided(...).view(dtype), in one call instead of two
         # (every offset and stride is a whole number of elements: tensor_geometry).
         typed, start = buffer.view(dtype), base // item
-        for slot, (name, off) in enumerate(zip(tensor.layers, offsets)):
+        for slot, (name, off) in enumerate(zip(layers, offsets)):
             out.append((strided(typed, first.shape, first.stride, start + off // item),
                         LayerMeta(name, slot, off // item, off, shared)))
         return out
-    for slot, (name, off) in enumerate(zip(tensor.layers, offsets)):
+    for slot, (name, off) in enumerate(zip(layers, offsets)):
         view = strided(buffer, byte_shape, first.byte_stride, base + off)
         if dtype is not torch.int8:
             view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
