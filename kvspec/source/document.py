@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from kvspec.errors import SourceError
+from kvspec.jsonpos import MAX_DIGITS
 
 Path_ = tuple[str | int, ...]
 
@@ -57,6 +58,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _MERGE = "tag:yaml.org,2002:merge"
 _SEQ, _MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
 _STR, _INT = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int"
+#: The smallest integer of more than MAX_DIGITS decimal digits.
+_TOO_BIG = 10 ** MAX_DIGITS
 
 
 def format_path(path: Sequence[str | int]) -> str:
@@ -144,8 +147,11 @@ class _Builder:
             # the text has no surrogates (parse_yaml): only a "\u" escape makes one
             if node.style != '"' or _SURROGATE.search(text) is None:
                 return text
-        elif tag == _INT and text.isdigit() and (text[0] != "0" or text == "0"):
+        elif tag == _INT and text.isdigit() and (text[0] != "0" or text == "0") \
+                and len(text) <= MAX_DIGITS:
             return int(text)
+        if tag == _INT and sum(c.isdigit() for c in text) > MAX_DIGITS:
+            raise self._too_long(node, path)
         try:
             build = _SCALARS.get(node.tag) or _SCALARS[None]
             value = build(_CONSTRUCTOR, node)
@@ -154,11 +160,21 @@ class _Builder:
             raise _fail(f"cannot read {node.value[:40]!r} as {kind}", node, self.doc.file,
                         path, found=repr(node.value)[:80], hint="quote it to make it a "
                         "string, or remove the explicit !!tag") from None
+        if type(value) is int and abs(value) >= _TOO_BIG:  # 0x + 3,600 digits, say
+            raise self._too_long(node, path)
         if isinstance(value, str) and _SURROGATE.search(value):
             raise _fail("a string holds a lone surrogate, which UTF-8 cannot store", node,
                         self.doc.file, path, found=ascii(value)[:80],
                         hint="remove the \\ud800-\\udfff escape")
         return value
+
+    def _too_long(self, node: yaml.ScalarNode, path: Path_) -> SourceError:
+        """An integer Python cannot write in decimal (more than 4,300 digits)."""
+        return _fail(f"a number of more than {MAX_DIGITS:,} decimal digits: more than a "
+                     "source can hold", node, self.doc.file, path,
+                     found=f"{node.value[:12]}... ({len(node.value):,} characters)",
+                     expected=f"a number of at most {MAX_DIGITS:,} digits",
+                     hint="check the value; quote it if it is meant as text")
 
     def build(self, root: yaml.Node) -> Any:
         out: list[Any] = []

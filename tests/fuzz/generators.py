@@ -765,11 +765,21 @@ CLI_FILES = {"a.yaml": "layouts/llama-3.1-8b.yaml",
              "a.kvlayout.json": "layouts/llama-3.1-8b.kvlayout.json",
              "b.yaml": "layouts/deepseek-v3.yaml", "config.json": "tests/data/hf/qwen3-8b.json",
              "dump.json": "tests/conformance/cases/synthetic-uniform.json"}
+#: Hostile files beside them, by content: JSON nested deeper than ``json`` recurses
+#: and a number longer than Python reads, as artifacts, as a dump, as a source that
+#: looks like JSON, and as the committed artifact of a real source (for ``check``).
+CLI_HOSTILE = {"deep.kvlayout.json": b"[" * 5000 + b"]" * 5000,
+               "long.kvlayout.json": b'{"format": "kvspec.layout/2", "body": 1'
+                                     + b"0" * 5000 + b"}",
+               "deep.json": b'{"config": ' * 5000 + b"1" + b"}" * 5000,
+               "deep.yaml": b'{"a": ' * 5000 + b"1" + b"}" * 5000,
+               "c.yaml": (ROOT / "layouts/llama-3.1-8b.yaml").read_bytes(),
+               "c.kvlayout.json": b'{"x": ' * 5000 + b"1" + b"}" * 5000}
 CLI_VALUES = ["0", "-1", "1", "16", "40GiB", "1..2", "40GiB..80GiB", "80GiB..40GiB",
               "1B..1TiB", "0..0", "40GiB..", "..40GiB", "x", "", "1e9", "9" * 30, "auto",
               "json", "text", "html", "md", "nonexist", "/", ".", "..", "-", "--", "LBNHC",
               "fp8", "hopper", "vllm", "é", "2**40", "[a]", "a b", "nan", "inf", "1,5", "0.5",
-              "\x01", "\u202e", *CLI_FILES]
+              "\x01", "\u202e", *CLI_FILES, *CLI_HOSTILE]
 #: Commands the fuzzer leaves out: they need vLLM (their own suite covers them).
 _CLI_SKIP = {"--from-vllm", "--against"}
 
@@ -798,7 +808,7 @@ def cli_args(rng: random.Random) -> list[str]:
         args += [p.opts[0]] if p.is_flag else [p.opts[0], rng.choice(CLI_VALUES)]
     for p in params:
         if isinstance(p, click.Argument) and (p.required or rng.random() < 0.7):
-            pool = list(CLI_FILES) * 3 + CLI_VALUES
+            pool = list(CLI_FILES) * 3 + list(CLI_HOSTILE) + CLI_VALUES
             args += [rng.choice(pool) for _ in range(1 if p.nargs == 1 else rng.choice([1, 2]))]
     return args
 
@@ -820,11 +830,13 @@ def _usage_messages(out: Outcome, stderr: str) -> None:
 
 
 def check_args(args: list[str], workdir: str, *, seconds: float = 10.0) -> Outcome:
-    """Run ``kvspec ARGS`` in-process in ``workdir`` (holding :data:`CLI_FILES`,
-    restored before the run): exit 0, 1 or 2, no traceback, every message with
+    """Run ``kvspec ARGS`` in-process in ``workdir`` (holding :data:`CLI_FILES` and
+    :data:`CLI_HOSTILE`, restored before the run): exit 0, 1 or 2, no traceback, every message with
     a hint. (``diff`` exits 1 with nothing on stderr when the plans differ.)"""
     for name, rel in CLI_FILES.items():
         (Path(workdir) / name).write_bytes((ROOT / rel).read_bytes())
+    for name, data in CLI_HOSTILE.items():
+        (Path(workdir) / name).write_bytes(data)
     return run_cli(args, _usage_messages, seconds=seconds, cwd=workdir)
 
 
