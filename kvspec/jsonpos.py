@@ -29,6 +29,9 @@ _LITERALS = {"true": True, "false": False, "null": None}
 _NON_JSON = ("NaN", "Infinity", "-Infinity")
 #: Longest integer Python reads (``sys.get_int_max_str_digits``'s default).
 MAX_DIGITS = 4300
+#: Deeper than any kvspec document is nested (a source or an artifact needs about 6
+#: levels; ``json`` recurses once per level and gives up near a thousand).
+MAX_DEPTH = 64
 
 
 class Located(Exception):

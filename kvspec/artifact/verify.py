@@ -17,7 +17,6 @@ schema (:mod:`.schema`) runs only to explain a failure precisely.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import orjson
@@ -34,41 +33,18 @@ from kvspec.artifact import (
 from kvspec.artifact.codec import decode_inputs, encode
 from kvspec.artifact.jsontext import ORJSON_SORTED as _ORJSON
 from kvspec.errors import ArtifactError, KvspecError
-from kvspec.jsonpos import MAX_DIGITS, Located, line_col, scan
+from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
 _RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
-
-
-#: Deeper than any artifact is nested (a body needs 6 levels); ``json`` recurses
-#: once per level and raises RecursionError near a thousand.
-MAX_DEPTH = 64
-#: A string, a bracket, or an integer longer than Python reads.
-_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]|-?\d{' + str(MAX_DIGITS + 1) + ",}")
 
 
 def _unreadable(text: str, origin: str) -> ArtifactError:
     """Where ``text``, JSON that ``json`` could not take (it recursed too deep, or
     met an integer too long for Python), goes past what an artifact holds."""
-    depth = 0
-    for m in _TOKENS.finditer(text):
-        token = m.group()
-        if token in ("[", "{"):
-            depth += 1
-            if depth <= MAX_DEPTH:
-                continue
-            problem = f"nested more than {MAX_DEPTH} levels deep"
-            expected = "an artifact's few levels of nesting"
-        elif token in ("]", "}"):
-            depth -= 1
-            continue
-        elif token[0] == '"':
-            continue
-        else:
-            problem = f"a number with {len(token.lstrip('-')):,} digits"
-            expected = f"a number of at most {MAX_DIGITS:,} digits"
-        line, column = line_col(text, m.start())
-        return ArtifactError(f"not an artifact: {problem}", file=origin, line=line,
-                             column=column, expected=expected, hint=_RECOMPILE)
+    try:
+        scan(text, lenient=True, what="an artifact", max_depth=MAX_DEPTH)
+    except Located as exc:
+        return exc.error(text, origin, _RECOMPILE, cls=ArtifactError)
     return ArtifactError("not valid JSON", file=origin, hint=_RECOMPILE)
 
 
@@ -253,8 +229,8 @@ def verified(data: Any, *, origin: str = "<artifact>") -> Artifact:
     try:
         return _verified(data, origin)
     except RecursionError:  # nesting no artifact has: the checks cannot walk it
-        raise ArtifactError(f"not an artifact: nested more than {MAX_DEPTH} levels deep",
-                            file=origin, expected="an artifact's few levels of nesting",
+        raise ArtifactError(f"an artifact is nested more than {MAX_DEPTH} levels deep",
+                            file=origin, expected="a few levels of nesting",
                             hint=_RECOMPILE) from None
 
 

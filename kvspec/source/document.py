@@ -23,12 +23,9 @@ from typing import Any
 import yaml
 
 from kvspec.errors import SourceError
-from kvspec.jsonpos import MAX_DIGITS
+from kvspec.jsonpos import MAX_DEPTH, MAX_DIGITS
 
 Path_ = tuple[str | int, ...]
-
-#: Deeper than any source is nested (a source needs about 6 levels).
-MAX_DEPTH = 64
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """libyaml's parser (where present) with the safe resolver, minus the path

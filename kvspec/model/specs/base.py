@@ -269,7 +269,7 @@ class LayerSpec:
         family, excludes = first.merge_family(), first.merge_excludes()
         # Layers alike share one spec object, and every rule gives the same for a
         # value repeated: merge the distinct objects, in first-seen order.
-        unique = list({id(s): s for s in specs}.values())
+        unique = distinct(specs)
         for s in unique:
             if (type(s) is not kind) if family is None else (
                     not isinstance(s, family) or isinstance(s, excludes)):

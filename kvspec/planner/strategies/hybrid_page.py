@@ -67,18 +67,11 @@ def unify_page_size(specs: Mapping[str, LayerSpec]) -> dict[str, LayerSpec]:
     if len(pages) <= 1:
         return dict(specs)
     largest = max(pages)
-    memo: dict[LayerSpec, LayerSpec] = {}  # equal specs, one unified spec
-    by_id: dict[int, LayerSpec] = {}  # layers alike share a spec object: hash it once
-    out: dict[str, LayerSpec] = {}
-    for name, spec in specs.items():
-        unified = by_id.get(id(spec))
-        if unified is None:
-            unified = memo.get(spec)
-            if unified is None:
-                unified = memo[spec] = _unified(name, spec, largest)
-            by_id[id(spec)] = unified
-        out[name] = unified
-    return out
+    unified: dict[str, LayerSpec] = {}  # equal specs, one unified spec
+    for spec, names in by_spec(specs.items()).items():
+        made = _unified(names[0], spec, largest)
+        unified.update((n, made) for n in names)
+    return {n: unified[n] for n in specs}
 
 
 def _buckets(specs: Mapping[str, LayerSpec]) -> list[tuple[list[str], list[LayerSpec]]]:
