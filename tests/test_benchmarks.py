@@ -1,0 +1,39 @@
+"""Smoke runs of the benchmarks that report the performance goals (issue 14): each
+runs at a tiny size, so a change that breaks one fails here and not in the next
+person's measurement. No timing is checked; only that the report is whole."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> str:
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          check=True, timeout=300).stdout
+
+
+def test_the_side_by_side_benchmark_runs_without_vllm() -> None:
+    out = _run("benchmarks/bench_vs_vllm.py", "--runs", "1", "--sizes", "10",
+               "--case", "synthetic-uniform", "--vllm", "off")
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith(("synthetic-uniform ", "uniform-10 "))]
+    assert [r[0] for r in rows] == ["synthetic-uniform", "uniform-10"]
+    for row in rows:  # kvspec and the floor timed, cold and warm; vLLM's cells empty
+        assert row[1] in ("4", "10")
+        kv_cold, vl_cold, floor_cold, kv_warm, vl_warm, floor_warm = (
+            row[2], row[3], row[5], row[7], row[8], row[10])
+        assert vl_cold == vl_warm == "—"
+        assert all(float(x) > 0 for x in (kv_cold, floor_cold, kv_warm, floor_warm))
+        assert float(floor_warm) < float(kv_warm)  # the floor is part of a compile
+    assert "the comparison was skipped" in out
+
+
+def test_the_load_benchmark_runs() -> None:
+    out = _run("benchmarks/bench_load.py", "--layers", "4", "--repeat", "1")
+    rows = [line.split() for line in out.splitlines() if line.startswith(("uniform", "hybrid"))]
+    assert [(r[0], r[1]) for r in rows] == [("uniform", "4"), ("hybrid", "4")]
+    assert all(len(r) == 15 for r in rows)
