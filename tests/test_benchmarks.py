@@ -1,6 +1,6 @@
 """Smoke runs of the benchmarks that report the performance goals (issue 14): each
 runs at a tiny size, so a change that breaks one fails here and not in the next
-person's measurement. No timing is checked; only that the report is whole."""
+person's measurement. No timing is compared; only that the report is whole."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ def test_the_side_by_side_benchmark_runs_without_vllm() -> None:
             row[2], row[3], row[5], row[7], row[8], row[10])
         assert vl_cold == vl_warm == "—"
         assert all(float(x) > 0 for x in (kv_cold, floor_cold, kv_warm, floor_warm))
-        assert float(floor_warm) < float(kv_warm)  # the floor is part of a compile
     assert "the comparison was skipped" in out
 
 
