@@ -33,9 +33,22 @@ EXIT_INVALID = 1
 EXIT_USAGE = 2
 
 
+def format_path(path: Sequence[str | int]) -> str:
+    """A value's path as errors show it: ``("layers", 2, "pattern", 0)`` ->
+    ``layers[2].pattern[0]`` (of a source, a dump or an artifact alike)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<document>"
+
+
 @dataclass(frozen=True, slots=True)
 class Location:
-    """A place in a source file: 1-based line and column, and the YAML path."""
+    """A place in a source file: 1-based line and column, and the YAML path
+    (:func:`format_path`)."""
 
     file: str | None = None
     line: int | None = None

@@ -59,8 +59,9 @@ def line_col(text: str, pos: int) -> tuple[int, int]:
 def scan(text: str, lenient: bool = False, what: str = "the document",
          max_depth: int | None = None) -> tuple[Any, dict, dict]:
     """Parse ``text`` (a JSON document) iteratively, recording positions;
-    ``lenient``: as ``json`` reads it (see :func:`lenient_positions`); ``what``
-    names the document in messages."""
+    ``lenient``: as ``json`` reads it (NaN and Infinity are numbers, a key given
+    twice keeps its last value); ``what`` names the document in messages;
+    ``max_depth``: refuse nesting deeper (None: any depth)."""
     pos: dict[tuple, tuple[int, int]] = {}
     keys: dict[tuple, tuple[int, int]] = {}
     marks = _Marks(text)
@@ -72,7 +73,7 @@ def scan(text: str, lenient: bool = False, what: str = "the document",
         path = stack[-1][1] + (key,) if stack else ()
         if max_depth is not None and len(path) > max_depth:
             raise Located(f"{what} is nested more than {max_depth} levels deep", i,
-                           expected="a few levels of nesting")
+                          expected="a few levels of nesting")
         if i >= len(text):
             raise Located("not valid JSON: the document ends early", i)
         pos[path] = marks.at(i)
@@ -86,7 +87,7 @@ def scan(text: str, lenient: bool = False, what: str = "the document",
                 i += 1
                 stack.pop()
             elif ch == "{":
-                key, i = _key(text, i, stack[-1], keys, marks, lenient)
+                key, i = _key(text, i, stack[-1], keys, marks, lenient, what)
                 continue
             else:
                 key = 0
@@ -105,7 +106,7 @@ def scan(text: str, lenient: bool = False, what: str = "the document",
             if ch == ",":
                 i = _WS.match(text, i + 1).end()
                 if isinstance(container, dict):
-                    key, i = _key(text, i, stack[-1], keys, marks, lenient)
+                    key, i = _key(text, i, stack[-1], keys, marks, lenient, what)
                 else:
                     key = len(container)
                 break
@@ -143,15 +144,15 @@ def _attach(stack: list, root: list, key: Any, value: Any) -> None:
 
 
 def _key(text: str, i: int, top: tuple, keys: dict, marks: _Marks,
-         lenient: bool = False) -> tuple[str, int]:
+         lenient: bool, what: str) -> tuple[str, int]:
     if not text.startswith('"', i):
         raise Located("not valid JSON: expected a key in double quotes", i)
     start = i
     key, i = _string(text, i)
     container, path = top
     if key in container and not lenient:
-        raise Located(f"the dump has the key {key!r} twice in one object", start,
-                       expected="each key once", hint="keep one of them")
+        raise Located(f"{what} has the key {key!r} twice in one object", start,
+                      expected="each key once", hint="keep one of them")
     keys[path + (key,)] = marks.at(start)
     i = _WS.match(text, i).end()
     if not text.startswith(":", i):
@@ -179,7 +180,7 @@ def _scalar(text: str, i: int, lenient: bool = False, what: str = "the document"
             if lenient:
                 return float(word.lower().replace("infinity", "inf")), i + len(word)
             raise Located(f"not valid JSON: {word} is not a JSON number", i,
-                           expected="a finite number, or null")
+                          expected="a finite number, or null")
     m = _NUMBER.match(text, i)
     if not m:
         raise Located("not valid JSON: expected a value", i)
@@ -188,5 +189,5 @@ def _scalar(text: str, i: int, lenient: bool = False, what: str = "the document"
     long = len(digits.lstrip("-").split(".")[0].split("e")[0].split("E")[0]) > MAX_DIGITS
     if long and not (lenient and real):   # json reads a long real (as inf), not an integer
         raise Located(f"a number with {len(digits):,} digits: more than {what} can hold",
-                       i, expected=f"a number of at most {MAX_DIGITS:,} digits")
+                      i, expected=f"a number of at most {MAX_DIGITS:,} digits")
     return (float(digits) if real else int(digits)), m.end()

@@ -32,7 +32,7 @@ from kvspec.artifact import (
 )
 from kvspec.artifact.codec import decode_inputs, encode
 from kvspec.artifact.jsontext import ORJSON_SORTED as _ORJSON
-from kvspec.errors import ArtifactError, KvspecError
+from kvspec.errors import ArtifactError, KvspecError, format_path
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
 _RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
@@ -91,11 +91,6 @@ def first_difference(a: Any, b: Any, path: Path = ("body",)) -> tuple[Path, str,
     if a != b or type(a) is not type(b):
         return path, "", a, b
     return None
-
-
-def _shown(path: Path) -> str:
-    """``("body", "stages", 0)`` -> ``body.stages[0]``."""
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
 def _where(text: str | None, path: Path) -> tuple[int | None, int | None]:
@@ -256,7 +251,7 @@ def _verified(data: Any, origin: str, text: str | None = None) -> Artifact:
         raise ArtifactError(
             "the artifact is not what kvspec plans from its own layers and engine: it was "
             "edited, or written by another compiler", file=origin, line=line, column=column,
-            path=_shown(path) + what,
+            path=format_path(path) + what,
             expected=f"{_short(planned)} (as {COMPILER} plans it)", found=_short(stored),
             hint=f"it says it was compiled by {data.get('compiler')}; " + _RECOMPILE
             if newer else _RECOMPILE)

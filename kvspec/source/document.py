@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from kvspec.errors import SourceError
+from kvspec.errors import SourceError, format_path
 from kvspec.jsonpos import MAX_DEPTH, MAX_DIGITS
 
 Path_ = tuple[str | int, ...]
@@ -57,17 +57,6 @@ _SEQ, _MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
 _STR, _INT = "tag:yaml.org,2002:str", "tag:yaml.org,2002:int"
 #: The smallest integer of more than MAX_DIGITS decimal digits.
 _TOO_BIG = 10 ** MAX_DIGITS
-
-
-def format_path(path: Sequence[str | int]) -> str:
-    """``("layers", 2, "pattern", 0)`` -> ``layers[2].pattern[0]``."""
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "<document>"
 
 
 @dataclass(frozen=True)
