@@ -29,7 +29,7 @@ and t(10k) / t(1k) <= 11). Without vLLM the comparison is skipped and said so.
 **floor** is timed with them: the library calls every compile of the case's
 source makes around kvspec's own work: libyaml's C ``yaml.compose`` of the text,
 the pydantic validation of its data (``Source.model_validate``, on data parsed
-beforehand), and the artifact's canonical compact text (orjson) with the sha256
+beforehand), and the artifact's canonical compact text (msgspec) with the sha256
 that covers it. ``floor / vLLM`` is the ratio no compile built on this stack can
 go under; where it is over a goal, no work of kvspec's can meet that goal.
 
@@ -158,25 +158,24 @@ def vllm_planner(text: str, name: str) -> Callable[[], None] | None:
 def floor(text: str) -> Callable[[], None]:
     """The library calls a compile of ``text`` cannot do without: libyaml's compose
     (the least a parse with positions does), the source model's pydantic validation
-    of the data, and the artifact's canonical text (orjson, the fastest writer here)
-    with the sha256 that covers it. kvspec's own work is what a compile adds."""
+    of the data, and the artifact's canonical text (msgspec's sorted-key encoder,
+    the writer kvspec uses) with the sha256 that covers it. kvspec's own work is
+    what a compile adds."""
     import hashlib
 
-    import orjson
     import yaml
 
-    from kvspec.artifact.jsontext import ORJSON_SORTED
+    from kvspec.artifact.text import canonical
     from kvspec.source.schema import Source
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     data = yaml.load(text, Loader=loader)
-    artifact = dict(compile_source(text).data)
-    del artifact["sha256"]
+    artifact = compile_source(text).envelope.unsigned()
 
     def run() -> None:
         yaml.compose(text, Loader=loader)
         Source.model_validate(data)
-        hashlib.sha256(orjson.dumps(artifact, option=ORJSON_SORTED)).hexdigest()
+        hashlib.sha256(canonical(artifact)).hexdigest()
 
     return run
 
@@ -235,7 +234,7 @@ def planner_table(rows: list[Row]) -> None:
                  f"{_ratio(got, 'floor'):>6}" for got in (cold, warm)]
         print(f"{name:<28} {layers:>7,} {cells[0]} {cells[1]}")
     print("(ratio: kvspec / vLLM and floor / vLLM; floor: libyaml compose + pydantic "
-          "validation of the source + the artifact's orjson text and sha256, nothing else)")
+          "validation of the source + the artifact's canonical text and sha256, nothing else)")
 
 
 def _summary(rows: list[Row], which: int, label: str) -> None:

@@ -2,7 +2,7 @@
 
 >>> import kvspec
 >>> artifact = kvspec.compile("layouts/llama-3.1-8b.yaml")
->>> artifact.body["groups"][0]["kind"]
+>>> artifact.body.groups[0].kind
 'full_attention'
 
 ``kvspec.load`` (the runtime loader) imports torch on first use; compiling never does.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from kvspec._version import __version__
 
 __all__ = ["Artifact", "KvspecError", "compile", "load", "__version__"]
 

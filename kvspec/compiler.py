@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvspec.collector import paused
+from kvspec.freeze import freeze
 from kvspec.errors import KvspecError, Location, PlanError
 from kvspec.model.plan import Layout, Plan
 from kvspec.planner import layout_of, plan_layers, resolve
@@ -31,7 +32,7 @@ from kvspec.source.schema import Source
 from kvspec.source.validate import validate_source
 
 if TYPE_CHECKING:
-    from kvspec.artifact import Artifact
+    from kvspec.freeze import CompiledArtifact as Artifact
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,7 @@ def unsized_pass(unit: Unit) -> Unit:
 def freeze_pass(unit: Unit) -> Unit:
     """The Layout IR -> the frozen, hashed artifact (pure serialisation)."""
     assert unit.layout is not None
-    from kvspec.artifact import (  # only freezing needs them
-        Artifact,
-        envelope,
-        sha256_text,
-    )
-    from kvspec.artifact.codec import encode
-
-    data = envelope(encode(unit.layout), source_sha256=sha256_text(unit.text))
-    return dataclasses.replace(unit, artifact=Artifact(data, unit.layout))
+    return dataclasses.replace(unit, artifact=freeze(unit.layout, unit.text))
 
 
 def _path_tuple(path: str) -> tuple:

@@ -64,3 +64,11 @@ def invoke(args: list[str], stdin: str | bytes = b"") -> tuple[int, str, str]:
     finally:
         sys.stdin = saved
     return code, out.getvalue(), err.getvalue()
+
+
+def signature_of(data: dict) -> str:
+    """The sha256 an artifact's (edited) data would carry: over the canonical text
+    of everything but ``sha256``, as an editor covering their tracks would compute it."""
+    from kvspec.artifact.text import canonical, sha256_of
+
+    return sha256_of(canonical({k: v for k, v in data.items() if k != "sha256"}))

@@ -19,19 +19,22 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 #: What each package may import from kvspec (besides itself, errors, files, collector,
 #: jsonpos).
 ALLOWED = {
-    "model": {"model"},
+    "model": {"model", "artifact.format"},  # the plan holds the format's Budget record
     "source": {"model", "source", "planner.stages"},
-    "planner": {"model", "planner"},
-    "artifact": {"model", "artifact", "planner", "source.schema"},
-    "runtime": {"model", "artifact", "runtime"},
-    "reports": {"model", "artifact", "planner", "source", "compiler", "reports"},
-    "integrations": {"model", "source", "compiler", "artifact", "planner", "reports",
+    "planner": {"model", "planner", "artifact.format", "artifact.sizing"},
+    "artifact": {"model", "artifact"},
+    # the runtime reads artifacts, never plans them (``load(replan=True)`` defers
+    # the compiler to kvspec.compiled, imported only when asked)
+    "runtime": {"model", "artifact", "runtime", "compiled"},
+    "reports": {"model", "artifact", "planner", "source", "compiler", "compiled", "reports"},
+    "integrations": {"model", "source", "compiler", "compiled", "artifact", "planner", "reports",
                      "integrations", "cli.common"},
     "cli": {"*"},
 }
 #: Third-party packages no compiler module may import.
 HEAVY = ("torch", "vllm", "numpy")
-COMPILER_SIDE = ("model", "source", "planner", "artifact", "reports", "compiler")
+COMPILER_SIDE = ("model", "source", "planner", "artifact", "reports", "compiler", "compiled",
+                 "freeze")
 
 
 def _package(path: Path) -> str:
@@ -64,19 +67,34 @@ def test_imports_point_down_the_pipeline(path: Path) -> None:
         if top != "kvspec" or "*" in allowed:
             continue
         inner = name.removeprefix("kvspec").removeprefix(".")
-        if inner in ("", "errors", "files", "collector", "jsonpos") or \
-                inner.startswith(("errors", "files", "collector", "jsonpos")):
+        if inner in ("", "errors", "files", "collector", "jsonpos", "_version") or \
+                inner.startswith(("errors", "files", "collector", "jsonpos", "_version")):
             continue
         if not any(inner == a or inner.startswith(a + ".") for a in allowed):
             pytest.fail(f"{path.relative_to(ROOT)}:{line} imports {name}; package "
                         f"{pkg!r} may import only {sorted(allowed)} (docs/architecture.md)")
 
 
+def test_loading_an_artifact_imports_nothing_of_the_compiler() -> None:
+    """``import kvspec.runtime`` and ``kvspec.load(path)`` import neither the planner
+    nor the source package, nor PyYAML, Jinja2, click or pydantic (issue 29)."""
+    code = ("import sys, kvspec.runtime, kvspec; "
+            "c = kvspec.load('layouts/gemma-3-27b-it.kvlayout.json', device='meta'); "
+            "assert c.views; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('yaml', 'jinja2', 'click', 'pydantic') or m.startswith(('kvspec.planner', "
+            "'kvspec.source', 'kvspec.compiler', 'kvspec.compiled', 'kvspec.reports', "
+            "'kvspec.integrations', 'kvspec.cli'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_the_compiler_loads_no_torch_and_the_cli_no_schema_models() -> None:
     code = ("import sys, kvspec.cli, kvspec.compiler, kvspec.reports.explain; "
             "kvspec.compiler.compile('layouts/llama-3.1-8b.yaml'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch', 'vllm', 'numpy') or m == 'kvspec.artifact.schema'))")
+            "('torch', 'vllm', 'numpy')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.strip() == "[]"

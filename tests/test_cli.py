@@ -21,7 +21,7 @@ def test_compile_writes_artifact_and_summary(tmp_path: Path) -> None:
     assert "bytes per block: 2.00 MiB (2097152 B)" in stdout
     assert "for 40.00 GiB: 20,480 blocks, 327,680 tokens" in stdout
     art = Artifact.read(out)
-    assert art.body["budget"]["num_blocks"] == 20480
+    assert art.data["body"]["budget"]["num_blocks"] == 20480
 
 
 def test_compile_failure_leaves_existing_output_untouched(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_compile_replaces_its_own_artifact_but_nothing_else(tmp_path: Path) -> N
     assert out.read_text() == '{"mine": true}\n'
     assert invoke(["compile", "-q", LLAMA, "-o", str(out), "--force"])[0] == 0
     assert invoke(["compile", "-q", LLAMA, "-o", str(out), "--memory", "20GiB"])[0] == 0
-    assert Artifact.read(out).body["budget"]["num_blocks"] == 10240
+    assert Artifact.read(out).data["body"]["budget"]["num_blocks"] == 10240
 
 
 def test_compile_never_writes_over_its_source(tmp_path: Path) -> None:

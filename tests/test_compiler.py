@@ -47,7 +47,8 @@ def test_artifact_tamper_is_refused(tmp_path: Path) -> None:
 def test_artifact_format_mismatch_is_refused() -> None:
     data = json.loads(kvspec.compile(LLAMA).text())
     data["format"] = "kvspec.layout/99"
-    with pytest.raises(ArtifactError, match="unsupported artifact format"):
+    with pytest.raises(ArtifactError, match="this artifact is format kvspec.layout/99; "
+                       "this kvspec reads kvspec.layout/3 only"):
         Artifact.from_dict(data)
 
 
@@ -95,8 +96,8 @@ def test_source_hash_and_determinism() -> None:
 def test_memory_override_changes_only_the_budget() -> None:
     a = kvspec.compile(LLAMA)
     b = kvspec.compile(LLAMA, memory=20 << 30)
-    assert a.body["stages"] == b.body["stages"]
-    assert b.body["budget"]["num_blocks"] == 10240
+    assert a.data["body"]["stages"] == b.data["body"]["stages"]
+    assert b.data["body"]["budget"]["num_blocks"] == 10240
 
 
 def test_max_model_len_auto_fits_memory() -> None:
@@ -104,7 +105,7 @@ def test_max_model_len_auto_fits_memory() -> None:
                                      "max_model_len: auto\n  model_max_len: 131072").replace(
         "memory: 40GiB", "memory: 10GiB")
     art = compile_source(text, "auto.yaml")
-    budget = art.body["budget"]
+    budget = art.data["body"]["budget"]
     assert budget["max_model_len"] < 131072
     # one request at the fitted length fits the budget less the null block
     assert (budget["max_model_len"] + 15) // 16 * 2 * 2**20 <= (10 << 30) - 2**20
@@ -113,9 +114,10 @@ def test_max_model_len_auto_fits_memory() -> None:
 def test_tensor_parallel_splits_and_replicates_heads() -> None:
     base = LLAMA.read_text()
     tp2 = compile_source(base.replace("tensor: 1", "tensor: 2"), "tp2.yaml")
-    assert tp2.body["groups"][0]["page_size_bytes"] == 65536 // 2
+    assert tp2.data["body"]["groups"][0]["page_size_bytes"] == 65536 // 2
     tp16 = compile_source(base.replace("tensor: 1", "tensor: 16"), "tp16.yaml")
-    spec = tp16.body["groups"][0]["spec"]
+    body = tp16.data["body"]
+    spec = body["specs"][body["groups"][0]["spec"]]
     assert spec["num_kv_heads"] == 1   # 8 heads over 16 ranks: replicated, one per rank
 
 
@@ -126,4 +128,4 @@ def test_flat_layer_list_is_accepted() -> None:
     text = ("kvspec: 1\nname: flat\nengine: {block_size: 16, max_model_len: 2048, "
             f"memory: 1GiB}}\nlayers:\n{layers}\n")
     art = compile_source(text, "flat.yaml")
-    assert art.body["groups"][0]["layers"] == ["blk.0.attn", "blk.1.attn", "blk.2.attn"]
+    assert art.data["body"]["groups"][0]["layers"] == ["blk.0.attn", "blk.1.attn", "blk.2.attn"]

@@ -206,7 +206,7 @@ def test_errors_exit_2() -> None:
 
 def test_corrupt_artifact_exits_2(tmp_path) -> None:
     """An artifact that fails verification on reading is an error (2), not a change (1)."""
-    from kvspec.artifact import envelope_hash
+    from tests.conftest import signature_of as envelope_hash
 
     data = json.loads((ROOT / LLAMA_ART).read_text())
     data["body"]["name"] = "edited"

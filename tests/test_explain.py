@@ -354,7 +354,7 @@ def test_errors_exit_codes() -> None:
 
 def test_corrupt_artifact(tmp_path) -> None:
     """An edited artifact fails verification when it is read: a clean error, exit 1."""
-    from kvspec.artifact import envelope_hash
+    from tests.conftest import signature_of as envelope_hash
 
     data = json.loads((ROOT / LLAMA_ART).read_text())
     data["body"]["name"] = "edited"
@@ -364,7 +364,7 @@ def test_corrupt_artifact(tmp_path) -> None:
     assert (code, out) == (1, "")
     assert err.startswith(f"{bad}: error: ") and "does not match its sha256" in err
     # the hash recomputed: the body is not what its own layers plan to
-    data["body"]["stages"][0]["bytes_per_block"] *= 2
+    data["body"]["groups"][0]["padding_slots"] = 1
     data["sha256"] = envelope_hash(data)
     bad.write_text(json.dumps(data))
     code, out, err = invoke(["explain", str(bad)])

@@ -51,9 +51,9 @@ def test_every_committed_config_makes_a_source_that_compiles(tmp_path: Path,
     artifact = compile_file(tmp_path / "model.yaml")
     assert check_artifact(artifact) == []
     facts = describe(json.loads(config.read_text()))
-    assert len(artifact.body["layers"]) == len(facts.layers)  # every cache layer, once
+    assert len(artifact.data["body"]["layers"]) == len(facts.layers)  # every cache layer, once
     assert source["engine"]["memory"] == "80GiB"
-    assert artifact.body["budget"]["memory"] == 80 * 2**30
+    assert artifact.data["body"]["budget"]["memory"] == 80 * 2**30
 
 
 def test_jamba_from_the_transformers_defaults(tmp_path: Path, jamba: Path) -> None:
@@ -72,7 +72,7 @@ def test_jamba_from_the_transformers_defaults(tmp_path: Path, jamba: Path) -> No
         "full": {"kind": "full_attention", "layer_name": "model.layers.{index}.attn"}}
     assert source["layers"] == [{"repeat": 4, "pattern": ["mamba"] * 4 + ["full"] +
                                  ["mamba"] * 3}]
-    body = compile_source(text).body
+    body = compile_source(text).data["body"]
     assert {g["page_size_bytes"] for g in body["groups"]} == {80 * 4096}
 
 
@@ -108,8 +108,8 @@ def test_tp_splits_heads_in_the_compiler_not_the_source(tmp_path: Path) -> None:
     text, source = init_to(tmp_path, DATA / "llama-3.1-8b.json", "--tp", "2")
     assert source["parallel"]["tensor"] == 2
     assert source["defaults"]["num_kv_heads"] == 8  # the model's heads
-    body = compile_source(text).body
-    assert {lay["spec"]["num_kv_heads"] for lay in body["layers"].values()} == {4}  # per rank
+    body = compile_source(text).data["body"]
+    assert {body["specs"][lay["spec"]]["num_kv_heads"] for lay in body["layers"].values()} == {4}  # per rank
 
 
 def test_tp_state_shapes_are_per_rank_and_few_heads_replicate(tmp_path: Path) -> None:
@@ -120,8 +120,9 @@ def test_tp_state_shapes_are_per_rank_and_few_heads_replicate(tmp_path: Path) ->
     assert one["layer_types"]["gdn"]["shapes"] == [[3, 8192], [32, 128, 128]]
     assert four["layer_types"]["gdn"]["shapes"] == [[3, 2048], [8, 128, 128]]
     assert one["defaults"]["num_kv_heads"] == four["defaults"]["num_kv_heads"] == 2
-    heads = {lay["spec"]["num_kv_heads"] for lay in compile_source(text4).body["layers"].values()
-             if "num_kv_heads" in lay["spec"]}
+    b4 = compile_source(text4).data["body"]
+    heads = {b4["specs"][lay["spec"]]["num_kv_heads"] for lay in b4["layers"].values()
+             if "num_kv_heads" in b4["specs"][lay["spec"]]}
     assert heads == {1}  # 2 KV heads over 4 ranks: one per rank, replicated
     assert one["engine"]["block_size"] == 544 and four["engine"]["block_size"] == 272
 
@@ -339,7 +340,7 @@ def test_max_model_len_auto_needs_memory(tmp_path: Path) -> None:
                            "--memory", "4GiB")
     assert (source["engine"]["max_model_len"], source["engine"]["model_max_len"]) == \
         ("auto", 40960)
-    assert compile_source(text).body["engine"]["max_model_len"] < 40960  # fitted to 4 GiB
+    assert compile_source(text).data["body"]["engine"]["max_model_len"] < 40960  # fitted to 4 GiB
 
 
 def test_a_budget_too_small_for_max_model_len(tmp_path: Path) -> None:
@@ -352,7 +353,7 @@ def test_a_budget_too_small_for_max_model_len(tmp_path: Path) -> None:
 def test_kv_cache_dtype_fp8(tmp_path: Path) -> None:
     text, source = init_to(tmp_path, DATA / "llama-3.1-8b.json", "--kv-cache-dtype", "fp8")
     assert source["quantization"] == {"kv_cache_dtype": "fp8"}
-    assert compile_source(text).body["groups"][0]["page_size_bytes"] == 16 * 8 * 128 * 2
+    assert compile_source(text).data["body"]["groups"][0]["page_size_bytes"] == 16 * 8 * 128 * 2
 
 
 def test_dtype_missing_from_config(tmp_path: Path) -> None:
@@ -377,7 +378,7 @@ def test_dtype_missing_from_config(tmp_path: Path) -> None:
 ])
 def test_layer_names_follow_vllm(tmp_path: Path, config: str, first_layer: str) -> None:
     text, _ = init_to(tmp_path, DATA / config, "--max-model-len", "8192")
-    assert next(iter(compile_source(text).body["layers"])) == first_layer
+    assert next(iter(compile_source(text).data["body"]["layers"])) == first_layer
 
 
 def test_layers_without_cache_are_skip_items(tmp_path: Path) -> None:
@@ -387,7 +388,7 @@ def test_layers_without_cache_are_skip_items(tmp_path: Path) -> None:
     assert source["layers"][0]["pattern"][:8] == ["mamba", "-", "mamba", "-", "mamba", "-",
                                                   "mamba", "full"]
     assert len(source["layers"]) < 12, "the pattern folds into a few entries"
-    body = compile_source(text).body
+    body = compile_source(text).data["body"]
     assert len(body["layers"]) == 64
     assert "model.layers.7.mixer.attn" in body["layers"]
     assert "model.layers.1.mixer" not in body["layers"]
@@ -398,7 +399,7 @@ def test_layers_without_cache_are_skip_items(tmp_path: Path) -> None:
 def test_pipeline_parallel(tmp_path: Path) -> None:
     text, source = init_to(tmp_path, DATA / "gemma-2-9b-it.json", "--pp", "2")
     assert source["parallel"] == {"tensor": 1, "pipeline": 2}
-    assert [len(s["layers"]) for s in compile_source(text).body["stages"]] == [21, 21]
+    assert [len(s["layers"]) for s in compile_source(text).data["body"]["stages"]] == [21, 21]
 
 
 def test_bad_max_model_len() -> None:
@@ -429,7 +430,7 @@ def test_hybrids_run_in_align_mode_with_prefix_caching(tmp_path: Path) -> None:
     assert (mamba["num_prefill_checkpoint_blocks"], mamba["prefill_checkpoint_alignment"]) == \
         (1, 1)
     assert "mamba_cache_mode is align and mamba_block_size is block_size" in text
-    body = compile_source(text).body
+    body = compile_source(text).data["body"]
     # a request holds 2 + 1 state blocks per Mamba-2 group, not one max_model_len block;
     # the scheduler block is the attention block, not LCM(8192, 4128)
     state = [g for g in body["groups"] if g["kind"] == "mamba"]
@@ -446,7 +447,7 @@ def test_without_prefix_caching_a_state_is_one_block_per_request(tmp_path: Path)
     assert source["engine"]["prefix_caching"] is False
     assert "mamba_cache_mode" not in source["engine"]  # none, the default
     assert "#   kvspec init --from-hf " in text and "--no-prefix-caching" in text
-    body = compile_source(text).body
+    body = compile_source(text).data["body"]
     state = [g for g in body["groups"] if g["kind"] == "mamba"]
     assert {(g["block_size"], g["blocks_per_request"]) for g in state} == {(8192, 1)}
 
@@ -470,7 +471,7 @@ def test_gdn_block_follows_the_target(tmp_path: Path, target, block, checkpoint)
         assert "and the block is 576; say where it runs with --target" in text
     if target:
         assert f"--target {target}" in text
-    body = compile_source(text).body
+    body = compile_source(text).data["body"]
     assert body["scheduler_block_size"] == block
 
 

@@ -42,7 +42,7 @@ def test_layout_compiles_and_is_current(source: Path) -> None:
     assert data["engine"].get("memory"), "give every layout a memory budget"
     artifact = compile_file(source)
     assert check_artifact(artifact) == []
-    assert artifact.body["budget"] is not None  # `kvspec compile` prints capacity
+    assert artifact.data["body"]["budget"] is not None  # `kvspec compile` prints capacity
     finding = check_pair(source, artifact_path(source))
     assert finding.status == "current", (
         f"{finding.line()}\nrun `kvspec check --fix` and review the diff")

@@ -64,9 +64,10 @@ def test_mode_on_llama(mode: str) -> None:
             compile_source(text, "llama.yaml")
         return
     art = compile_source(text, "llama.yaml")
-    group = art.body["groups"][0]
+    body = art.data["body"]
+    group = body["groups"][0]
     assert group["page_size_bytes"] == _expected_page(mode, mla=False)
-    assert group["spec"]["kv_quant_mode"] == int(q.quant_mode(mode))
+    assert body["specs"][group["spec"]]["kv_quant_mode"] == int(q.quant_mode(mode))
     assert check_artifact(art) == []
 
 
@@ -78,29 +79,29 @@ def test_mode_on_deepseek(mode: str) -> None:
             compile_source(text, "deepseek.yaml")
         return
     art = compile_source(text, "deepseek.yaml")
-    assert art.body["groups"][0]["page_size_bytes"] == _expected_page(mode, mla=True)
+    assert art.data["body"]["groups"][0]["page_size_bytes"] == _expected_page(mode, mla=True)
     assert check_artifact(art) == []
 
 
 def test_fp8_halves_llama_pages_and_doubles_capacity() -> None:
-    bf16 = compile_source(LLAMA.format(mode="auto"), "a.yaml").body
-    fp8 = compile_source(LLAMA.format(mode="fp8"), "b.yaml").body
+    bf16 = compile_source(LLAMA.format(mode="auto"), "a.yaml").data["body"]
+    fp8 = compile_source(LLAMA.format(mode="fp8"), "b.yaml").data["body"]
     assert bf16["groups"][0]["page_size_bytes"] == 2 * fp8["groups"][0]["page_size_bytes"]
     assert fp8["budget"]["num_blocks"] == 2 * bf16["budget"]["num_blocks"]
-    assert fp8["groups"][0]["spec"]["dtype"] == "float8_e4m3fn"
+    assert fp8["specs"][fp8["groups"][0]["spec"]]["dtype"] == "float8_e4m3fn"
 
 
 def test_skipped_layers_make_a_mixed_precision_cache_that_needs_zeroing() -> None:
     text = LLAMA.format(mode="fp8").replace("{kv_cache_dtype: fp8}",
                                             "{kv_cache_dtype: fp8, skip_layers: [0, 31]}")
     art = compile_source(text, "mixed.yaml")
-    body = art.body
+    body = art.data["body"]
     assert body["needs_zeroing"] is True
-    dtypes = {body["layers"][f"model.layers.{i}.self_attn.attn"]["spec"]["dtype"]
+    dtypes = {body["specs"][body["layers"][f"model.layers.{i}.self_attn.attn"]["spec"]]["dtype"]
               for i in (0, 1, 31)}
     assert dtypes == {"bfloat16", "float8_e4m3fn"}
     assert check_artifact(art) == []
-    uniform = compile_source(LLAMA.format(mode="fp8"), "u.yaml").body
+    uniform = compile_source(LLAMA.format(mode="fp8"), "u.yaml").data["body"]
     assert uniform["needs_zeroing"] is False
 
 
@@ -108,4 +109,5 @@ def test_per_type_override() -> None:
     text = LLAMA.format(mode="auto").replace("attn: {kind: full_attention}",
                                              "attn: {kind: full_attention, kv_cache_dtype: fp8_e5m2}")
     art = compile_source(text, "o.yaml")
-    assert art.body["groups"][0]["spec"]["dtype"] == "float8_e5m2"
+    body = art.data["body"]
+    assert body["specs"][body["groups"][0]["spec"]]["dtype"] == "float8_e5m2"

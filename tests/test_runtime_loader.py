@@ -27,8 +27,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the runtime tests need torch "
                             "(pip install -e '.[runtime]')")
 
-from kvspec.artifact import Artifact, envelope  # noqa: E402
-from kvspec.artifact.codec import encode  # noqa: E402
+from kvspec.artifact import Artifact  # noqa: E402
+from kvspec.freeze import freeze  # noqa: E402
 from kvspec.compiler import compile, compile_source  # noqa: E402
 from kvspec.errors import ArtifactError, KvspecError, PlanError  # noqa: E402
 from kvspec.integrations.dump.importer import dump_to_yaml  # noqa: E402
@@ -39,6 +39,7 @@ from kvspec.runtime.loader import LoadError, load  # noqa: E402
 from kvspec.runtime.views import LayoutMismatch  # noqa: E402
 from tests.conformance.harness import case_names  # noqa: E402
 from tests.conformance.harness import load as load_case  # noqa: E402
+from tests.conftest import signature_of  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "runtime"
 CASES = case_names()
@@ -93,9 +94,12 @@ def declared_addresses(art: Artifact, stage: int, tensor_index: int, slot: int,
     """``(B, H, N, C_bytes)`` byte addresses of one layer, from the tensor's
     fields alone: L and B strides as declared, every other axis spanning
     everything physically inside it (the layout names axes outermost first)."""
-    st = art.body["stages"][stage]
+    body = art.data["body"]
+    st = body["stages"][stage]
     t = st["tensors"][tensor_index]
-    spec = spec_from_dict(t["spec"])
+    group = body["specs"][body["groups"][t["group"]]["spec"]]  # the spec the group plans with
+    spec = spec_from_dict(group["kv_cache_specs"][t["layers"][0]]
+                          if group["kind"] == "uniform_type" else group)
     at = lambda key: Affine.from_json(t[key]).at(num_blocks)  # noqa: E731
     blocks = st["draft_num_blocks"] if t["pool"] == "draft" else num_blocks
     kernel = kernel_block_size or spec.block_size
@@ -104,7 +108,7 @@ def declared_addresses(art: Artifact, stage: int, tensor_index: int, slot: int,
             "N": spec.kernel_states(kernel), "C": spec.state_content_size_bytes}
     stride = {"L": at("layer_stride"), "B": at("block_stride") // ratio}
     span = 1
-    for axis in reversed(art.layout.engine.axis_order.name):
+    for axis in reversed(body["engine"]["axis_order"]):
         if axis not in stride:
             stride[axis] = span
         span = stride[axis] * size[axis]
@@ -168,7 +172,7 @@ def test_views_match_reference_on_meta(name: str) -> None:
     art = case_artifact(name)
     views = expected["views"]
     per_worker = views if views and isinstance(views[0], list) else [views]
-    assert len(per_worker) == len(art.body["stages"])
+    assert len(per_worker) == len(art.data["body"]["stages"])
     for stage, worker_views in enumerate(per_worker):
         cache = load(art, device="meta", num_blocks=expected["num_blocks"], stage=stage)
         assert cache.device.type == "meta" and cache.nbytes == 0
@@ -186,23 +190,22 @@ def test_views_match_reference_on_meta(name: str) -> None:
                     (lv["shape"], lv["stride"], lv["storage_offset"])
                 assert v.untyped_storage().nbytes() == \
                     allocation(cache, lv["layer"]).untyped_storage().nbytes()
-        assert set(cache.views) == want_layers == set(art.body["stages"][stage]["layers"])
+        assert set(cache.views) == want_layers == set(art.data["body"]["stages"][stage]["layers"])
 
 
 @pytest.mark.parametrize("name", OK_CASES)
 def test_every_case_loads_on_cpu_with_its_declared_bytes(name: str) -> None:
     art = case_artifact(name, small=True)
-    group_of = {n: g["id"] for g in art.body["groups"] for n in g["layers"]}
-    for stage in range(len(art.body["stages"])):
-        num_blocks = art.body["stages"][stage]["min_num_blocks"] + 1
+    group_of = {n: g["id"] for g in art.data["body"]["groups"] for n in g["layers"]}
+    for stage in range(len(art.data["body"]["stages"])):
+        num_blocks = art.data["body"]["stages"][stage]["min_num_blocks"] + 1
         cache = load(art, device="cpu", num_blocks=num_blocks, stage=stage, zero=True)
         assert cache.num_blocks == num_blocks and cache.zeroed
         assert sum(1 for k in cache.buffers if k not in ("draft", "scales")) == \
-            len({("host" if t["host_resident"] else "device")
-                 for t in art.body["stages"][stage]["tensors"]})
+            len(art.data["body"]["stages"][stage]["allocations"])
         by_group: dict[int, list] = {}
         draft, main = [], []
-        for ti, t in enumerate(art.body["stages"][stage]["tensors"]):
+        for ti, t in enumerate(art.data["body"]["stages"][stage]["tensors"]):
             for slot, layer in enumerate(t["layers"]):
                 addresses = declared_addresses(art, stage, ti, slot, num_blocks)
                 write_and_find(cache, layer, addresses, seed=len(by_group) * 7 + slot)
@@ -244,7 +247,7 @@ def test_aliasing_is_across_groups_only() -> None:
     """Slot i of every group shares bytes (gemma-2: sliding + full groups)."""
     art = case_artifact("gemma-2-9b-tp1", small=True)
     cache = load(art, device="cpu", num_blocks=art.min_num_blocks(), zero=True)
-    t0, t1 = art.body["stages"][0]["tensors"][:2]
+    t0, t1 = art.data["body"]["stages"][0]["tensors"][:2]
     a, b = t0["layers"][0], t1["layers"][0]
     assert cache.metadata[a].group != cache.metadata[b].group
     cache.views[a].fill_(1.5)
@@ -269,7 +272,7 @@ def test_too_few_blocks_is_refused_with_the_numbers() -> None:
 
 def test_too_little_memory_is_refused() -> None:
     art = data_artifact("tiny")
-    per_block = art.body["stages"][0]["bytes_per_block"]
+    per_block = art.data["body"]["stages"][0]["bytes_per_block"]
     with pytest.raises(PlanError, match="cannot serve one request"):
         load(art, device="meta", memory=per_block * 3)
     cache = load(art, device="meta", memory=per_block * 40 + 5)
@@ -279,7 +282,7 @@ def test_too_little_memory_is_refused() -> None:
 
 def test_memory_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
     art = data_artifact("tiny")
-    per_block = art.body["stages"][0]["bytes_per_block"]
+    per_block = art.data["body"]["stages"][0]["bytes_per_block"]
     monkeypatch.setattr(budget_module, "free_memory", lambda device: per_block * 100)
     assert load(art, device="cpu", memory_fraction=0.5).num_blocks == 50
     monkeypatch.undo()
@@ -342,7 +345,7 @@ def test_a_device_this_torch_cannot_allocate_on_is_a_load_error() -> None:
 
 def test_the_artifacts_own_budget_is_the_default() -> None:
     art = compile("layouts/llama-3.1-8b.yaml")
-    assert load(art, device="meta").num_blocks == art.body["budget"]["num_blocks"] == 20480
+    assert load(art, device="meta").num_blocks == art.data["body"]["budget"]["num_blocks"] == 20480
     override = case_artifact("syn-override")
     assert load(override, device="meta").num_blocks == 4096
     # the source's num_blocks override wins over a budget, as in the reference
@@ -365,19 +368,36 @@ def test_tampered_artifacts_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as info:
         load(path, device="meta", num_blocks=32)
     assert info.value.file == str(path)
-    # an edit with the hash recomputed is refused too: it is not what kvspec plans
-    data["sha256"] = envelope(data["body"], source_sha256=data["source_sha256"])["sha256"]
-    with pytest.raises(ArtifactError, match="not what kvspec plans") as info:
+    # an edit with the hash recomputed is refused too: its views overlap
+    data["sha256"] = signature_of(data)
+    with pytest.raises(ArtifactError, match="structure is unsound") as info:
         load(data, device="meta", num_blocks=32)
-    assert info.value.path == "body.stages[0].tensors[0].offset"
-    # the data of a verified Artifact is not what the loader reads: editing it changes nothing
+    assert info.value.path.startswith("body.stages[0].tensors[")
+    # ... and, re-planned, it is not what kvspec plans
+    with pytest.raises(ArtifactError, match="structure is unsound|not what kvspec plans"):
+        load(data, device="meta", num_blocks=32, replan=True)
+    # the data of a checked Artifact is not what the loader reads: editing it changes nothing
     edited = Artifact.from_text(art.text())
     edited.data["body"]["engine"]["max_model_len"] = 16
     cache = load(edited, device="meta", num_blocks=32)
-    assert cache.artifact.layout.engine.max_model_len == art.layout.engine.max_model_len
+    assert cache.artifact.body.engine.max_model_len == art.body.engine.max_model_len
     data["format"] = "kvspec.layout/99"
-    with pytest.raises(ArtifactError, match="unsupported artifact format"):
+    with pytest.raises(ArtifactError, match="this artifact is format kvspec.layout/99"):
         load(data, device="meta", num_blocks=32)
+
+
+def test_replan_proves_an_artifact_at_load() -> None:
+    """``replan=True``: the artifact proved exactly what this compiler plans (a
+    checked edit of an input the structure cannot judge, caught)."""
+    art = data_artifact("tiny")
+    assert load(json.loads(art.text()), device="meta", num_blocks=32,
+                replan=True).artifact.sha256 == art.sha256
+    data = json.loads(art.text())
+    data["body"]["engine"]["block_size"] *= 2  # sound, but not what the plan says
+    data["sha256"] = signature_of(data)
+    assert load(data, device="meta", num_blocks=32).num_blocks == 32
+    with pytest.raises(ArtifactError, match="not what kvspec plans"):
+        load(data, device="meta", num_blocks=32, replan=True)
 
 
 def test_loads_from_a_path_and_a_dict(tmp_path: Path) -> None:
@@ -405,14 +425,14 @@ def _edited(art: Artifact, stage: int, tensor: int, **changes: Any) -> Artifact:
     stages[stage] = dataclasses.replace(st, tensors=tuple(tensors))
     edited = dataclasses.replace(layout, plan=dataclasses.replace(layout.plan,
                                                                   stages=tuple(stages)))
-    return Artifact(envelope(encode(edited), source_sha256=art.source_sha256), edited)
+    return freeze(edited, "edited")
 
 
 def test_inconsistent_geometry_is_refused() -> None:
     """A view that leaves its pool is refused by the loader itself."""
     art = data_artifact("tiny")
     bad = _edited(art, 0, 0, offset=Affine(1, 0))
-    with pytest.raises(ArtifactError, match="view reaches byte"):
+    with pytest.raises(ArtifactError, match="outside pool"):
         load(bad, device="meta", num_blocks=20)
 
 
@@ -504,7 +524,7 @@ def test_kernel_conventions_per_layout(layout: str, yields: tuple[str, ...]) -> 
             cache.layouts.nhd(name)
     # every layout's views still write exactly the declared bytes
     cache.buffers["device"].zero_()
-    for ti, t in enumerate(art.body["stages"][0]["tensors"]):
+    for ti, t in enumerate(art.data["body"]["stages"][0]["tensors"]):
         for slot, layer in enumerate(t["layers"]):
             write_and_find(cache, layer, declared_addresses(art, 0, ti, slot, 18), seed=slot)
 
@@ -527,7 +547,7 @@ def test_kernel_block_splitting() -> None:
     assert (meta.kernel_block_size, meta.kernel_blocks_per_block, meta.block_size) == (16, 2, 32)
     blocks = cache.block_view(name)  # the reference's group_kernel_blocks
     assert tuple(blocks.shape) == (10, 2, 2, 16, 160)
-    for slot, layer in enumerate(art.body["stages"][0]["tensors"][0]["layers"]):
+    for slot, layer in enumerate(art.data["body"]["stages"][0]["tensors"][0]["layers"]):
         write_and_find(cache, layer, declared_addresses(art, 0, 0, slot, 10, 16), seed=slot)
     full = load(art, device="cpu", num_blocks=10, kernel_block_size={0: 32})
     assert full.metadata[name].kernel_block_size == 32
@@ -546,12 +566,12 @@ def test_kernel_block_splitting_shares_bytes_with_the_whole_view() -> None:
 
 def test_kernel_block_splitting_refusals() -> None:
     art = data_artifact("kernel32")
-    with pytest.raises(PlanError, match="must divide the KV cache block size 32"):
+    with pytest.raises(LoadError, match="must divide the KV cache block size 32"):
         load(art, device="meta", num_blocks=10, kernel_block_size=24)
     with pytest.raises(LoadError, match="unknown group"):
         load(art, device="meta", num_blocks=10, kernel_block_size={5: 16})
     packed = case_artifact("syn-packed-blhnc", small=True)
-    with pytest.raises(PlanError, match="does not store blocks as dense, unpadded pages"):
+    with pytest.raises(LoadError, match="does not store blocks as dense, unpadded pages"):
         load(packed, device="meta", num_blocks=30, kernel_block_size=8)
 
 
@@ -571,12 +591,12 @@ def test_state_layers_are_not_split_into_kernel_blocks() -> None:
 
 def test_zeroing_follows_the_artifact() -> None:
     needs = case_artifact("synthetic-mamba-hybrid", small=True)
-    assert needs.body["needs_zeroing"]
+    assert needs.data["body"]["needs_zeroing"]
     cache = load(needs, device="cpu", num_blocks=10)
     assert cache.zeroed and int(torch.count_nonzero(cache.buffers["device"])) == 0
     assert not load(needs, device="cpu", num_blocks=10, zero=False).zeroed
     plain = data_artifact("tiny")
-    assert not plain.body["needs_zeroing"]
+    assert not plain.data["body"]["needs_zeroing"]
     assert not load(plain, device="cpu", num_blocks=20).zeroed
     forced = load(plain, device="cpu", num_blocks=20, zero=True)
     assert forced.zeroed and int(torch.count_nonzero(forced.buffers["device"])) == 0
@@ -585,10 +605,10 @@ def test_zeroing_follows_the_artifact() -> None:
 
 def test_one_allocation_per_pool() -> None:
     art = case_artifact("syn-glm5-next", small=True)
-    st = art.body["stages"][0]
+    st = art.data["body"]["stages"][0]
     n = st["min_num_blocks"]
     cache = load(art, device="cpu", num_blocks=n)
-    size = Affine.from_json(st["tensors"][0]["size"]).at(n)
+    size = Affine.from_json(st["allocations"][0]["size"]).at(n)
     assert set(cache.buffers) == {"device", "draft"}
     assert cache.buffers["device"].numel() == size == cache.nbytes
     assert cache.buffers["device"].dtype == torch.int8
@@ -608,7 +628,7 @@ def test_host_resident_tensors_get_a_host_pool() -> None:
     art = _with_host_tensor(case_artifact("gemma-2-9b-tp1", small=True))
     cache = load(art, device="cpu", num_blocks=12, zero=True)
     assert set(cache.buffers) == {"device", "host"}
-    host_layers = art.body["stages"][0]["tensors"][1]["layers"]
+    host_layers = art.data["body"]["stages"][0]["tensors"][1]["layers"]
     for slot, layer in enumerate(host_layers):
         assert cache.metadata[layer].pool == "host"
         assert cache.views[layer].untyped_storage().data_ptr() == \
@@ -616,7 +636,7 @@ def test_host_resident_tensors_get_a_host_pool() -> None:
         write_and_find(cache, layer, declared_addresses(art, 0, 1, slot, 12), seed=slot)
     assert cache.buffers["host"].is_pinned() == torch.cuda.is_available()
     # host and device pools no longer alias
-    dev_layer = art.body["stages"][0]["tensors"][0]["layers"][0]
+    dev_layer = art.data["body"]["stages"][0]["tensors"][0]["layers"][0]
     cache.buffers["device"].zero_()
     cache.views[host_layers[0]].fill_(3.0)
     assert int(torch.count_nonzero(cache.views[dev_layer])) == 0
@@ -628,7 +648,7 @@ def test_block_pool_over_num_blocks() -> None:
     pool = cache.block_pool
     assert pool is cache.block_pool  # made once
     assert pool.num_blocks == 20 and pool.num_free_blocks == 19  # block 0: null block
-    assert pool.hash_block_size == art.body["hash_block_size"]
+    assert pool.hash_block_size == art.data["body"]["hash_block_size"]
     assert cache.draft_block_pool is None
     assert repr(cache) == ("LoadedCache('tiny', stage=0, device='meta', num_blocks=20, "
                            "layers=4, layout=LBNHC, pools={device: 655360 B})")
@@ -639,7 +659,7 @@ def test_pipeline_stages_load_their_own_layers() -> None:
     for stage in range(3):
         cache = load(art, device="meta", num_blocks=20, stage=stage)
         assert cache.stage == stage
-        assert list(cache.views) == art.body["stages"][stage]["layers"]
+        assert list(cache.views) == art.data["body"]["stages"][stage]["layers"]
         # bf16 pages of 8 KiB: the second layer starts 20 pages in
         assert [v.storage_offset() for v in cache.views.values()] == [0, 20 * 8192 // 2]
 
@@ -673,7 +693,7 @@ def test_cuda_views_write_their_declared_bytes(name: str) -> None:
 def test_cuda_memory_fraction_and_pinned_host_pool() -> None:
     art = _with_host_tensor(case_artifact("gemma-2-9b-tp1", small=True))
     free, _ = torch.cuda.mem_get_info()
-    per_block = art.body["stages"][0]["bytes_per_block"]
+    per_block = art.data["body"]["stages"][0]["bytes_per_block"]
     fraction = min(1.0, 64 * per_block / free)
     cache = load(art, device="cuda", memory_fraction=fraction)
     assert cache.num_blocks >= art.min_num_blocks()
@@ -691,10 +711,10 @@ LAYOUTS = Path(__file__).resolve().parents[1] / "layouts"
 @pytest.mark.parametrize("path", sorted(LAYOUTS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_layout_loads_on_meta(path: Path) -> None:
     art = compile(path)
-    own = (art.body.get("budget") or {}).get("num_blocks")
-    for stage in range(len(art.body["stages"])):
+    own = (art.data["body"].get("budget") or {}).get("num_blocks")
+    for stage in range(len(art.data["body"]["stages"])):
         cache = load(art, device="meta", num_blocks=own or art.min_num_blocks(), stage=stage)
-        assert list(cache.views) == art.body["stages"][stage]["layers"]
+        assert list(cache.views) == art.data["body"]["stages"][stage]["layers"]
 
 
 # ---------------------------------------------------------------------------

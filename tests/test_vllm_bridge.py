@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.artifact import Artifact
+from kvspec.compiled import read as read_artifact
 from kvspec.compiler import compile_source
 from kvspec.integrations.dump.read import read_dump
 from kvspec.integrations.dump.importer import dump_to_yaml
@@ -84,7 +84,7 @@ def test_spec_differences_name_each_field() -> None:
 
 
 def test_engine_settings_use_vllm_config_names() -> None:
-    art = Artifact.read(LLAMA)
+    art = read_artifact(LLAMA)
     s = specs.engine_settings(art.layout.plan.engine)
     assert s["block_size"] == 16 and s["kv_cache_layout"] == "LBNHC"
     assert s["disable_hybrid_kv_cache_manager"] is False and s["async_scheduling"] is True
@@ -225,7 +225,7 @@ def _engine_layers(art: Artifact) -> dict[str, dict]:
 
 
 def test_the_engine_of_the_artifact_passes_every_check() -> None:
-    art = Artifact.read(LLAMA)
+    art = read_artifact(LLAMA)
     exp = Expectation(art, LLAMA, "verify")
     exp.check_engine(exp.settings())
     exp.check_layers(_engine_layers(art))
@@ -235,7 +235,7 @@ def test_the_engine_of_the_artifact_passes_every_check() -> None:
 
 
 def test_drift_names_the_layer_the_field_and_both_values() -> None:
-    art = Artifact.read(LLAMA)
+    art = read_artifact(LLAMA)
     exp = Expectation(art, LLAMA, "verify")
     layers = _engine_layers(art)
     layers["model.layers.7.self_attn.attn"]["num_kv_heads"] = 4
@@ -295,7 +295,7 @@ def test_rules_apply_to_the_plans_they_describe(source: str, rules: set[str]) ->
 
 
 def test_final_configs_are_checked_against_kvspec_for_the_engine_budget() -> None:
-    art = Artifact.read(LLAMA)
+    art = read_artifact(LLAMA)
     exp = Expectation(art, LLAMA, "verify")
     memory = 20 * 2**30
     n = art.num_blocks_for(memory=memory)
@@ -331,7 +331,7 @@ def test_engine_args_for_hybrids_blocks_and_json() -> None:
                            "--engine", "vllm", "--pin-blocks", "--format", "json"])
     data = json.loads(out)
     flags = {f["flag"]: f["value"] for f in data["flags"]}
-    art = Artifact.read("layouts/nemotron-h-56b-base-8k.kvlayout.json")
+    art = read_artifact("layouts/nemotron-h-56b-base-8k.kvlayout.json")
     assert flags["--num-gpu-blocks-override"] == str(art.layout.budget.num_blocks)
     assert flags["--mamba-ssm-cache-dtype"] == "float32"
     assert any("mamba_cache_mode" in n["setting"] for n in data["no_flag"])
@@ -393,7 +393,7 @@ def test_dump_layers_keep_only_what_expansion_does_not_derive() -> None:
 
 
 def test_verify_notes_what_vllm_would_change_before_planning() -> None:
-    layout = Artifact.read("layouts/qwen3-next-80b-a3b-thinking.kvlayout.json").layout
+    layout = read_artifact("layouts/qwen3-next-80b-a3b-thinking.kvlayout.json").layout
     if layout.plan.engine.mamba_cache_mode == "align":
         pytest.skip("the layout already has what vLLM sets")
     verdict = verify_plan(layout.plan, 40 * 2**30, adapter=FakeAdapter(layout.plan))

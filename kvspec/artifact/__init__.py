@@ -1,39 +1,43 @@
-"""The frozen layout artifact: canonical JSON, versioned, hashed, verified on reading.
+"""The frozen layout artifact: its format, its text, and reading it safely.
 
-An artifact is compiled once and loaded under any memory budget. Its body is
-the Layout IR (:mod:`kvspec.model.plan`) serialised by :mod:`.codec`; the
-envelope adds the format, the compiler and the source's sha256, and
-``sha256`` covers all of them (the canonical compact JSON of everything but
-itself). Same source + same compiler -> byte-identical artifact on any
-machine: keys are sorted, formatting fixed, nothing machine-dependent kept.
+An artifact is compiled once and loaded under any memory budget. This package
+is what a serving container needs to read one, and nothing of the compiler:
 
-Reading verifies three things, cheapest first (:mod:`.verify`): the hash; that
-the body is what this compiler plans from the body's own inputs (so an edited
-body whose hash was recomputed is refused, naming the first field that
-differs); and, when either fails, the artifact schema, for a precise message.
+* :mod:`.format` -- the format, declared once (``msgspec`` records): the typed
+  body, its canonical JSON, its validation and its JSON Schema all come from it;
+* :mod:`.text` -- canonical text, the hash, the file form;
+* :mod:`.read` -- untrusted bytes to a checked :class:`Artifact`;
+* :mod:`.structure`, :mod:`.blocks` -- the structural invariants ``load`` proves;
+* :mod:`.sizing` -- the block count for a budget.
 
->>> from kvspec.compiler import compile
->>> art = compile("layouts/llama-3.1-8b.yaml")
->>> Artifact.from_text(art.text()).layout.stage(0).bytes_per_block
-2097152
+The compiler makes artifacts with the plan they came from
+(:class:`kvspec.compiled.CompiledArtifact`, a subclass); ``kvspec check`` and
+``verify`` re-plan an artifact to prove it is exactly what this compiler makes
+of its inputs (docs/artifact.md, "The trust model").
+
+>>> art = Artifact.read("layouts/llama-3.1-8b.kvlayout.json")
+>>> art.body.groups[0].kind, art.body.stages[0].bytes_per_block
+('full_attention', 2097152)
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kvspec import __version__
+import msgspec
+
+from kvspec._version import __version__
+from kvspec.artifact.format import FORMAT, Envelope, Layout, Stage
+from kvspec.artifact.read import decode
+from kvspec.artifact.sizing import blocks_for
+from kvspec.artifact.text import file_text
 from kvspec.errors import ArtifactError
-from kvspec.model.plan import Layout
+from kvspec.files import parse_size, read_text, shown, write_atomic
 
-__all__ = ["FORMAT", "Artifact", "canonical_json", "envelope", "is_artifact_text",
-           "sha256_text"]
+__all__ = ["COMPILER", "FORMAT", "Artifact", "is_artifact_text"]
 
-FORMAT = "kvspec.layout/2"
 COMPILER = f"kvspec {__version__}"
 
 
@@ -42,148 +46,110 @@ def is_artifact_text(text: str) -> bool:
     ``format`` is ``kvspec.layout/N``. Used to let ``compile`` replace its own
     earlier output, and nothing else, without ``--force``."""
     try:
-        obj = json.loads(text)
-    except (ValueError, RecursionError):  # not JSON, nested too deep, a number too long
+        head = msgspec.json.decode(text, type=dict[str, Any])
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return False
-    return isinstance(obj, dict) and str(obj.get("format", "")).startswith("kvspec.layout/")
-
-
-def canonical_json(obj: Any, *, pretty: bool = False) -> str:
-    """Sorted keys, fixed separators: the same text everywhere."""
-    from kvspec.artifact import jsontext  # json.dumps' exact text, faster on bodies
-
-    return jsontext.pretty(obj) + "\n" if pretty else jsontext.compact(obj)
-
-
-def sha256_text(text: str | bytes) -> str:
-    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    return hashlib.sha256(data).hexdigest()
-
-
-def encoded_text(data: dict[str, Any]) -> str:
-    """The canonical compact JSON of the envelope without ``sha256`` (what the hash
-    covers), of an envelope whose body the codec built (:func:`.codec.encode`): the
-    artifact schema's one number, ``budget.max_concurrency``, is its only float."""
-    from kvspec.artifact import jsontext
-
-    rest = {k: v for k, v in data.items() if k != "sha256"}
-    budget = data["body"].get("budget")
-    return jsontext.compact_of_known(rest, (budget["max_concurrency"],) if budget else ())
-
-
-def envelope_texts(data: dict[str, Any]) -> tuple[str, str | None]:
-    """The canonical compact JSON of the envelope without ``sha256`` (what the hash
-    covers), and the body's own canonical text within it (None if not a dict): of
-    any data (an artifact as it was read), exactly as ``json`` writes it."""
-    rest = {k: v for k, v in data.items() if k not in ("sha256", "body")}
-    if not isinstance(data.get("body"), dict) or any(k < "body" for k in rest):
-        return canonical_json({k: v for k, v in data.items() if k != "sha256"}), None
-    body = canonical_json(data["body"])
-    tail = canonical_json(rest)
-    return '{"body":' + body + ("," + tail[1:] if rest else "}"), body
-
-
-def envelope_hash(data: dict[str, Any]) -> str:
-    """sha256 of the canonical compact JSON of the envelope without ``sha256``."""
-    return sha256_text(envelope_texts(data)[0])
-
-
-def envelope(body: dict[str, Any], *, source_sha256: str) -> dict[str, Any]:
-    """Wrap a body with its format, compiler, source hash and the hash of all."""
-    data = {"format": FORMAT, "compiler": COMPILER, "source_sha256": source_sha256,
-            "body": body}
-    data["sha256"] = sha256_text(encoded_text(data))
-    return data
+    return str(head.get("format", "")).startswith("kvspec.layout/")
 
 
 class Artifact:
-    """A verified layout artifact (torch-free; the runtime loader maps it).
+    """A checked layout artifact (torch-free, planner-free).
 
-    Made by the compiler or by reading (:meth:`read`, :meth:`from_text`,
-    :meth:`from_dict`), which verify it; never edited afterwards. ``layout``
-    is the typed IR every reader uses; ``data`` the JSON it was read from.
+    Made by reading (:meth:`read`, :meth:`from_text`, :meth:`from_dict`), which
+    checks it, or by the compiler; never edited afterwards. ``body`` is the
+    typed layout (:class:`~kvspec.artifact.format.Layout`) every reader uses.
     """
 
-    def __init__(self, data: dict[str, Any], layout: Layout, text: str | None = None) -> None:
-        self._data = data
-        self._layout = layout
+    def __init__(self, envelope: Envelope, text: str | None = None,
+                 source: str | bytes | None = None) -> None:
+        self._envelope = envelope
         self._text = text
+        #: The text it was read from, if it was (to place errors found later).
+        self.source = source
 
     # -- reading ------------------------------------------------------------
     @classmethod
-    def from_dict(cls, data: Any, *, origin: str = "<artifact>") -> Artifact:
-        from kvspec.artifact.verify import verified
-        return verified(data, origin=origin)
+    def from_text(cls, text: str | bytes, *, origin: str = "<artifact>") -> Artifact:
+        return cls(decode(text, origin), source=text)
 
     @classmethod
-    def from_text(cls, text: str, *, origin: str = "<artifact>") -> Artifact:
-        from kvspec.artifact.verify import read_text
-        from kvspec.collector import paused
-        with paused():
-            return read_text(text, origin)
+    def from_dict(cls, data: Any, *, origin: str = "<artifact>") -> Artifact:
+        try:
+            raw = msgspec.json.encode(data)
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise ArtifactError(f"not an artifact: {exc}", file=origin,
+                                hint="pass the dict json.load gives for a .kvlayout.json"
+                                ) from None
+        return cls.from_text(raw, origin=origin)
 
     @classmethod
     def read(cls, path: str | Path) -> Artifact:
-        from kvspec.files import read_text, shown
         text = read_text(path, what="an artifact", error=ArtifactError,
                          hint="compile a source with `kvspec compile model.yaml`")
         return cls.from_text(text, origin=shown(path))
 
     # -- writing ------------------------------------------------------------
     def text(self) -> str:
+        """The artifact file's text (canonical JSON, indented)."""
         if self._text is None:
-            self._text = canonical_json(self._data, pretty=True)
+            self._text = file_text(self._envelope)
         return self._text
 
     def write(self, path: str | Path) -> None:
-        from kvspec.files import write_atomic
         write_atomic(path, self.text())
 
     # -- what it says ---------------------------------------------------------
     @property
-    def layout(self) -> Layout:
-        return self._layout
+    def envelope(self) -> Envelope:
+        return self._envelope
 
     @property
+    def body(self) -> Layout:
+        return self._envelope.body
+
+    @cached_property
     def data(self) -> dict[str, Any]:
-        return self._data
-
-    @property
-    def body(self) -> dict[str, Any]:
-        return self._data["body"]
+        """The artifact as plain JSON data (what ``json.load`` of its file gives)."""
+        out: dict[str, Any] = msgspec.to_builtins(self._envelope, order="sorted")
+        return out
 
     @property
     def name(self) -> str:
-        return self._layout.name
+        return self.body.name
 
     @property
     def source_sha256(self) -> str:
-        return self._data["source_sha256"]
+        return self._envelope.source_sha256
 
     @property
     def sha256(self) -> str:
-        return self._data["sha256"]
+        return self._envelope.sha256
 
     @property
     def compiler(self) -> str:
-        return self._data["compiler"]
+        return self._envelope.compiler
 
-    @cached_property
+    @property
     def fingerprint(self) -> str:
         """A short id of the plan: the first 12 hex digits of ``sha256``."""
         return self.sha256[:12]
 
+    def stage(self, index: int = 0) -> Stage:
+        return self.body.stages[index]
+
     def min_num_blocks(self) -> int:
-        return self._layout.min_num_blocks()
+        return max((st.min_num_blocks for st in self.body.stages), default=1)
 
     def num_blocks_for(self, *, memory: int | str | None = None,
                        num_blocks: int | None = None) -> int:
         """The block count every stage uses for a per-rank ``memory`` budget
         (bytes or a size like ``"40GiB"``), or ``num_blocks`` checked."""
-        from kvspec.files import parse_size
-        from kvspec.planner import blocks_for
         mem = parse_size(memory, what="memory") if memory is not None else None
-        return blocks_for(self._layout, memory=mem, num_blocks=num_blocks)
+        body = self.body
+        return blocks_for([(st.bytes_per_block, st.fixed_bytes) for st in body.stages],
+                          need=self.min_num_blocks(), override=body.engine.num_blocks,
+                          max_model_len=body.engine.max_model_len, memory=mem,
+                          num_blocks=num_blocks)
 
     def __repr__(self) -> str:
         return f"Artifact({self.name!r}, {self.fingerprint})"

@@ -28,7 +28,7 @@ from typing import Literal
 import click
 
 from kvspec import __version__
-from kvspec.artifact import sha256_text
+from kvspec.artifact.text import sha256_of as sha256_text
 from kvspec.cli.common import USAGE, echo_json, quiet_option
 from kvspec.errors import (
     EXIT_INVALID,

@@ -31,10 +31,10 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
     mode), the hybrid manager, the scheduler settings the plan depends on, the
     budget (--kv-cache-memory-bytes or --num-gpu-blocks-override) and TP/PP/DCP.
     Settings with no flag are listed as comments. Needs no vLLM."""
-    from kvspec.artifact import Artifact
+    from kvspec.compiled import CompiledArtifact, read
     from kvspec.integrations.vllm.engine_args import as_json, engine_args, render_shell
 
-    art = Artifact.read(artifact)
+    art = read(artifact)
     args = engine_args(art, str(artifact), model=model, mode=mode, pin_blocks=pin_blocks)
     if fmt == "json":
         click.echo(json.dumps(as_json(args), indent=1))

@@ -83,9 +83,9 @@ def _plan_of(path: Path):  # noqa: ANN202 - (plan, budget, error locator)
     from kvspec.reports.explain import is_artifact_path
 
     if is_artifact_path(path):
-        from kvspec.artifact import Artifact
+        from kvspec.compiled import read
 
-        layout = Artifact.read(path).layout
+        layout = read(path).layout
         engine = dataclasses.replace(layout.engine, original_max_model_len=None)
         budget = layout.budget.memory if layout.budget is not None else None
         return dataclasses.replace(layout.plan, engine=engine), budget, \

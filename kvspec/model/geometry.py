@@ -65,20 +65,45 @@ def layout_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
     shape = (num_layers, *page_shape(spec, num_blocks, kernel_block_size))
     order = axis_order.stride_order
     padded = getattr(spec, "page_size_padded", None)
-    grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
     if padded is not None:
         if kernel_block_size is not None and kernel_block_size != spec.block_size:
             raise PlanError("padded KV pages cannot be split into kernel blocks",
                             hint="leave this group out of kernel_block_size "
                             "({group id: size} for the others)")
+        grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
         _check_padded_grid(order, shape, grid_end, axis_order)
+    strides = axis_strides(axis_order, shape, padded, fixed)
+    if strides is None:
+        raise PlanError("a padded page does not tile its stride", hint=PLANNER_BUG)
+    return strides
+
+
+def axis_strides(axis_order: AxisOrder, shape: Sequence[int | Affine], padded: int | None,
+                 fixed: Sequence[int | Affine | None] = (None,) * 5) -> list[Affine] | None:
+    """The byte strides of ``[L, B, H, N, C]`` (``shape``, C in bytes) that
+    ``axis_order`` gives, innermost physical axis first, each axis's stride the
+    extent of the axes inside it; ``fixed`` pins strides already known. A
+    padded page widens the innermost of L and B to ``padded`` bytes. None when
+    the padded page does not tile that stride.
+
+    The planner places tensors with it and the artifact reader checks every
+    stored stride against it (:mod:`kvspec.artifact.structure`).
+
+    >>> [str(s) for s in axis_strides(AxisOrder.LBNHC, (2, Affine(1), 8, 16, 256), None)]
+    ['32768*N', '32768', '256', '2048', '1']
+    """
+    order = axis_order.stride_order
+    grid_end = max(order.index(DIM_L), order.index(DIM_B)) + 1
     strides: list[Affine] = [Affine()] * 5
     current = Affine(0, 1)
     for phys, dim in reversed(list(enumerate(order))):
         if padded is not None and phys == grid_end - 1:
-            current = Affine.max(current, padded)
+            try:
+                current = Affine.max(current, padded)
+            except ValueError:
+                return None
             if current.a == 0 and current.b % padded:
-                raise PlanError("a padded page does not tile its stride", hint=PLANNER_BUG)
+                return None
         pinned = fixed[dim]
         strides[dim] = Affine.of(pinned) if pinned is not None else current
         current = strides[dim] * Affine.of(shape[dim])

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvspec.model.affine import Affine
 from kvspec.model.engine import Engine
 from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs.base import LayerSpec, cdiv, distinct
 from kvspec.model.specs.uniform import UniformType
+
+if TYPE_CHECKING:  # the artifact format's record; the plan only holds it
+    from kvspec.artifact.format import Budget
 
 #: Strategies that make groups (``Group.strategy``), in the order they are tried.
 STRATEGIES = ("uniform", "uniform_type", "state_slots", "packed", "hybrid_page",
@@ -188,18 +191,6 @@ class GroupFigures:
 class StageFigures:
     memory_per_request: int
     min_num_blocks: int
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """Capacity for the memory budget the layout was sized for."""
-
-    memory: int
-    num_blocks: int
-    max_concurrency: float
-    kv_cache_size_tokens: int
-    max_model_len: int
-    estimated_max_model_len: int
 
 
 class LayerEntry(NamedTuple):

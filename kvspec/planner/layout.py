@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from kvspec.artifact.format import Budget
 from kvspec.errors import KvspecError
 from kvspec.model import kinds
 from kvspec.model.engine import Engine
 from kvspec.model.plan import (
-    Budget,
     Group,
     GroupFigures,
     LayerEntry,
@@ -80,9 +80,17 @@ def cells_of(spec: LayerSpec, kv_cache_dtype: str | None
         return None, False
 
 
+def _finite(x: float) -> float | None:
+    """A concurrency as the artifact writes it (None: unbounded)."""
+    return None if x == float("inf") else x
+
+
 def _budget(r: Resolved) -> Budget:
-    return Budget(r.available, r.num_blocks, r.max_concurrency, r.kv_cache_size_tokens,
-                  r.engine.max_model_len, r.estimated_max_model_len)
+    return Budget(memory=r.available, num_blocks=r.num_blocks,
+                  max_concurrency=_finite(r.max_concurrency),
+                  kv_cache_size_tokens=r.kv_cache_size_tokens,
+                  max_model_len=r.engine.max_model_len,
+                  estimated_max_model_len=r.estimated_max_model_len)
 
 
 def layout_of(name: str, model: str | None, plan: Plan, resolved: Resolved | None,

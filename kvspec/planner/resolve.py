@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from kvspec.errors import PlanError
 from kvspec.model.engine import Engine
-from kvspec.model.plan import Budget, Layout, Plan, Stage
+from kvspec.artifact.format import Budget
+from kvspec.model.plan import Layout, Plan, Stage
 from kvspec.planner.size import (
     block_sizes,
     blocks_per_request,
@@ -168,5 +169,7 @@ def resize(layout: Layout, *, memory: int | None = None,
     spent = memory if memory is not None else max(st.memory_for(n) for st in layout.stages)
     est = min((estimate_max_model_len(engine, st.groups, spent - st.bytes_per_block)
                for st in layout.stages if st.groups), default=0)
-    return Budget(spent, n, conc, int(conc * engine.max_model_len) if per_req else 0,
-                  engine.max_model_len, est)
+    return Budget(memory=spent, num_blocks=n,
+                  max_concurrency=None if conc == float("inf") else conc,
+                  kv_cache_size_tokens=int(conc * engine.max_model_len) if per_req else 0,
+                  max_model_len=engine.max_model_len, estimated_max_model_len=est)

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvspec.artifact.codec import encode_engine
+import msgspec
+
+from kvspec.compiled import engine_record
 from kvspec.model.kinds import describe, ref_kind_name
 from kvspec.model.plan import Group, Layout
 from kvspec.reports.explain import (
@@ -263,7 +265,7 @@ def _groups(la: Layout, lb: Layout, rep_a: Report, rep_b: Report) -> list[GroupC
 
 def _engine(la: Layout, lb: Layout) -> list[Change]:
     """Engine settings that differ, by the names an artifact gives them."""
-    ea, eb = encode_engine(la), encode_engine(lb)
+    ea, eb = (msgspec.to_builtins(engine_record(x)) for x in (la, lb))
     return [_change(k, ea.get(k), eb.get(k)) for k in sorted(set(ea) | set(eb))
             if k not in _ENGINE_DERIVED and ea.get(k) != eb.get(k)]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvspec.artifact import Artifact
+from kvspec.compiled import CompiledArtifact, read
 from kvspec.errors import KvspecError
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Layout, Plan
@@ -31,13 +31,13 @@ def _pages(group: Group) -> str:
     return " / ".join(human_bytes(p) for p in pages)
 
 
-def summary_warnings(artifact: Artifact | Layout) -> list[str]:
+def summary_warnings(artifact: CompiledArtifact | Layout) -> list[str]:
     """The planner's warnings and the early checks of a compiled layout."""
     layout = artifact if isinstance(artifact, Layout) else artifact.layout
     return [m for lv, m in layout.plan.log if lv == "WARNING"] + list(layout.warnings)
 
 
-def summary(artifact: Artifact, *, warnings: bool = True) -> str:
+def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
     """What ``kvspec compile`` prints: groups, pages, bytes per block, capacity
     (and, with ``warnings``, the warnings as ``warning:`` lines)."""
     layout = artifact.layout
@@ -59,7 +59,8 @@ def summary(artifact: Artifact, *, warnings: bool = True) -> str:
     if b is not None:
         out.append(f"for {human_bytes(b.memory)}: {b.num_blocks:,} blocks, "
                    f"{b.kv_cache_size_tokens:,} tokens, max concurrency "
-                   f"{b.max_concurrency:.2f}x at {b.max_model_len:,} tokens")
+                   f"{b.max_concurrency if b.max_concurrency is not None else float('inf'):.2f}x"
+                   f" at {b.max_model_len:,} tokens")
     else:
         out.append("no memory budget: the loader sizes the pool (engine.memory or --memory "
                    "to plan one)")

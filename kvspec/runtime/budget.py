@@ -70,10 +70,10 @@ def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
                         expected="blocks per pool, e.g. artifact.min_num_blocks() or more",
                         hint="or give memory='40GiB' to size the pool from a budget")
     budget = _budget(device, memory, memory_fraction)
-    layout = artifact.layout
-    if num_blocks is None and budget is None and layout.engine.num_gpu_blocks_override is None:
-        if layout.budget is None:
+    body = artifact.body
+    if num_blocks is None and budget is None and body.engine.num_blocks is None:
+        if body.budget is None:
             raise LoadError("the artifact has no memory budget of its own",
                             hint="give num_blocks=..., memory=... or memory_fraction=...")
-        budget = layout.budget.memory
+        budget = body.budget.memory
     return artifact.num_blocks_for(memory=budget, num_blocks=num_blocks)

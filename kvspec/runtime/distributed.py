@@ -44,7 +44,7 @@ def pipeline_rank(artifact: Artifact, group: Any = None) -> int:
     0 when ``torch.distributed`` is not initialised."""
     if not is_initialized():
         return 0
-    engine = artifact.layout.engine
+    engine = artifact.body.engine
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     return (torch.distributed.get_rank(group) // tp) % pp
 

@@ -9,8 +9,7 @@ deployment's memory and evaluates them::
              --allocate-> one int8 tensor per pool     (zeroed if the layout needs it)
              --view-->   one as_strided per layer      (B, H, N, C) in its dtype
 
->>> from kvspec.compiler import compile
->>> cache = load(compile("layouts/llama-3.1-8b.yaml"), device="meta", num_blocks=20480)
+>>> cache = load("layouts/llama-3.1-8b.kvlayout.json", device="meta", num_blocks=20480)
 >>> view = cache.views["model.layers.0.self_attn.attn"]
 >>> tuple(view.shape), view.stride(), view.dtype     # (B, H, N, C), LBNHC
 ((20480, 8, 16, 256), (32768, 256, 2048, 1), torch.bfloat16)
@@ -20,12 +19,13 @@ deployment's memory and evaluates them::
 >>> tuple(cache.layouts.nhd("model.layers.0.self_attn.attn").shape)   # (B, N, H, C)
 (20480, 16, 8, 256)
 
-Pools. ``device``: one allocation per stage of ``size`` bytes (every tensor of
-a stage declares the same size), holding the main pool (``num_blocks *
-bytes_per_block``) and, beyond it, a drafter's own region when the artifact
-has one (``buffers["draft"]`` is that region, a slice of the same
-allocation). ``host``: tensors with ``host_resident`` get an allocation of
-their own in host memory, pinned when CUDA is available.
+Memory. Each allocation the artifact's stage declares is one int8 tensor in
+``buffers`` (``device``; ``host`` in pinned host memory when CUDA is available),
+and each pool a slice of its allocation: ``buffers["draft"]`` is a drafter's
+own pool, beyond the main pool in the device allocation. Before anything is
+allocated, the structure the views rest on is proved for the block count
+chosen (:func:`kvspec.artifact.structure.memory_problems`): every view inside
+its pool, no two block ids sharing a byte.
 """
 
 from __future__ import annotations
@@ -39,10 +39,11 @@ from typing import Any
 import torch
 
 from kvspec.artifact import Artifact
+from kvspec.artifact.format import Pool, Stage, at
+from kvspec.artifact.read import unsound
+from kvspec.artifact.blocks import memory_problems, pool_blocks
 from kvspec.errors import KvspecError
 from kvspec.model.axes import AxisOrder
-from kvspec.model.plan import Stage
-from kvspec.model.specs import LayerSpec, MambaState
 from kvspec.runtime import distributed
 from kvspec.runtime.budget import LoadError, free_memory, resolve_num_blocks
 from kvspec.runtime.views import (
@@ -92,9 +93,11 @@ class LoadedCache:
     def __post_init__(self) -> None:
         self.kv = KVViews(self.views, self.metadata)
         self.layouts = LayoutViews(self.views, self.metadata, self.axis_order)
-        layers = self.artifact.layout.layers
-        self.parts = CellParts(self.views, {n: layers[n].cell_parts
-                                            for n in self.views if n in layers})
+        body = self.artifact.body
+        layers, cells = body.layers, body.cells
+        self.parts = CellParts(self.views, {
+            n: tuple(cells[layers[n].cells]) for n in self.views  # type: ignore[index]
+            if n in layers and layers[n].cells is not None})
         scaled = [n for n in self.views if n in layers and layers[n].per_tensor_scales]
         buf, self.scales = per_tensor_scales(scaled, self.device)
         if buf is not None:
@@ -120,18 +123,14 @@ class LoadedCache:
         return self._make_pool(self.draft_num_blocks, draft=True)
 
     def _make_pool(self, num_blocks: int, *, draft: bool) -> Any:
-        try:
-            from kvspec.runtime.block_pool import BlockPool
-        except ImportError:  # pragma: no cover - the module ships with kvspec
-            return None
-        layout = self.artifact.layout
-        draft_layers = set(layout.stage(self.stage).draft_layer_names)
-        groups = [g for g in layout.groups if bool(set(g.layer_names) & draft_layers) == draft]
-        caching = layout.engine.enable_prefix_caching and any(
-            g.spec.prefix_cacheable for g in groups)
+        from kvspec.runtime.block_pool import BlockPool
+        body = self.artifact.body
+        draft_layers = set(body.stages[self.stage].draft_layers)
+        groups = [g for g in body.groups if bool(set(g.layers) & draft_layers) == draft]
+        caching = body.engine.enable_prefix_caching and any(g.prefix_cacheable for g in groups)
         return BlockPool(num_blocks, enable_caching=caching,
-                         hash_block_size=layout.hash_block_size,
-                         num_groups=len(layout.groups) or None)
+                         hash_block_size=body.hash_block_size,
+                         num_groups=len(body.groups) or None)
 
     def block_view(self, name: str) -> torch.Tensor:
         """``views[name]`` with manager blocks as dim 0 (the reference's
@@ -147,8 +146,9 @@ class LoadedCache:
         """Bytes allocated (0 on meta)."""
         if self.device.type == "meta":
             return 0
+        allocations = {a.name for a in self.artifact.body.stages[self.stage].allocations}
         return sum(b.numel() * b.element_size() for k, b in self.buffers.items()
-                   if k != "draft")
+                   if k in allocations or k == "scales")
 
 
 # ---------------------------------------------------------------------------
@@ -160,7 +160,7 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
          num_blocks: int | None = None, memory: int | str | None = None,
          memory_fraction: float | None = None, stage: int | None = None,
          kernel_block_size: int | Mapping[int, int] | None = None,
-         zero: bool | None = None) -> LoadedCache:
+         zero: bool | None = None, replan: bool = False) -> LoadedCache:
     """Verify ``artifact``, size its pool, allocate and view it on ``device``.
 
     - ``num_blocks``, ``memory`` (bytes, or ``"40GiB"``), ``memory_fraction``
@@ -173,41 +173,54 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
       attention group (an int) or per group id (a mapping).
     - ``zero``: zero the pools (default: when the artifact needs it).
     - ``device="meta"`` builds every view with no memory behind it.
+    - ``replan``: also prove the artifact is exactly what this kvspec's compiler
+      plans from its inputs (imports the compiler; ``kvspec check`` does the same
+      before deployment).
 
-    An :class:`~kvspec.artifact.Artifact` was verified when it was made and
-    never changes, so it is not verified again; a path or a dict is.
+    A path or a dict is read and checked (:mod:`kvspec.artifact.read`); an
+    :class:`~kvspec.artifact.Artifact` was checked when it was made and never
+    changes. Either way, the structure is proved for the block count chosen
+    before anything is allocated (docs/artifact.md, "The trust model").
     """
     if distributed.is_initialized():
         art, dev, st_index, count = _agreed(artifact, device, stage, num_blocks, memory,
-                                            memory_fraction)
+                                            memory_fraction, replan)
     else:
-        art = _verified(artifact)
+        art = _verified(artifact, replan)
         dev, st_index = _target(art, device, stage)
         count = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
                                    memory_fraction=memory_fraction)
-    st = art.layout.stage(st_index)
-    zeroed = art.layout.needs_zeroing if zero is None else bool(zero)
+    st = art.body.stages[st_index]
+    order = AxisOrder.parse(art.body.engine.axis_order)
+    problems = memory_problems(art.body, st_index, count)
+    if problems:
+        raise unsound(problems, _origin(artifact), art.source)
+    zeroed = art.body.needs_zeroing if zero is None else bool(zero)
     buffers = _allocate(st, count, dev, zero=zeroed)
     kernel = _kernel_block_sizes(art, st, kernel_block_size)
-    views, metadata = _build_views(st, art.layout.engine.axis_order, buffers, count, kernel)
+    views, metadata = _build_views(st, order, buffers, count, kernel)
     # model order (the stage's layer list), not placement order
-    views = {n: views[n] for n in st.layer_names}
-    metadata = {n: metadata[n] for n in st.layer_names}
+    views = {n: views[n] for n in st.layers if n in views}
+    metadata = {n: metadata[n] for n in st.layers if n in metadata}
     return LoadedCache(artifact=art, stage=st_index, device=dev, num_blocks=count,
-                       draft_num_blocks=st.draft_num_blocks, axis_order=art.layout.engine.axis_order,
+                       draft_num_blocks=st.draft_num_blocks, axis_order=order,
                        buffers=buffers, views=views, metadata=metadata,
                        zeroed=zeroed and dev.type != "meta")
 
 
+def _origin(artifact: Any) -> str:
+    return str(artifact) if isinstance(artifact, (str, Path)) else "<artifact>"
+
+
 def _agreed(artifact: Any, device: Any, stage: int | None, num_blocks: int | None,
-            memory: int | str | None, memory_fraction: float | None
+            memory: int | str | None, memory_fraction: float | None, replan: bool
             ) -> tuple[Artifact, torch.device, int, int]:
     """Every rank reaches the agreement, even one that failed to read or size
     its cache: its problem is reported by all, so none waits."""
     art: Artifact | None = None
     dev, st_index, mine, problem = None, 0, None, None
     try:
-        art = _verified(artifact)
+        art = _verified(artifact, replan)
         dev, st_index = _target(art, device, stage)
         mine = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
                                   memory_fraction=memory_fraction)
@@ -222,7 +235,7 @@ def _target(art: Artifact, device: Any, stage: int | None) -> tuple[torch.device
     """The device, and the stage: given, else this rank's pipeline stage."""
     dev = _device(device)
     index = stage if stage is not None else distributed.pipeline_rank(art)
-    stages = art.layout.stages
+    stages = art.body.stages
     if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(stages):
         raise LoadError(f"the artifact has {len(stages)} pipeline stage(s), not stage {index!r}",
                         expected=f"a stage in 0..{len(stages) - 1}", found=repr(index),
@@ -231,17 +244,25 @@ def _target(art: Artifact, device: Any, stage: int | None) -> tuple[torch.device
     return dev, index
 
 
-def _verified(artifact: Artifact | Mapping[str, Any] | str | Path) -> Artifact:
-    """The artifact, verified: an Artifact as it is, a path or dict read and checked."""
+def _verified(artifact: Artifact | Mapping[str, Any] | str | Path, replan: bool = False
+              ) -> Artifact:
+    """The artifact, checked: an Artifact as it is (it was checked when it was
+    made), a path or dict read and checked; ``replan``: proved by re-planning."""
     if isinstance(artifact, Artifact):
-        return artifact
-    if isinstance(artifact, (str, Path)):
-        return Artifact.read(artifact)
-    if isinstance(artifact, Mapping):
-        return Artifact.from_dict(dict(artifact))
-    raise LoadError(f"cannot load a {type(artifact).__name__}",
-                    expected="an Artifact, its dict, or the path of a .kvlayout.json",
-                    hint="e.g. kvspec.load('layouts/llama-3.1-8b.kvlayout.json', device='cuda')")
+        art = artifact
+    elif isinstance(artifact, (str, Path)):
+        art = Artifact.read(artifact)
+    elif isinstance(artifact, Mapping):
+        art = Artifact.from_dict(dict(artifact))
+    else:
+        raise LoadError(f"cannot load a {type(artifact).__name__}",
+                        expected="an Artifact, its dict, or the path of a .kvlayout.json",
+                        hint="e.g. kvspec.load('layouts/llama-3.1-8b.kvlayout.json', "
+                             "device='cuda')")
+    if replan:
+        from kvspec.compiled import replan as replanned  # the compiler: only when asked
+        art = replanned(art, _origin(artifact))
+    return art
 
 
 def _device(device: Any) -> torch.device:
@@ -267,21 +288,20 @@ def _device(device: Any) -> torch.device:
 
 def _allocate(stage: Stage, num_blocks: int, device: torch.device, *,
               zero: bool) -> dict[str, torch.Tensor]:
-    """One int8 allocation per pool: ``device`` (the main pool and, beyond it,
-    a drafter's own region) and ``host`` for host-resident tensors."""
-    sizes: dict[str, int] = {}
-    for t in stage.tensors:
-        pool = "host" if t.host_resident else "device"
-        sizes[pool] = max(sizes.get(pool, 0), t.size.at(num_blocks))
+    """One int8 tensor per allocation of the stage (``device``, ``host``), and a
+    slice of it for each pool that does not start at its allocation's start (a
+    drafter's own pool: ``buffers["draft"]``)."""
     buffers: dict[str, torch.Tensor] = {}
-    for pool, size in sizes.items():
-        buf = _empty(size, device, host=pool == "host", num_blocks=num_blocks)
+    for a in stage.allocations:
+        buf = _empty(at(a.size, num_blocks), device, host=a.memory == "host",
+                     num_blocks=num_blocks)
         if zero and device.type != "meta":
             buf.zero_()
-        buffers[pool] = buf  # (size,) int8: the pool's bytes
-    drafts = [t.offset.at(num_blocks) for t in stage.tensors if t.pool == "draft"]
-    if drafts and "device" in buffers:
-        buffers["draft"] = buffers["device"][min(drafts):]  # the drafter's region, no copy
+        buffers[a.name] = buf  # (size,) int8: the allocation's bytes
+    for p in stage.pools:
+        start = at(p.offset, num_blocks)
+        if start and p.allocation in buffers and p.name not in buffers:
+            buffers[p.name] = buffers[p.allocation][start:]  # the pool's region, no copy
     return buffers
 
 
@@ -317,33 +337,25 @@ def _positive_kernel(kernel: Any) -> None:
                         hint="an int for every attention group, or {group id: size}")
 
 
-def _takes_kernel_blocks(spec: LayerSpec) -> bool:
-    """State layers take no part in kernel-block selection (the reference)."""
-    return not isinstance(spec, MambaState)
-
-
 def _kernel_block_sizes(artifact: Artifact, stage: Stage,
                         kernel: int | Mapping[int, int] | None) -> dict[int, int]:
     """Group id -> kernel block size, for the groups that split."""
     if kernel is None:
         return {}
     if isinstance(kernel, Mapping):
-        known = set(range(len(artifact.layout.groups)))
+        known = set(range(len(artifact.body.groups)))
         unknown = sorted(set(kernel) - known)
         if unknown:
             raise LoadError(f"kernel_block_size names unknown group(s) {unknown}",
                             expected=f"group ids {sorted(known)}",
-                            hint="artifact.layout.groups lists the groups, by id")
+                            hint="artifact.body.groups lists the groups, by id")
         for k in kernel.values():
             _positive_kernel(k)
         return {int(g): k for g, k in kernel.items()}
     _positive_kernel(kernel)
-    out: dict[int, int] = {}
-    for t in stage.tensors:
-        spec = stage.groups[t.group].layer_spec(t.layers[0])
-        if _takes_kernel_blocks(spec) and spec.block_size != kernel:
-            out[t.group] = kernel
-    return out
+    # State layers (one state per request, no tokens) take no part in kernel blocks.
+    return {t.group: kernel for t in stage.tensors
+            if t.view.tokens_per_state is not None and t.block_size != kernel}
 
 
 def _build_views(stage: Stage, order: AxisOrder, buffers: dict[str, torch.Tensor],
@@ -351,13 +363,12 @@ def _build_views(stage: Stage, order: AxisOrder, buffers: dict[str, torch.Tensor
                  ) -> tuple[dict[str, torch.Tensor], dict[str, LayerMeta]]:
     views: dict[str, torch.Tensor] = {}
     metadata: dict[str, LayerMeta] = {}
+    pools: dict[str, Pool] = {p.name: p for p in stage.pools}
     for index, t in enumerate(stage.tensors):
-        spec = stage.groups[t.group].layer_spec(t.layers[0])
-        draft = t.pool == "draft"
-        pool_blocks = stage.draft_num_blocks if draft and stage.draft_num_blocks else num_blocks
-        alloc = "host" if t.host_resident else "device"
-        made = build_tensor_views(buffers[alloc], t, index, spec, order, num_blocks,
-                                  pool_blocks, kernel.get(t.group), "draft" if draft else alloc)
+        pool = pools[t.pool]
+        made = build_tensor_views(buffers[pool.allocation], t, index, order, num_blocks,
+                                  pool_blocks(pool, num_blocks), kernel.get(t.group),
+                                  t.pool)
         for view, meta in made:
             views[meta.name] = view  # (B, H, N, C) in meta.dtype
             metadata[meta.name] = meta

@@ -16,25 +16,25 @@ offset divide by the dtype's size (C's stays 1). Kernel-block splitting views a 
 blocks: ``B' = B * ratio``, ``N' = N / ratio`` and ``block_stride' =
 block_stride / ratio`` (only where a block is one dense page).
 
-This module imports torch; :func:`kvspec.model.geometry.tensor_geometry` (torch-free)
-does the arithmetic.
+This module imports torch; the geometry is the artifact's own (each tensor's
+``view`` record), checked when the artifact was read
+(:mod:`kvspec.artifact.structure`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from fractions import Fraction
 
 import torch
 
+from kvspec.artifact.format import CellPart, Tensor, at
 from kvspec.errors import ArtifactError, KvspecError
-from kvspec.model import kinds
-from kvspec.model.axes import AxisOrder
+from kvspec.model.affine import Affine
+from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
 from kvspec.model.dtypes import canonical_dtype, dtype_size
-from kvspec.model.geometry import ViewGeometry, tensor_geometry
-from kvspec.model.plan import Tensor
-from kvspec.model.quant import CellPart
-from kvspec.model.specs import Attention, LayerSpec
-from kvspec.model.specs.attention import windows_of
+from kvspec.model.geometry import axis_strides
+from kvspec.runtime.budget import LoadError
 from kvspec.runtime.meta import LayerMeta, TensorMeta
 
 __all__ = [
@@ -62,85 +62,105 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _kv_sizes(spec: LayerSpec, cell: int) -> tuple[int | None, int | None]:
-    """K and V head sizes when ``spec``'s cell of ``cell`` elements is K||V."""
-    if not isinstance(spec, Attention) or kinds.of(spec).latent:
-        return None, None
-    if spec.state_content_bytes is not None or not spec.head_size_v:
-        return None, None
-    if spec.head_size + spec.head_size_v != cell:
-        return None, None
-    return spec.head_size, spec.head_size_v
+def _kernel_split(t: Tensor, order: AxisOrder, num_blocks: int, kernel: int
+                  ) -> tuple[int, int, int, int]:
+    """``(ratio, states, head stride, state stride)`` of ``t``'s view when each
+    block of ``block_size`` tokens is seen as ``ratio`` kernel blocks of
+    ``kernel`` tokens, a constant stride apart: each block must be one dense,
+    unpadded page, and each kernel block is then a dense page of its own."""
+    v = t.view
+    if kernel <= 0 or t.block_size % kernel:
+        raise LoadError(f"kernel block size {kernel} must divide the KV cache block size "
+                            f"{t.block_size}", found=str(kernel),
+                            expected=f"a divisor of {t.block_size}",
+                            hint="give kernel_block_size per group ({group id: size}) where "
+                            "groups differ in block size")
+    ratio = t.block_size // kernel
+    dense = v.heads * v.states * v.cell_bytes
+    block_stride = at(t.block_stride, num_blocks)
+    if v.page_padded is not None and v.page_padded != dense:
+        raise LoadError("padded KV pages cannot be split into kernel blocks",
+                            hint="leave this group out of kernel_block_size "
+                            "({group id: size} for the others)")
+    if block_stride != dense:
+        raise LoadError(
+            f"layout {order.name} does not store blocks as dense, unpadded pages "
+            f"(block stride {block_stride} != page {dense}), so a block cannot be "
+            f"split into {ratio} kernel blocks of {kernel} tokens",
+            hint=f"use block_size {kernel}, or a layer-compact layout (LBNHC) with "
+                 "unpadded pages")
+    states = int(Fraction(kernel) / Fraction(v.tokens_per_state or "1"))
+    strides = axis_strides(order, (len(t.layers), Affine(1, 0), v.heads, states, v.cell_bytes),
+                           None, (Affine(0, at(t.layer_stride, num_blocks)),
+                                  Affine(0, block_stride // ratio), None, None, None))
+    assert strides is not None  # unpadded pages always tile
+    return ratio, states, strides[DIM_H].at(num_blocks), strides[DIM_N].at(num_blocks)
 
 
-def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, spec: LayerSpec,
-                       order: AxisOrder, num_blocks: int, pool_blocks: int,
-                       kernel_block_size: int | None, pool: str,
+def build_tensor_views(buffer: torch.Tensor, tensor: Tensor, index: int, order: AxisOrder,
+                       num_blocks: int, pool_blocks: int, kernel_block_size: int | None,
+                       pool: str,
                        ) -> list[tuple[torch.Tensor, LayerMeta]]:
-    """The views of one artifact tensor's layers over ``buffer`` (int8).
+    """The views of one artifact tensor's layers over ``buffer`` (its int8
+    allocation, the tensor's offsets counted from its start).
 
-    ``num_blocks`` evaluates the tensor's affine fields (always the main
-    pool's block count); ``pool_blocks`` is B of the views (the drafter pool's
-    own count for ``draft`` tensors). One ``as_strided`` per layer::
+    ``num_blocks`` evaluates the tensor's affine fields (the stage's block count);
+    ``pool_blocks`` is B of the views (a pool of a fixed count, e.g. a drafter's,
+    has its own). The geometry is the artifact's, checked when it was read
+    (:mod:`kvspec.artifact.structure`); one ``as_strided`` per layer::
 
-        view = as_strided(buffer, (B, H, N, C * itemsize), byte_stride,
-                          buffer.storage_offset() + byte_offset).view(dtype)
-        # (B, H, N, C) in dtype: storage_offset = byte_offset / itemsize
+        view = as_strided(buffer.view(dtype), (B, H, N, C), byte_stride / itemsize,
+                          storage_offset + byte_offset / itemsize)
+        # (B, H, N, C) in dtype
     """
-    try:
-        first, step = tensor_geometry(tensor.layers, tensor.layer_stride.at(num_blocks),
-                                      tensor.block_stride.at(num_blocks),
-                                      tensor.offset.at(num_blocks), spec, pool_blocks, order,
-                                      kernel_block_size)
-    except KvspecError as err:
-        raise err.replace(message=f"tensor {index} ({tensor.layers[0]}, ...): {err.message}"
-                          ) from None
-    if first is None:
-        return []
-    # Every layer of a tensor shares its dtype, shape and strides: only the
-    # offset moves (by layer_stride), so the per-layer work is one as_strided.
-    dtype = torch_dtype(first.dtype)
-    item = dtype_size(first.dtype)
-    byte_shape = (first.shape[0], first.shape[1], first.shape[2], first.shape[3] * item)
-    extent = sum((n - 1) * s for n, s in zip(byte_shape, first.byte_stride)) + 1
-    k, v = _kv_sizes(spec, first.shape[3])
-    window, chunk = windows_of(spec)
+    v = tensor.view
+    dtype_name = canonical_dtype(v.dtype)
+    item = dtype_size(dtype_name)
+    blocks, states = pool_blocks, v.states
+    sh, sn = at(v.head_stride, num_blocks), at(v.state_stride, num_blocks)
+    sb = at(tensor.block_stride, num_blocks)
+    if kernel_block_size is not None and kernel_block_size != tensor.block_size:
+        try:
+            ratio, states, sh, sn = _kernel_split(tensor, order, num_blocks, kernel_block_size)
+        except KvspecError as err:
+            raise err.replace(message=f"tensor {index} ({tensor.layers[0]}, ...): "
+                              f"{err.message}") from None
+        blocks, sb = blocks * ratio, sb // ratio
+    c = v.cell_bytes // item
+    shape = (blocks, v.heads, states, c)
+    byte_stride = (sb, sh, sn, 1)
     shared = TensorMeta(
-        group=tensor.group, kind=spec.kind, block_size=spec.block_size,
+        group=tensor.group, kind=tensor.kind, block_size=tensor.block_size,
         kernel_block_size=kernel_block_size if kernel_block_size is not None
-        else spec.block_size, sliding_window=window, attention_chunk_size=chunk, pool=pool,
-        num_blocks=pool_blocks, dtype=first.dtype, tensor=index, shape=first.shape,
-        stride=first.stride, byte_stride=first.byte_stride, head_size=k, head_size_v=v,
+        else tensor.block_size, sliding_window=tensor.sliding_window,
+        attention_chunk_size=tensor.attention_chunk_size, pool=pool, num_blocks=pool_blocks,
+        dtype=dtype_name, tensor=index, shape=shape,
+        stride=(sb // item, sh // item, sn // item, 1), byte_stride=byte_stride,
+        head_size=v.kv[0] if v.kv else None, head_size_v=v.kv[1] if v.kv else None,
         role=tensor.role)
-    limit = buffer.numel()
-    offsets = [first.byte_offset + i * step for i in range(len(tensor.layers))]
-    low, high = min(offsets), max(offsets)  # every view in the pool: checked at both ends
-    if low < 0 or high + extent > limit:
-        bad = tensor.layers[offsets.index(high if high + extent > limit else low)]
-        raise ArtifactError(
-            f"layer {bad}'s view reaches byte {(high if high + extent > limit else low) + extent}"
-            f" of a {limit}-byte {pool} pool at {num_blocks} blocks",
-            hint="the artifact is inconsistent: recompile it from its source")
-    return _layer_views(buffer, first, byte_shape, dtype, item, tensor.layers, offsets, shared)
+    start, step = at(tensor.offset, num_blocks), at(tensor.layer_stride, num_blocks)
+    offsets = [start + i * step for i in range(len(tensor.layers))]
+    return _layer_views(buffer, torch_dtype(dtype_name), item, tensor.layers, offsets, shared)
 
 
-def _layer_views(buffer: torch.Tensor, first: ViewGeometry, byte_shape: tuple[int, ...],
-                 dtype: torch.dtype, item: int, layers: Sequence[str], offsets: list[int],
-                 shared: TensorMeta) -> list[tuple[torch.Tensor, LayerMeta]]:
-    """One view per layer at ``offsets`` (bytes into ``buffer``), ``first``'s shape."""
+def _layer_views(buffer: torch.Tensor, dtype: torch.dtype, item: int, layers: Sequence[str],
+                 offsets: list[int], shared: TensorMeta) -> list[tuple[torch.Tensor, LayerMeta]]:
+    """One view per layer at ``offsets`` (bytes into ``buffer``), ``shared``'s shape."""
     strided, out, base = torch.as_strided, [], buffer.storage_offset()
-    if item > 1 and first.byte_stride[3] == 1 and base % item == 0 \
-            and buffer.numel() % item == 0:
+    if item > 1 and base % item == 0 and buffer.numel() % item == 0 \
+            and all(s % item == 0 for s in shared.byte_stride[:3]) \
+            and all(o % item == 0 for o in offsets[:2]):
         # The pool seen in dtype once, each layer one as_strided in elements: the
         # same view as as_strided(...).view(dtype), in one call instead of two
-        # (every offset and stride is a whole number of elements: tensor_geometry).
-        typed, start = buffer.view(dtype), base // item
+        # (every offset and stride is a whole number of elements: the reader checked).
+        typed, first = buffer.view(dtype), base // item
         for slot, (name, off) in enumerate(zip(layers, offsets)):
-            out.append((strided(typed, first.shape, first.stride, start + off // item),
+            out.append((strided(typed, shared.shape, shared.stride, first + off // item),
                         LayerMeta(name, slot, off // item, off, shared)))
         return out
+    byte_shape = (*shared.shape[:3], shared.shape[3] * item)
     for slot, (name, off) in enumerate(zip(layers, offsets)):
-        view = strided(buffer, byte_shape, first.byte_stride, base + off)
+        view = strided(buffer, byte_shape, shared.byte_stride, base + off)
         if dtype is not torch.int8:
             view = view.view(dtype)  # (B, H, N, C) in dtype, strides / itemsize
         out.append((view, LayerMeta(name, slot, off // item, off, shared)))

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from kvspec.artifact import Artifact
+from kvspec.compiled import read as read_artifact
 from kvspec.integrations.vllm.guard import Expectation
 
 
@@ -39,7 +39,7 @@ def main(argv: list[str]) -> int:
 
     adapter = bridge.adapter()
     load_general_plugins()  # what EngineCore.__init__ does first
-    art = Artifact.read(os.environ["KVSPEC_LAYOUT"])
+    art = read_artifact(os.environ["KVSPEC_LAYOUT"])
     out = plan(adapter, argv[0], art, int(argv[1]) if len(argv) > 1 else None)
     print(json.dumps({k: out.get(k) for k in ("ok", "error", "builder", "num_blocks",
                                                "kv_cache_tensors")}))

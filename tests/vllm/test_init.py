@@ -106,7 +106,7 @@ def test_engine_args_flags_give_vllm_the_artifacts_settings(tmp_path: Path, adap
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from kvspec.artifact import Artifact
+    from kvspec.compiled import read as read_artifact
     from kvspec.integrations.vllm.guard import Expectation
     from kvspec.integrations.vllm.v0_33 import gpu
     from kvspec.integrations.vllm.v0_33.config import settings_of
@@ -129,7 +129,7 @@ def test_engine_args_flags_give_vllm_the_artifacts_settings(tmp_path: Path, adap
         with gpu.config_stage():
             vc = EngineArgs.from_cli_args(ns).create_engine_config()
         gpu.undo_cpu_config(vc, {"enable_prefix_caching": True})
-        Expectation(Artifact.read(artifact), str(artifact), "verify").check_engine(
+        Expectation(read_artifact(artifact), str(artifact), "verify").check_engine(
             {**settings_of(vc), "kv_cache_layout": None})
 
 

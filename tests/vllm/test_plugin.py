@@ -182,7 +182,7 @@ def test_real_models_layers_plan_to_the_artifact(config, init, mode, adapter, in
     the engine) against an artifact made by either init: vLLM plans the artifact."""
     from pathlib import Path as P
 
-    from kvspec.artifact import Artifact
+    from kvspec.compiled import read as read_artifact
     from kvspec.integrations.vllm.init import settings
     from tests.conftest import invoke
     from tests.vllm.compare_init import HF, options
@@ -193,7 +193,7 @@ def test_real_models_layers_plan_to_the_artifact(config, init, mode, adapter, in
     assert code == 0, err
     assert invoke(["compile", str(src)])[0] == 0
     path = P(str(src).removesuffix(".yaml") + ".kvlayout.json")
-    art = Artifact.read(path)
+    art = read_artifact(path)
     built = adapter.build(HF / f"{config}.json",
                           {**settings(options(config, 2, max_model_len=8192))})
     installed(path, mode)

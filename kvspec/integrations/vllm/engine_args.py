@@ -6,8 +6,8 @@ artifact was planned for; settings with no flag are listed as such. The
 plugin's environment line comes first: with it, the engine also checks itself
 against the artifact (docs/vllm.md). Needs no vLLM.
 
->>> from kvspec.artifact import Artifact
->>> args = engine_args(Artifact.read("layouts/llama-3.1-8b.kvlayout.json"),
+>>> from kvspec.compiled import CompiledArtifact, read
+>>> args = engine_args(read("layouts/llama-3.1-8b.kvlayout.json"),
 ...                    "layouts/llama-3.1-8b.kvlayout.json")
 >>> [f.flag for f in args.flags][:4]
 ['--tensor-parallel-size', '--pipeline-parallel-size', '--decode-context-parallel-size', '--dtype']
@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.artifact import Artifact
+from kvspec.compiled import CompiledArtifact, read
 from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
@@ -64,19 +64,19 @@ class EngineArgs:
     conflicts: tuple[str, ...] = field(default=())
 
 
-def _model_dtype(artifact: Artifact) -> str | None:
+def _model_dtype(artifact: CompiledArtifact) -> str | None:
     dtypes = [e.spec.dtype for e in artifact.layout.layers.values()
               if isinstance(e.spec, Attention) and e.kv_cache_dtype in (None, "auto")
               and e.spec.dtype in _MODEL_DTYPES]
     return Counter(dtypes).most_common(1)[0][0] if dtypes else None
 
 
-def _state_dtypes(artifact: Artifact) -> tuple[str, ...] | None:
+def _state_dtypes(artifact: CompiledArtifact) -> tuple[str, ...] | None:
     states = [e.spec for e in artifact.layout.layers.values() if isinstance(e.spec, MambaState)]
     return states[0].dtypes if states else None
 
 
-def _skip_layers(artifact: Artifact) -> list[int]:
+def _skip_layers(artifact: CompiledArtifact) -> list[int]:
     """Decoder layers whose cache stays unquantized under a quantized engine dtype."""
     engine = artifact.layout.engine
     if engine.kv_cache_dtype == "auto":
@@ -93,7 +93,7 @@ def _parallel(engine: Any) -> list[Flag]:
                  "tokens per rank of DCP-sharded caches")]
 
 
-def _cache(artifact: Artifact) -> list[Flag]:
+def _cache(artifact: CompiledArtifact) -> list[Flag]:
     layout = artifact.layout
     engine, planned = layout.engine, layout.plan.engine
     out = []
@@ -134,7 +134,7 @@ def _scheduler(engine: Any) -> list[Flag]:
                  else "--no-async-scheduling", None, "batches in flight")]
 
 
-def _budget(artifact: Artifact, pin_blocks: bool) -> list[Flag]:
+def _budget(artifact: CompiledArtifact, pin_blocks: bool) -> list[Flag]:
     layout = artifact.layout
     if layout.engine.num_gpu_blocks_override is not None or (pin_blocks and layout.budget):
         n = layout.engine.num_gpu_blocks_override or layout.budget.num_blocks  # type: ignore
@@ -145,7 +145,7 @@ def _budget(artifact: Artifact, pin_blocks: bool) -> list[Flag]:
     return []
 
 
-def _env(artifact: Artifact, path: str, mode: str) -> dict[str, str]:
+def _env(artifact: CompiledArtifact, path: str, mode: str) -> dict[str, str]:
     engine = artifact.layout.plan.engine
     env = {LAYOUT_ENV: path, MODE_ENV: mode}
     if engine.axis_order.name != "LBNHC":
@@ -155,7 +155,7 @@ def _env(artifact: Artifact, path: str, mode: str) -> dict[str, str]:
     return env
 
 
-def _no_flag(artifact: Artifact) -> list[tuple[str, str]]:
+def _no_flag(artifact: CompiledArtifact) -> list[tuple[str, str]]:
     layout = artifact.layout
     engine = layout.plan.engine
     out = []
@@ -186,7 +186,7 @@ def conflicts(plan: Plan) -> list[str]:
             f"{want}: set engine.mamba_cache_mode: {want} (kvspec init does) and recompile"]
 
 
-def engine_args(artifact: Artifact, path: str, *, model: str | None = None,
+def engine_args(artifact: CompiledArtifact, path: str, *, model: str | None = None,
                 mode: str = "verify", pin_blocks: bool = False) -> EngineArgs:
     """The ``vllm serve`` flags and environment that reproduce ``artifact``'s plan."""
     layout = artifact.layout

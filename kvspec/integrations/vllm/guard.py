@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvspec.artifact import Artifact
+from kvspec.compiled import CompiledArtifact, read
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm.by_design import Rule, applicable
 from kvspec.integrations.vllm.specs import engine_settings, same_value, spec_differences, to_vllm
@@ -70,7 +70,7 @@ class Drift:
 class Expectation:
     """An artifact's promises to a vLLM engine (see the module docstring)."""
 
-    def __init__(self, artifact: Artifact, path: str, mode: str) -> None:
+    def __init__(self, artifact: CompiledArtifact, path: str, mode: str) -> None:
         if mode not in MODES:
             raise PluginError(f"KVSPEC_MODE={mode!r} is not a mode",
                               expected=" or ".join(MODES), found=mode,
@@ -88,7 +88,7 @@ class Expectation:
     @classmethod
     def read(cls, path: str | Path, mode: str = "verify") -> Expectation:
         try:
-            artifact = Artifact.read(path)
+            artifact = read(path)
         except KvspecError as err:
             raise PluginError(f"KVSPEC_LAYOUT={path}: the artifact is refused: {err.message}",
                               hint=err.hint or "recompile it with `kvspec compile`") from None

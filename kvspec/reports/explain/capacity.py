@@ -54,7 +54,8 @@ def capacity(subject: Subject, memory: int) -> Capacity:
         b = resize(subject.layout, memory=memory)
     except KvspecError as err:
         return Capacity(memory, False, reason=err.message)
-    return Capacity(memory, True, b.num_blocks, b.kv_cache_size_tokens, b.max_concurrency,
+    return Capacity(memory, True, b.num_blocks, b.kv_cache_size_tokens,
+                    b.max_concurrency if b.max_concurrency is not None else float("inf"),
                     b.max_model_len)
 
 

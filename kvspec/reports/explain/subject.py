@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvspec.artifact import Artifact
+from kvspec.compiled import read
 from kvspec.errors import KvspecError, NotEnoughMemoryError, PlanError
 from kvspec.files import shown
 from kvspec.model.plan import Layout, Plan
@@ -64,7 +64,7 @@ def is_artifact_path(path: str | Path) -> bool:
 
 
 def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
-    layout = Artifact.read(path).layout
+    layout = read(path).layout
     mem = memory if memory is not None else (
         layout.budget.memory if layout.budget is not None else None)
     misfit = None

@@ -1,0 +1,240 @@
+"""Reading an artifact from untrusted bytes, without the compiler.
+
+Cheapest first, each refusal an :class:`~kvspec.errors.ArtifactError` at the
+line and column of what is wrong, with a hint:
+
+1. the text is JSON of this format (``kvspec.layout/3``; an artifact of another
+   format is refused naming its version), and matches the format's schema
+   (:mod:`.format`: every field present, of its type and range, nothing else);
+2. ``sha256`` is that of the canonical text of the rest (:mod:`.text`);
+3. its structure is sound (:mod:`.structure`): placement, pools, dtypes, strides
+   as the axis order gives them, accounting; and, for the fewest blocks that
+   serve a request and for the budget's count, every view inside its pool and
+   no two block ids sharing a byte. ``load`` proves the latter again for the
+   count it allocates.
+
+That an artifact is *exactly what this compiler plans from its inputs* is not
+checked here: that needs the planner, and is ``kvspec check`` / ``verify`` (and
+``load(..., replan=True)``). docs/artifact.md says what each check proves.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+
+from kvspec.artifact.format import FORMAT, Envelope, Unsigned
+from kvspec.artifact.blocks import memory_problems
+from kvspec.artifact.structure import Problem, shape_problems
+from kvspec.artifact.text import signature
+from kvspec.errors import ArtifactError, format_path
+from kvspec.jsonpos import MAX_DEPTH, Located, scan
+
+__all__ = ["RECOMPILE", "decode", "format_problems", "parse_path"]
+
+RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
+_COMPILE = "compile a source with `kvspec compile model.yaml`"
+
+_decoder = msgspec.json.Decoder(Envelope)
+
+
+class _Head(msgspec.Struct):
+    """Just enough of any JSON object to say which format it claims."""
+
+    format: Any = None
+
+
+_head = msgspec.json.Decoder(_Head)
+
+
+def decode(text: str | bytes, origin: str) -> Envelope:
+    """The checked envelope ``text`` holds (steps 1-3 of the module's list)."""
+    try:
+        env = _decoder.decode(text)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _why_not(text, origin, exc) from None
+    except RecursionError:
+        raise _hostile(text, origin) or _unreadable(text, origin) from None
+    if env.format != FORMAT:
+        raise _other_format(env.format, origin)
+    got = signature(env.unsigned())
+    if env.sha256 != got:
+        raise ArtifactError("the artifact does not match its sha256: it was edited or "
+                            "corrupted", file=origin, expected=env.sha256, found=got,
+                            hint=RECOMPILE)
+    problems = shape_problems(env.body) or _memory(env)
+    if problems:
+        raise unsound(problems, origin, text)
+    return env
+
+
+def _memory(env: Envelope) -> list[Problem]:
+    """The block-count checks for the fewest blocks that serve one request and
+    for the budget's count."""
+    body = env.body
+    need = max((st.min_num_blocks for st in body.stages), default=1)
+    counts = {need} | ({body.budget.num_blocks} if body.budget is not None else set())
+    for stage in range(len(body.stages)):
+        for n in sorted(counts):
+            problems = memory_problems(body, stage, n)
+            if problems:
+                return problems
+    return []
+
+
+def format_problems(data: Any) -> list[str]:
+    """What keeps ``data`` (parsed JSON) from matching the artifact format: empty,
+    or the first problem as the format's validation reports it (its path in the
+    JSON after ``at``).
+
+    >>> format_problems({"format": "kvspec.layout/3"})
+    ['Object missing required field `body`']
+    """
+    try:
+        msgspec.convert(data, Envelope, strict=True)
+    except msgspec.ValidationError as exc:
+        return [str(exc)]
+    except UnicodeError as exc:  # a lone surrogate: no JSON text holds it
+        return [f"not text JSON can hold: {exc}"]
+    return []
+
+
+def unsound(problems: list[Problem], origin: str, text: str | bytes | None = None
+            ) -> ArtifactError:
+    """The error for an artifact whose structure breaks its invariants, placed
+    at what the first problem is about (when the text is at hand)."""
+    line, column = _position(text, problems[0].path) if text is not None else (None, None)
+    shown = [p.message for p in problems]
+    return ArtifactError(
+        f"the artifact's structure is unsound ({len(problems)} problem(s)): it was edited, "
+        "or written by a broken compiler", file=origin, line=line, column=column,
+        path=format_path(problems[0].path),
+        found="; ".join(shown[:5]) + ("; ..." if len(shown) > 5 else ""), hint=RECOMPILE)
+
+
+def _other_format(fmt: Any, origin: str) -> ArtifactError:
+    shown = str(fmt)[:80]
+    if isinstance(fmt, str) and fmt.startswith("kvspec.layout/"):
+        return ArtifactError(
+            f"this artifact is format {shown}; this kvspec reads {FORMAT} only", file=origin,
+            path="format", expected=FORMAT, found=shown,
+            hint="recompile its source with this kvspec (kvspec compile model.yaml); "
+                 "artifacts are frozen per format, and re-planning an older one would "
+                 "silently change what it says")
+    return ArtifactError("not a kvspec layout artifact", file=origin, path="format",
+                         expected=f"format: {FORMAT}", found=shown, hint=_COMPILE)
+
+
+_AT = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_STEP = re.compile(r"\.([A-Za-z_][A-Za-z_0-9]*)|\[(\d+)\]|\[('(?:[^'\\]|\\.)*')\]")
+
+
+def parse_path(text: str) -> tuple[str | int, ...]:
+    """msgspec's error path (``.body.groups[0].block_size``) as a tuple.
+
+    >>> parse_path(".body.layers['a.b'].group")
+    ('body', 'layers', 'a.b', 'group')
+    """
+    out: list[str | int] = []
+    for m in _STEP.finditer(text):
+        name, index, key = m.groups()
+        out.append(name if name is not None else int(index) if index is not None
+                   else json.loads('"' + key[1:-1].replace('"', '\\"') + '"'))
+    return tuple(out)
+
+
+def _position(text: str | bytes, path: tuple[str | int, ...]) -> tuple[int | None, int | None]:
+    """Line and column of the value at ``path`` (or its nearest parent)."""
+    try:
+        s = text.decode("utf-8") if isinstance(text, bytes) else text
+        positions = scan(s, lenient=True)[1]
+    except (Located, UnicodeDecodeError, RecursionError, ValueError):
+        return None, None
+    while path and path not in positions:
+        path = path[:-1]
+    return positions.get(path, (None, None))
+
+
+def _why_not(text: str | bytes, origin: str, exc: Exception) -> ArtifactError:
+    """What is wrong with a text the typed decoder refused, where."""
+    if not isinstance(exc, msgspec.ValidationError):  # (a ValidationError is a DecodeError)
+        return _not_json(text, origin)
+    hostile = _hostile(text, origin)
+    if hostile is not None:
+        return hostile
+    try:
+        head = _head.decode(text)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return ArtifactError("not a kvspec layout artifact", file=origin,
+                             expected="a JSON object with format, compiler, source_sha256, "
+                                      "sha256 and body", hint=_COMPILE)
+    if head.format != FORMAT:
+        return _other_format(head.format, origin)
+    message = str(exc)
+    if message == "Object missing required field `sha256`":
+        return _unsigned(text, origin)
+    m = _AT.search(message)
+    path = parse_path(m.group("path")) if m else ()
+    line, column = _position(text, path)
+    what = message[:m.start()] if m else message
+    return ArtifactError(f"does not match the artifact format: {what}", file=origin,
+                         line=line, column=column,
+                         path=format_path(path) if path else None, hint=RECOMPILE)
+
+
+def _unsigned(text: str | bytes, origin: str) -> ArtifactError:
+    """An artifact without its hash: say what the hash would be."""
+    try:
+        want = f"sha256: {signature(msgspec.json.decode(text, type=Unsigned))} (over the rest)"
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        want = "sha256: the hash of the rest"
+    return ArtifactError("the artifact has no sha256: it was edited or corrupted", file=origin,
+                         path="sha256", expected=want, found="no sha256", hint=RECOMPILE)
+
+
+def _not_json(text: str | bytes, origin: str) -> ArtifactError:
+    s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    if s.lstrip().startswith(("kvspec:", "#", "name:")) or origin.endswith((".yaml", ".yml")):
+        return ArtifactError(
+            "this is a layout source, not an artifact", file=origin,
+            expected="a compiled .kvlayout.json artifact",
+            hint=f"compile it with `kvspec compile {origin}` and use the .kvlayout.json it "
+                 "writes")
+    try:
+        json.loads(s)
+    except json.JSONDecodeError as exc:
+        return ArtifactError(f"not valid JSON: {exc.msg}", file=origin, line=exc.lineno,
+                             column=exc.colno, hint=_COMPILE)
+    except (RecursionError, ValueError):
+        return _unreadable(s, origin)
+    return ArtifactError("not valid JSON", file=origin, hint=_COMPILE)
+
+
+def _hostile(text: str | bytes, origin: str) -> ArtifactError | None:
+    """Where JSON goes past what any artifact holds (nesting, a number's digits),
+    placed; None when it does not."""
+    s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    try:
+        scan(s, lenient=True, what="an artifact", max_depth=MAX_DEPTH)
+    except Located as exc:
+        err = exc.error(s, origin, RECOMPILE, cls=ArtifactError)
+        assert isinstance(err, ArtifactError)
+        return err
+    except (RecursionError, ValueError):
+        return None
+    return None
+
+
+def _unreadable(text: str | bytes, origin: str) -> ArtifactError:
+    """Where JSON goes past what an artifact holds (too deep, a number too long)."""
+    s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    try:
+        scan(s, lenient=True, what="an artifact", max_depth=MAX_DEPTH)
+    except Located as exc:
+        err = exc.error(s, origin, RECOMPILE, cls=ArtifactError)
+        assert isinstance(err, ArtifactError)
+        return err
+    return ArtifactError("not valid JSON", file=origin, hint=RECOMPILE)

@@ -1,0 +1,45 @@
+"""How many blocks a compiled layout's pools get for a budget: one rule, used by
+``load``, ``plan --memory`` and ``explain`` alike (no planner needed).
+
+Every stage of a deployment uses one block count, the smallest any stage's
+budget allows; the source's own ``num_blocks`` override wins over a budget (as
+in the reference); a count that cannot serve one request at ``max_model_len``
+(the null block included) is refused.
+
+>>> blocks_for([(2 << 20, 0)], need=8193, override=None, max_model_len=131072,
+...            memory=40 << 30)
+20480
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.errors import PlanError
+
+__all__ = ["blocks_for"]
+
+
+def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | None,
+               max_model_len: int, memory: int | None = None,
+               num_blocks: int | None = None) -> int:
+    """The block count for a per-rank ``memory`` budget, or ``num_blocks``
+    checked. ``stages``: each stage's ``(bytes per block, fixed bytes)`` (a stage
+    without groups has 0 bytes per block); ``need``: the fewest blocks that serve
+    one request."""
+    if num_blocks is None and memory is None:
+        num_blocks = override
+    if num_blocks is None:
+        if memory is None:
+            raise PlanError("give num_blocks or a memory budget to size the pool",
+                            hint="e.g. num_blocks_for(memory=40 * 2**30)")
+        counts = [(memory - fixed) // per_block for per_block, fixed in stages if per_block]
+        num_blocks = override if override is not None else (min(counts) if counts else 1)
+    if num_blocks < need:
+        budget = f" ({memory} bytes)" if memory is not None else ""
+        raise PlanError(
+            f"{num_blocks} blocks{budget} cannot serve one request at max_model_len "
+            f"{max_model_len}: it needs {need} blocks (one of them the null block)",
+            expected=f"num_blocks >= {need}", found=str(num_blocks),
+            hint="give the KV cache more memory or compile with a shorter max_model_len")
+    return num_blocks

@@ -1,0 +1,254 @@
+"""Freezing: the planner's :class:`~kvspec.model.plan.Layout` as artifact records.
+
+Every figure is already in the plan, so freezing maps it onto the artifact
+format's records (:mod:`kvspec.artifact.format`) once, computing only each
+tensor's view geometry, with the same :func:`~kvspec.model.geometry.axis_strides`
+the reader checks the strides against. Layers alike share one record, and each
+distinct spec and cell layout is written once, in the body's tables.
+
+>>> import kvspec
+>>> art = kvspec.compile("layouts/llama-3.1-8b.yaml")
+>>> art.body.stages[0].tensors[0].view.heads, art.body.specs[0].num_kv_heads
+(8, 8)
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+import msgspec
+
+from kvspec.artifact import COMPILER, Artifact
+from kvspec.artifact import format as fmt
+from kvspec.artifact.text import canonical, sha256_of, sign
+from kvspec.model import kinds
+from kvspec.model.affine import Affine
+from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
+from kvspec.model.dtypes import dtype_size
+from kvspec.model.geometry import layout_strides
+from kvspec.model.plan import Layout, Stage, Tensor
+from kvspec.model.quant.cells import CellPart
+from kvspec.model.specs import Attention, LayerSpec
+from kvspec.model.specs.base import once_per_object
+
+__all__ = ["CompiledArtifact", "body_of", "engine_record", "freeze"]
+
+
+class CompiledArtifact(Artifact):
+    """An artifact and the :class:`~kvspec.model.plan.Layout` it is the frozen
+    form of: what the compiler returns, and what re-planning proves."""
+
+    def __init__(self, envelope: fmt.Envelope, layout: Layout, text: str | None = None,
+                 source: str | bytes | None = None):
+        super().__init__(envelope, text, source)
+        self._layout = layout
+
+    @property
+    def layout(self) -> Layout:
+        return self._layout
+
+
+# ---------------------------------------------------------------------------
+# freeze: Layout -> records
+# ---------------------------------------------------------------------------
+
+
+def engine_record(layout: Layout) -> fmt.Engine:
+    """The engine record an artifact of ``layout`` holds."""
+    planned, final = layout.plan.engine, layout.engine
+    return fmt.Engine(
+        async_scheduling=final.async_scheduling_resolved, axis_order=planned.axis_order.name,
+        block_size=planned.block_size,
+        decode_context_parallel_size=planned.decode_context_parallel_size,
+        draft_block_size=planned.draft_block_size, draft_pool=planned.draft_pool,
+        draft_pool_blocks=planned.draft_pool_blocks,
+        enable_prefix_caching=planned.enable_prefix_caching, hybrid=planned.hybrid,
+        kv_cache_dtype=planned.kv_cache_dtype, mamba_block_size=planned.mamba_block_size,
+        mamba_cache_mode=planned.mamba_cache_mode,  # type: ignore[arg-type]
+        max_in_flight_tokens=final.max_in_flight_tokens, max_model_len=final.max_model_len,
+        max_num_batched_tokens=planned.max_num_batched_tokens,
+        max_num_encoder_input_tokens=planned.max_num_encoder_input_tokens,
+        max_num_seqs=planned.max_num_seqs, model_max_len=planned.max_model_len,
+        num_blocks=planned.num_gpu_blocks_override,
+        num_prefill_lookahead_tokens=planned.num_prefill_lookahead_tokens,
+        original_max_model_len=planned.original_max_model_len,
+        pipeline_parallel_size=planned.pipeline_parallel_size,
+        pp_layer_partition=list(planned.pp_layer_partition)
+        if planned.pp_layer_partition is not None else None,
+        prefix_match_unit=planned.prefix_match_unit,
+        speculative_method=planned.speculative_method,
+        tensor_parallel_size=planned.tensor_parallel_size,
+        total_num_hidden_layers=planned.total_num_hidden_layers)
+
+
+class _Tables:
+    """The body's spec and cell tables: each distinct object written once."""
+
+    def __init__(self) -> None:
+        self.specs: list[fmt.Spec] = []
+        self.cells: list[list[fmt.CellPart]] = []
+        self._spec_of = once_per_object(self._add_spec)
+        self._cells_of = once_per_object(self._add_cells)
+        self._by_text: dict[bytes, int] = {}
+
+    def _add_spec(self, spec: LayerSpec) -> int:
+        record = msgspec.convert(kinds.describe(spec), fmt.Spec)  # type: ignore[arg-type]
+        key = canonical(record)
+        index = self._by_text.get(key)
+        if index is None:
+            index = self._by_text[key] = len(self.specs)
+            self.specs.append(record)
+        return index
+
+    def _add_cells(self, parts: tuple[CellPart, ...]) -> int:
+        self.cells.append([fmt.CellPart(name=p.name, dtype=p.dtype, byte_offset=p.byte_offset,
+                                        count=p.count) for p in parts])
+        return len(self.cells) - 1
+
+    def spec(self, spec: LayerSpec) -> int:
+        return int(self._spec_of(spec))
+
+    def cells_of(self, parts: tuple[CellPart, ...] | None) -> int | None:
+        return int(self._cells_of(parts)) if parts else None
+
+
+def _tokens_per_state(spec: LayerSpec) -> str | None:
+    if kinds.of(spec).state:
+        return None
+    return str(Fraction(spec.tokens_per_state_value))
+
+
+def _kv(spec: LayerSpec, cell_elems: int) -> list[int] | None:
+    """K and V elements of the cell when it is K then V (dense attention)."""
+    if not isinstance(spec, Attention) or kinds.of(spec).latent:
+        return None
+    if spec.state_content_bytes is not None or not spec.head_size_v:
+        return None
+    if spec.head_size + spec.head_size_v != cell_elems:
+        return None
+    return [spec.head_size, spec.head_size_v]
+
+
+def _view(spec: LayerSpec, t: Tensor, order: AxisOrder, blocks: Affine) -> fmt.View:
+    """The view geometry of ``t``'s layers, whose pool has ``blocks`` blocks."""
+    strides = layout_strides(spec, blocks, len(t.layers), order,
+                             fixed=(t.layer_stride, t.block_stride, None, None, None))
+    dtype = getattr(spec, "dtype", None) or "int8"
+    cell = spec.state_content_size_bytes
+    return fmt.View(dtype=dtype, heads=spec.num_heads, states=spec.num_states,
+                    cell_bytes=cell, head_stride=fmt.affine(strides[DIM_H]),
+                    state_stride=fmt.affine(strides[DIM_N]),
+                    page_padded=getattr(spec, "page_size_padded", None),
+                    tokens_per_state=_tokens_per_state(spec),
+                    kv=_kv(spec, cell // dtype_size(dtype)))
+
+
+def _tensor(t: Tensor, st: Stage, order: AxisOrder) -> fmt.Tensor:
+    spec = st.groups[t.group].layer_spec(t.layers[0])
+    pool = "host" if t.host_resident else ("draft" if t.pool == "draft" else "device")
+    return fmt.Tensor(
+        layers=list(t.layers), group=t.group, pool=pool, role=t.role, kind=spec.kind,
+        block_size=spec.block_size, sliding_window=getattr(spec, "sliding_window", None),
+        attention_chunk_size=getattr(spec, "attention_chunk_size", None),
+        layer_stride=fmt.affine(t.layer_stride), block_stride=fmt.affine(t.block_stride),
+        offset=fmt.affine(t.offset),
+        view=_view(spec, t, order, Affine(0, st.draft_num_blocks)
+                   if pool == "draft" and st.draft_num_blocks else Affine(1, 0)))
+
+
+def _memory(st: Stage) -> tuple[list[fmt.Allocation], list[fmt.Pool]]:
+    """The stage's allocations and pools: the device allocation holds the main
+    pool and, beyond it, a drafter's own; host-resident tensors their own."""
+    sizes: dict[str, Affine] = {}  # every tensor of an allocation declares its size
+    for t in st.tensors:
+        memory = "host" if t.host_resident else "device"
+        if memory not in sizes or t.size.dominates(sizes[memory]):
+            sizes[memory] = t.size
+    allocations = [fmt.Allocation(name=m, memory=m, size=fmt.affine(sizes[m]))  # type: ignore[arg-type]
+                   for m in sorted(sizes)]
+    main = [gid for gid, g in enumerate(st.groups) if g.layer_names and not g.own_pool]
+    own = [gid for gid, g in enumerate(st.groups) if g.layer_names and g.own_pool]
+    pools = [fmt.Pool(name="device", allocation="device", offset=0,
+                      bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
+                      groups=main)]
+    drafts = [t for t in st.tensors if t.pool == "draft"]
+    if drafts and st.draft_num_blocks:
+        start = min((t.offset for t in drafts), key=lambda a: (a.a, a.b))
+        pools.append(fmt.Pool(name="draft", allocation="device", offset=fmt.affine(start),
+                              bytes_per_block=st.fixed_bytes // st.draft_num_blocks,
+                              num_blocks=st.draft_num_blocks, groups=own))
+    elif own:
+        pools[0] = fmt.Pool(name="device", allocation="device", offset=0,
+                            bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
+                            groups=main + own)
+    if "host" in sizes:
+        pools.append(fmt.Pool(name="host", allocation="host", offset=0,
+                              bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
+                              groups=sorted({t.group for t in st.tensors if t.host_resident})))
+    return allocations, pools
+
+
+def _stage(st: Stage, layout: Layout) -> fmt.Stage:
+    fig = layout.stage_figures[st.index]
+    order = layout.engine.axis_order
+    allocations, pools = _memory(st)
+    return fmt.Stage(
+        index=st.index, layers=list(st.layer_names), bytes_per_block=st.bytes_per_block,
+        fixed_bytes=st.fixed_bytes, draft_num_blocks=st.draft_num_blocks,
+        draft_layers=list(st.draft_layer_names), memory_per_request=fig.memory_per_request,
+        min_num_blocks=fig.min_num_blocks, groups=[list(g.layer_names) for g in st.groups],
+        allocations=allocations, pools=pools,
+        tensors=[_tensor(t, st, order) for t in st.tensors])
+
+
+def _group(gid: int, layout: Layout, tables: _Tables) -> fmt.Group:
+    g, fig = layout.groups[gid], layout.group_figures[gid]
+    spec = g.spec
+    return fmt.Group(
+        id=gid, kind=kinds.ref_kind_name(spec), class_=spec.ref_class, strategy=g.strategy,
+        role=g.role, layers=list(g.layer_names), block_size=spec.block_size,
+        page_size_bytes=spec.page_size_bytes,
+        page_size_padded=getattr(spec, "page_size_padded", None),
+        padding_slots=g.padding_slots, useful_bytes_per_block=fig.useful_bytes_per_block,
+        padding_bytes_per_block=fig.padding_bytes_per_block, own_pool=g.own_pool,
+        is_eagle=g.is_eagle, prefix_cacheable=spec.prefix_cacheable,
+        max_memory_usage_bytes=fig.max_memory_usage_bytes,
+        blocks_per_request=fig.blocks_per_request,
+        max_num_blocks_per_req=fig.max_num_blocks_per_req, spec=tables.spec(spec))
+
+
+def body_of(layout: Layout) -> fmt.Layout:
+    """The artifact body of ``layout``."""
+    tables = _Tables()
+    layers: dict[str, fmt.Layer] = {}
+    entries: dict[tuple[Any, ...], fmt.Layer] = {}  # layers alike share one record
+    for name, e in layout.layers.items():
+        key = (e.group, e.stage, id(e.spec), e.kv_cache_dtype, id(e.cell_parts),
+               e.per_tensor_scales)
+        entry = entries.get(key)
+        if entry is None:
+            entry = entries[key] = fmt.Layer(
+                group=e.group, stage=e.stage, spec=tables.spec(e.spec),
+                kv_cache_dtype=e.kv_cache_dtype, cells=tables.cells_of(e.cell_parts),
+                per_tensor_scales=e.per_tensor_scales)
+        layers[name] = entry
+    groups = [_group(i, layout, tables) for i in range(len(layout.groups))]
+    b = layout.budget
+    return fmt.Layout(
+        name=layout.name, model=layout.model, engine=engine_record(layout), specs=tables.specs,
+        cells=tables.cells, layers=layers, groups=groups,
+        stages=[_stage(st, layout) for st in layout.stages],
+        scheduler_block_size=layout.scheduler_block_size,
+        hash_block_size=layout.hash_block_size, needs_zeroing=layout.needs_zeroing,
+        budget=b, log=[fmt.LogLine(level=lv, message=m) for lv, m in layout.plan.log],
+        warnings=list(layout.warnings))
+
+
+def freeze(layout: Layout, source_text: str) -> CompiledArtifact:
+    """The frozen, hashed artifact of ``layout`` compiled from ``source_text``."""
+    envelope = sign(fmt.Unsigned(body=body_of(layout), compiler=COMPILER, format=fmt.FORMAT,
+                                 source_sha256=sha256_of(source_text)))
+    return CompiledArtifact(envelope, layout)
+
+
