@@ -26,7 +26,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from kvspec import __version__
+from kvspec._version import __version__
 from kvspec.errors import ArtifactError
 from kvspec.model.plan import Layout
 

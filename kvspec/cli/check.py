@@ -27,7 +27,7 @@ from typing import Literal
 
 import click
 
-from kvspec import __version__
+from kvspec._version import __version__
 from kvspec.artifact import sha256_text
 from kvspec.cli.common import USAGE, echo_json, quiet_option
 from kvspec.errors import (

@@ -17,7 +17,7 @@ from kvspec.errors import KvspecError
 from kvspec.model import kinds
 from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
 from kvspec.model.engine import Engine
-from kvspec.model.quant import QuantizationError, quant_mode, resolve_layer_quant
+from kvspec.model.quant import QuantizationError, quant_mode, layer_quant
 from kvspec.model.specs import LayerSpec
 from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer
@@ -146,7 +146,7 @@ def _quantized(kw: dict[str, Any], layer: ExpandedLayer, kind: kinds.Kind, cache
     """The storage dtype and cell packing of ``cache`` for this layer, into ``kw``."""
     f = layer.fields
     try:
-        q = resolve_layer_quant(
+        q = layer_quant(
             cache, model_dtype=kw["dtype"], kind="mla" if kind.latent else "attention",
             head_size=kw["head_size"],
             head_size_v=0 if kind.latent else f.get("head_size_v", kw["head_size"]),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from kvspec._version import __version__
 from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity_chart
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
@@ -113,7 +114,6 @@ def render(report: Report, fmt: str = "text") -> str:
     names may run longer), ``md`` or self-contained ``html``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
-    from kvspec import __version__
     ctx: dict[str, Any] = {"r": report, "version": __version__, "ascii": ascii_block(report)}
     if fmt == "html":
         ctx["block"] = block_picture(report)
