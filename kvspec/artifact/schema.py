@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvspec.artifact import FORMAT
+from kvspec.model.axes import AxisOrderName
 from kvspec.model.plan import STRATEGIES
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
-from kvspec.source.schema import LayoutName
 
 # ---------------------------------------------------------------------------
 # the artifact format, as a pydantic model
@@ -82,7 +82,7 @@ class EngineSettings(_Closed):
     enable_prefix_caching: bool
     hybrid: bool
     kv_cache_dtype: CacheDtype
-    layout: LayoutName
+    layout: AxisOrderName
     mamba_block_size: Pos | None
     mamba_cache_mode: Literal["none", "align", "all"]
     max_in_flight_tokens: Pos

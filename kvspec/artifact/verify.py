@@ -30,10 +30,11 @@ from kvspec.artifact import (
     envelope_texts,
     sha256_text,
 )
-from kvspec.artifact.codec import decode_inputs, encode
+from kvspec.artifact.codec import Inputs, decode_inputs, encode
 from kvspec.artifact.jsontext import ORJSON_SORTED as _ORJSON
 from kvspec.errors import ArtifactError, KvspecError, format_path
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
+from kvspec.model.quant.cells import Quantized, quantized
 
 _RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
 
@@ -151,19 +152,33 @@ def _schema_problem(data: dict[str, Any], origin: str, cause: str) -> ArtifactEr
 
 def replan(data: dict[str, Any], origin: str = "<artifact>"):
     """The Layout this compiler plans from the body's inputs."""
-    from kvspec.planner import layout_of, plan_layers, resolve
+    from kvspec.planner import build_layout, plan_layers, size_plan
 
     try:
         inputs = decode_inputs(data["body"])
         plan = plan_layers(inputs.engine, inputs.stage_specs)
-        resolved = resolve(plan, memory=inputs.memory) \
+        sizing = size_plan(plan, memory=inputs.memory) \
             if inputs.memory is not None else None
-        return layout_of(inputs.name, inputs.model, plan, resolved, inputs.kv_cache_dtypes)
+        return build_layout(inputs.name, inputs.model, plan, sizing, _quantization(inputs))
     except KvspecError as err:
         raise ArtifactError(f"its layers do not plan: {err.message}", file=origin,
                             hint=_RECOMPILE) from None
     except Exception as exc:  # noqa: BLE001 - whatever a malformed body makes the planner raise
         raise _schema_problem(data, origin, f"{type(exc).__name__}: {exc}") from None
+
+
+def _quantization(inputs: Inputs) -> dict[str, Quantized | None]:
+    """Each layer's quantization, as the expand pass decides it from its spec and mode."""
+    memo: dict[tuple[int, str | None], Quantized | None] = {}
+    out = {}
+    for stage in inputs.stage_specs:
+        for name, spec in stage.items():
+            dtype = inputs.kv_cache_dtypes.get(name)
+            key = (id(spec), dtype)
+            if key not in memo:
+                memo[key] = quantized(spec, dtype)
+            out[name] = memo[key]
+    return out
 
 
 def _verified_text(text: str, origin: str) -> Artifact | None:

@@ -144,6 +144,7 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
 
 def check_pair(source: Path | None, artifact: Path) -> Finding:
     """Recompile ``source`` in memory and compare with the committed ``artifact``."""
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.compiler import compile_source, read_source
 
     if source is None:

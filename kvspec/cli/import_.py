@@ -24,6 +24,7 @@ from kvspec.errors import (
 @quiet_option
 def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
+    # deferred: the dump reader and the compiler (pydantic, PyYAML) load when it runs
     from kvspec.compiler import compile_source
     from kvspec.files import emit, refuse_overwrite, shown
     from kvspec.integrations.dump.importer import import_source

@@ -25,7 +25,7 @@ from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
 from kvspec.model.plan import Plan
-from kvspec.planner.stages import layer_index
+from kvspec.model.stages import layer_index
 from kvspec.model.specs import Attention, MambaState, layer_specs
 
 

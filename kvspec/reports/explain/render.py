@@ -56,6 +56,7 @@ def breakable(name: str) -> Any:
     >>> str(breakable("m.layers.{0..8 step 4,9}.attn"))
     'm.<wbr>layers.<wbr>{0..8&nbsp;step&nbsp;4,<wbr>9}.<wbr>attn'
     """
+    # deferred: Jinja2 (markupsafe), only when a report is rendered
     from markupsafe import Markup, escape
 
     out, depth = [], 0
@@ -76,6 +77,7 @@ def wrap_at(text: str, sep: str) -> Any:
     >>> str(wrap_at("328 KiB/16.5 KiB", "/"))
     '328&nbsp;KiB/<wbr>16.5&nbsp;KiB'
     """
+    # deferred: Jinja2 (markupsafe), only when a report is rendered
     from markupsafe import Markup, escape
 
     joint = str(escape(sep)) + ("" if sep.endswith(" ") else "<wbr>")
@@ -92,6 +94,7 @@ def arrow(change: Any) -> str:
 def environment():
     """The Jinja2 environment over ``kvspec/reports/templates``: HTML
     autoescaped, undefined variables are errors."""
+    # deferred: Jinja2 (markupsafe), only when a report is rendered
     import jinja2
 
     env = jinja2.Environment(
