@@ -1,17 +1,17 @@
 """``compile()``: a fold over the compiler passes, source text -> artifact.
 
 The pipeline is data: :data:`PASSES` is an ordered tuple of :class:`Pass`
-records, each a pure function from its own frozen stage type to the next
+records, each a pure function from its own frozen type to the next
 (:mod:`kvspec.passes`)::
 
-    SourceText -load-> Loaded -parse-> Parsed -expand-> Expanded -validate-> Validated
+    SourceText -compose-> Composed -parse-> Parsed -expand-> Expanded -validate-> Validated
       -plan-> Planned -size-> Sized -freeze-> Artifact
 
 Each pass declares the type it takes and the type it gives (its annotations),
 and :func:`run` checks that a sequence of passes chains before folding over it,
-so a test can run any prefix and look at the stage it ends in. The fold is
-also where errors are placed: a pass's error that refers to a layer, an engine
-setting or the budget (:class:`~kvspec.errors.Ref`) is placed once, at the
+so a test can run any prefix and look at the value it ends in. The fold is
+also where errors are located: a pass's error that refers to a layer, an engine
+setting or the budget (:class:`~kvspec.errors.Ref`) is located once, at the
 file, line and column the stage's :class:`~kvspec.source.where.SourceMap` knows.
 
 >>> from pathlib import Path
@@ -38,14 +38,14 @@ from kvspec.errors import KvspecError
 from kvspec.files import parse_size, read_text, shown
 from kvspec.passes.expand import Expanded, expand
 from kvspec.passes.freeze import freeze
-from kvspec.passes.load import Loaded, SourceText, load
+from kvspec.passes.compose import Composed, SourceText, compose
 from kvspec.passes.parse import Parsed, parse
 from kvspec.passes.plan import Planned, plan
 from kvspec.passes.size import Sized, size, unsized
 from kvspec.passes.validate import Validated, validate
 from kvspec.source.where import GivenMemory
 
-__all__ = ["CHECK_PASSES", "PASSES", "PLAN_PASSES", "Expanded", "Loaded", "Parsed", "Pass",
+__all__ = ["CHECK_PASSES", "PASSES", "PLAN_PASSES", "Expanded", "Composed", "Parsed", "Pass",
            "Planned", "Sized", "SourceText", "Validated", "compile", "compile_source",
            "compile_until", "pass_named", "read_source", "run", "run_until", "unsized"]
 
@@ -54,7 +54,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """One pass: its function, the stage type it takes and the one it gives."""
+    """One pass: its function, the type it takes and the type it gives."""
 
     name: str
     fn: Callable[[Any], Any]
@@ -71,7 +71,7 @@ class Pass:
 
 
 PASSES: tuple[Pass, ...] = tuple(Pass.of(fn) for fn in (
-    load, parse, expand, validate, plan, size, freeze))
+    compose, parse, expand, validate, plan, size, freeze))
 #: The passes that need no memory budget (``kvspec plan`` sizes the plan itself).
 PLAN_PASSES: tuple[Pass, ...] = PASSES[:5]
 #: Every pass that can fail (``kvspec validate``): freezing is pure serialisation.
@@ -93,7 +93,7 @@ def check_chain(start: object, passes: Sequence[Pass]) -> None:
 
 
 def run(start: object, passes: Sequence[Pass] = PASSES) -> Any:
-    """Fold ``passes`` over ``start``; a pass's error is placed at its position in
+    """Fold ``passes`` over ``start``; a pass's error is located at its position in
     the source (once, here) and raised."""
     check_chain(start, passes)
     value = start
@@ -102,17 +102,17 @@ def run(start: object, passes: Sequence[Pass] = PASSES) -> Any:
             try:
                 value = p.fn(value)
             except KvspecError as err:
-                if isinstance(value, Loaded):
-                    raise value.where.place(err) from None
+                if isinstance(value, Composed):
+                    raise value.where.locate(err) from None
                 raise
     return value
 
 
-def run_until(start: SourceText, stage: type[T]) -> T:
-    """Run the pipeline from ``start`` up to the pass that gives ``stage``."""
-    end = next(i for i, p in enumerate(PASSES) if p.gives is stage)
+def run_until(start: SourceText, until: type[T]) -> T:
+    """Run the pipeline from ``start`` up to the pass that gives ``until``."""
+    end = next(i for i, p in enumerate(PASSES) if p.gives is until)
     out = run(start, PASSES[:end + 1])
-    assert isinstance(out, stage)
+    assert isinstance(out, until)
     return out
 
 
@@ -133,14 +133,14 @@ def read_source(path: str | Path) -> str:
                      hint="give the path of a layout source, e.g. layouts/llama-3.1-8b.yaml")
 
 
-def compile_until(path: str | Path, stage: type[T], *, memory: int | str | None = None,
+def compile_until(path: str | Path, until: type[T], *, memory: int | str | None = None,
                   memory_name: str = "memory") -> T:
-    """Compile the source file at ``path`` up to ``stage`` (``Planned``, ``Sized``,
+    """Compile the source file at ``path`` up to ``until`` (``Planned``, ``Sized``,
     ``Artifact``, ...); ``memory`` is the caller's budget per rank, errors about it
     naming it ``memory_name`` (``--memory`` on the command line)."""
     start = SourceText(text=read_source(path), file=shown(path),
                        memory=_given(memory, memory_name))
-    return run_until(start, stage)
+    return run_until(start, until)
 
 
 def compile(path: str | Path, *, memory: int | str | None = None) -> Artifact:  # noqa: A001

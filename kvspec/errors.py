@@ -75,17 +75,17 @@ class Location:
 
 class Ref(Protocol):
     """What an error is about, in the words of the code that found it (a layer by
-    name, an engine setting by its field), for the source layer to place at a
+    name, an engine setting by its field), for the source layer to locate at a
     file, line and column (:mod:`kvspec.source.where`) once."""
 
     def shown(self) -> str | None:
-        """How the element is named where it cannot be placed in a file."""
+        """How the element is named where it cannot be located in a file."""
         ...
 
 
 @dataclass(frozen=True, slots=True)
 class LayerRef:
-    """A layer, by name: placed at the source entry that made it."""
+    """A layer, by name: located at the source entry that made it."""
 
     name: str
 
@@ -120,7 +120,7 @@ class KvspecError(Exception):
     expected: str | None
     found: str | None
     hint: str | None
-    #: What the problem is about, until the source layer places it (:class:`Ref`).
+    #: What the problem is about, until the source layer locates it (:class:`Ref`).
     ref: Ref | None
 
     @property

@@ -316,3 +316,77 @@ def test_function_level_imports_name_the_heavy_dependency_they_defer() -> None:
     assert missing == [], ("import at the top, or say which heavy dependency the "
                            "function-level import defers (# deferred: torch): "
                            + ", ".join(missing))
+
+
+# ---------------------------------------------------------------------------
+# each vocabulary declared once
+# ---------------------------------------------------------------------------
+
+
+def _literal_sets(path: Path, names: set[str]) -> list[tuple[int, set[str]]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set, ast.Dict)):
+            items = node.keys if isinstance(node, ast.Dict) else node.elts
+            found = {e.value for e in items if isinstance(e, ast.Constant) and e.value in names}
+            if len(found) >= 3:
+                out.append((node.lineno, found))
+        elif isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "Literal":
+            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            found = {e.value for e in elts if isinstance(e, ast.Constant) and e.value in names}
+            if len(found) >= 3:
+                out.append((node.lineno, found))
+    return out
+
+
+def test_the_axis_orders_are_listed_once() -> None:
+    """Only kvspec.model.axes spells out several axis orders: the schemas derive
+    their choices from it (``AxisOrderName``)."""
+    names = set(axes.AXIS_ORDER_NAMES)
+    assert len(names) == 6 and axes.AXIS_ORDER_NAMES[0] == axes.DEFAULT_AXIS_ORDER.name
+    found = [f"{p.relative_to(ROOT)}:{line} {sorted(s)}" for p in MODULES
+             if p != PACKAGE / "model" / "axes.py" for line, s in _literal_sets(p, names)]
+    assert found == [], "derive axis orders from kvspec.model.axes: " + "; ".join(found)
+
+
+def _source_keys(model: type, prefix: str) -> dict[str, object]:
+    """Every leaf key of a source section and its default (``...``: required)."""
+    out: dict[str, object] = {}
+    for name, f in model.model_fields.items():
+        sub = f.annotation
+        if isinstance(sub, type) and issubclass(sub, source_schema.BaseModel):
+            out.update(_source_keys(sub, f"{prefix}.{name}"))
+        else:
+            out[f"{prefix}.{name}"] = ... if f.is_required() else f.get_default()
+    return out
+
+
+def test_the_engine_settings_are_the_source_schemas_engine_fields() -> None:
+    """Every engine setting read from a source has its key in the source schema,
+    with the setting's own default; every key of the engine, parallel and
+    quantization sections is a setting's (or one of the few that are none)."""
+    keys = {**_source_keys(source_schema.EnginePolicy, "engine"),
+            **_source_keys(source_schema.Parallelism, "parallel"),
+            **_source_keys(source_schema.Quantization, "quantization")}
+    settings = {s.source_key: s for s in engine.SETTINGS if s.source_key is not None}
+    assert set(keys) == set(settings) | set(engine.SOURCE_ONLY_KEYS)
+    differ = [key for key, s in settings.items() if keys[key] is not ... and
+              s.from_data(keys[key]) != s.default]
+    assert differ == [], f"source defaults differ from the engine's: {differ}"
+
+
+@pytest.mark.parametrize("source", sorted((ROOT / "layouts").glob("*.yaml"))[:6],
+                         ids=lambda p: p.stem)
+def test_the_artifacts_engine_record_derives_from_the_declaration(source: Path) -> None:
+    """:func:`kvspec.model.engine.artifact_values` writes what the committed
+    artifacts hold, and reads back the engine they were planned for."""
+    import json
+
+    from kvspec.artifact import Artifact
+
+    artifact = source.with_suffix(".kvlayout.json")
+    record = json.loads(artifact.read_text())["body"]["engine"]
+    layout = Artifact.read(artifact).layout
+    assert engine.artifact_values(layout.plan.engine, layout.engine) == record
+    planned = engine.engine_from_artifact(record)
+    assert engine.artifact_values(planned, layout.engine) == record

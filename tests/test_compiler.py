@@ -14,7 +14,7 @@ from kvspec.artifact import Artifact
 from kvspec.compiler import (
     PASSES,
     Expanded,
-    Loaded,
+    Composed,
     Parsed,
     Planned,
     Sized,
@@ -33,7 +33,7 @@ LLAMA = Path("layouts/llama-3.1-8b.yaml")
 
 def test_every_prefix_of_the_pipeline_runs_and_ends_in_its_stage_type() -> None:
     start = SourceText(text=LLAMA.read_text(), file=str(LLAMA))
-    stages = (Loaded, Parsed, Expanded, Validated, Planned, Sized, Artifact)
+    stages = (Composed, Parsed, Expanded, Validated, Planned, Sized, Artifact)
     assert [p.gives for p in PASSES] == list(stages)
     for i, stage in enumerate(stages, 1):
         out = run(start, PASSES[:i])
@@ -52,22 +52,22 @@ def test_a_sequence_of_passes_that_does_not_chain_is_refused() -> None:
     start = SourceText(text=LLAMA.read_text(), file=str(LLAMA))
     with pytest.raises(TypeError, match="pass plan takes Validated, not Expanded"):
         run(start, (*PASSES[:3], pass_named("plan")))
-    with pytest.raises(TypeError, match="pass parse takes Loaded, not SourceText"):
+    with pytest.raises(TypeError, match="pass parse takes Composed, not SourceText"):
         run(start, PASSES[1:])
 
 
-def test_a_pass_error_is_placed_once_from_its_reference() -> None:
+def test_a_pass_error_is_located_once_from_its_reference() -> None:
     """The planner says what an error is about (an engine setting, the budget); the
-    fold places it at that setting's key in the source."""
+    fold locates it at that setting's key in the source."""
     planned = run(SourceText(text=LLAMA.read_text(), file="l.yaml"), PASSES[:5])
-    err = planned.where.place(PlanError("x", ref=SettingRef("axis_order"), hint="h"))
+    err = planned.where.locate(PlanError("x", ref=SettingRef("axis_order"), hint="h"))
     assert (err.file, err.line, err.column, err.path) == ("l.yaml", 13, 11, "engine.layout")
     text = LLAMA.read_text().replace("memory: 40GiB", "memory: 1MiB")
     with pytest.raises(KvspecError) as info:
         compile_source(text, "l.yaml")
     assert (info.value.file, info.value.path) == ("l.yaml", "engine.memory")
     assert isinstance(info.value.ref, BudgetRef)
-    with pytest.raises(KvspecError) as info:  # the caller's budget: placed at memory=
+    with pytest.raises(KvspecError) as info:  # the caller's budget: located at memory=
         compile_source(LLAMA.read_text(), "l.yaml", memory="1MiB")
     assert (info.value.line, info.value.path, info.value.found) == (
         None, "memory", "1,048,576 bytes")

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvspec.artifact import FORMAT
 from kvspec.model.axes import AxisOrderName
+from kvspec.model.engine import MambaCacheMode
 from kvspec.model.plan import STRATEGIES
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
 
@@ -84,7 +85,7 @@ class EngineSettings(_Closed):
     kv_cache_dtype: CacheDtype
     layout: AxisOrderName
     mamba_block_size: Pos | None
-    mamba_cache_mode: Literal["none", "align", "all"]
+    mamba_cache_mode: MambaCacheMode
     max_in_flight_tokens: Pos
     max_model_len: Pos = Field(description="After fitting to the budget when the source "
                                "says max_model_len: auto.")

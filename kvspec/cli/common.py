@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from kvspec.files import is_stdin, is_stdout, parse_size
 from kvspec.errors import KvspecError, UsageError
+from kvspec.files import is_stdin, is_stdout, parse_size
 
 #: ``--no-color`` sets this to False; None: colour on a terminal unless NO_COLOR.
 COLOR: bool | None = None

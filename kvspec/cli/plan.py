@@ -68,7 +68,7 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: b
     except KvspecError as err:
         if given:  # an error about the budget is about --memory
             where = dataclasses.replace(where, memory=GivenMemory(given, "--memory"))
-        err = where.place(err)
+        err = where.locate(err)
         if as_json:
             echo_json(error_view(err))
             return EXIT_INVALID
@@ -84,7 +84,7 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: b
 
 def _plan_of(path: Path) -> tuple[Plan, int | None, SourceMap]:
     """A source's plan, or an artifact's (its max_model_len fixed as compiled), its
-    budget, and where to place errors about it."""
+    budget, and where to locate errors about it."""
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.artifact import Artifact
     from kvspec.compiler import Planned, compile_until

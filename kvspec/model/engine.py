@@ -105,8 +105,8 @@ class Engine:
     hybrid: bool = _setting(
         True, "False: local attention allocated as full attention "
         "(disable_hybrid_kv_cache_manager).", source="engine.hybrid",
-        vllm="disable_hybrid_kv_cache_manager", flag="--enable-hybrid-kv-cache-manager",
-        off="--disable-hybrid-kv-cache-manager", to_vllm=lambda e: not e.hybrid)
+        vllm="disable_hybrid_kv_cache_manager", flag="--disable-hybrid-kv-cache-manager",
+        off="--enable-hybrid-kv-cache-manager", to_vllm=lambda e: not e.hybrid)
     axis_order: AxisOrder = _setting(
         DEFAULT_AXIS_ORDER, "Physical order of the axes [L, B, H, N, C].",
         source="engine.layout", artifact="layout", vllm="kv_cache_layout",
@@ -223,9 +223,10 @@ class Setting:
     artifact_key: str
     #: vLLM's name for it: the engine argument (a spec dump's config key); None: none.
     vllm: str | None
-    #: The ``vllm serve`` flag that sets it (for a switch, the flag that turns it on).
+    #: The ``vllm serve`` flag that sets it (for a switch, the one that makes vLLM's
+    #: value true).
     flag: str | None
-    #: A switch's flag that turns it off.
+    #: A switch's flag that makes vLLM's value false.
     off: str | None
     #: The environment variable vLLM reads it from, where there is no flag.
     env: str | None
@@ -246,6 +247,21 @@ class Setting:
             return self.to_vllm(engine)
         return getattr(engine, self.name)
 
+    def vllm_flag(self, engine: Engine) -> tuple[str, str | None]:
+        """The ``vllm serve`` flag that sets this setting of ``engine``, and its value
+        (None for a switch).
+
+        >>> setting("hybrid").vllm_flag(Engine(hybrid=False))
+        ('--disable-hybrid-kv-cache-manager', None)
+        >>> setting("block_size").vllm_flag(Engine())
+        ('--block-size', '16')
+        """
+        assert self.flag is not None, f"{self.name} has no vllm serve flag"
+        value = self.vllm_value(engine)
+        if self.off is not None:
+            return (self.flag if value else self.off), None
+        return self.flag, str(value)
+
 
 def _settings() -> tuple[Setting, ...]:
     out = []
@@ -260,9 +276,11 @@ def _settings() -> tuple[Setting, ...]:
 SETTINGS: tuple[Setting, ...] = _settings()
 _BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
-#: Source keys that hold no engine setting: the budget, and the model's own
-#: maximum length (what ``max_model_len: auto`` fits from).
-SOURCE_ONLY_KEYS = ("engine.memory", "engine.model_max_len")
+#: Keys of a source's ``engine``, ``parallel`` and ``quantization`` sections that
+#: hold no engine setting: the budget, the model's own maximum length (what
+#: ``max_model_len: auto`` fits from) and the layers kept unquantized (a per-layer
+#: choice, made by the expand pass).
+SOURCE_ONLY_KEYS = ("engine.memory", "engine.model_max_len", "quantization.skip_layers")
 
 #: The artifact's engine record, beyond one entry per setting: what the final
 #: engine (``max_model_len`` fitted when auto) settles.
@@ -311,7 +329,7 @@ def vllm_values(engine: Engine) -> dict[str, Any]:
 @dataclass(frozen=True, slots=True)
 class SettingRef:
     """What an error is about: an engine setting, by its :class:`Engine` field.
-    The source layer places it at the setting's key in the source."""
+    The source layer locates it at the setting's key in the source."""
 
     name: str
 
@@ -322,7 +340,7 @@ class SettingRef:
         return path
 
     def shown(self) -> str:
-        """The source key, where the error cannot be placed in a file."""
+        """The source key, where the error cannot be located in a file."""
         return ".".join(self.path)
 
 
@@ -335,3 +353,20 @@ class BudgetRef:
 
     def shown(self) -> str:
         return ".".join(self.path)
+
+
+def settings_markdown() -> str:
+    """The engine settings as a Markdown table: how the source, the artifact and
+    vLLM name each (docs/vllm.md holds it; a test keeps it current)."""
+    def code(text: str | None) -> str:
+        return f"`{text}`" if text else "—"
+
+    rows = ["| setting | source key | artifact key | vLLM name | `vllm serve` | meaning |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for s in SETTINGS:
+        serve = " / ".join(code(f) for f in (s.flag, s.off) if f) or code(s.env)
+        if s.flag and s.env:
+            serve += f", {code(s.env)}"
+        rows.append(f"| {code(s.name)} | {code(s.source_key)} | {code(s.artifact_key)} | "
+                    f"{code(s.vllm)} | {serve} | {s.doc} |")
+    return "\n".join(rows) + "\n"

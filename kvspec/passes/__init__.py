@@ -1,9 +1,9 @@
 """The compiler passes, one module each, named after the function it exports.
 
-Each pass is a pure function from its own frozen stage type to the next; the
+Each pass is a pure function from its own frozen type to the next; the
 types chain, each adding what its pass found to what came before::
 
-    SourceText --load--> Loaded --parse--> Parsed --expand--> Expanded
+    SourceText --compose--> Composed --parse--> Parsed --expand--> Expanded
       --validate--> Validated --plan--> Planned --size--> Sized --freeze--> Artifact
 
 :mod:`kvspec.compiler` folds over them (``PASSES``), checks that the stage

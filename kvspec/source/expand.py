@@ -4,8 +4,9 @@ Patterns are repeated, defaults and types merged into each layer (defaults <
 type < entry), names rendered from templates, KV heads split across
 tensor-parallel ranks (replicated when there are fewer heads than ranks, as
 vLLM does), each layer's quantization decided (once: the plan and the artifact
-take it from here), and layers assigned to pipeline stages. Specs are built from the layer kinds' registry
-(:mod:`kvspec.model.kinds`); every problem is collected and reported together.
+take it from here), and layers assigned to pipeline stages. Specs are built
+from the layer kinds' registry (:mod:`kvspec.model.kinds`); every problem is
+collected and reported together.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from kvspec.files import SIZE_EXPECTED, SIZE_PATTERN, size_bytes
 from kvspec.model.axes import DEFAULT_AXIS_ORDER, AxisOrderName
+from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
 
@@ -198,7 +199,7 @@ class EnginePolicy(_Strict):
         "can decide it.")
     num_blocks: PositiveInt | None = Field(
         None, description="Fix the block count (vLLM's num_gpu_blocks_override).")
-    mamba_cache_mode: Literal["none", "align", "all"] = "none"
+    mamba_cache_mode: MambaCacheMode = "none"
     mamba_block_size: PositiveInt | None = None
     prefill_lookahead_tokens: int = Field(0, ge=0)
     speculative_method: str | None = None

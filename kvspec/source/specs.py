@@ -16,7 +16,7 @@ from kvspec.errors import KvspecError
 from kvspec.model import kinds
 from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
 from kvspec.model.engine import Engine
-from kvspec.model.quant import QuantizationError, quant_mode, layer_quant
+from kvspec.model.quant import QuantizationError, layer_quant, quant_mode
 from kvspec.model.specs import LayerSpec
 from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer

@@ -1,4 +1,4 @@
-"""Placing errors in the source: a typed reference -> file, line, column and path.
+"""Locating errors in the source: a typed reference -> file, line, column and path.
 
 Code below the source (the planner, the domain model) says what an error is
 about in its own words: a layer by name (:class:`~kvspec.errors.LayerRef`), an
@@ -6,15 +6,15 @@ engine setting by its :class:`~kvspec.model.engine.Engine` field
 (:class:`~kvspec.model.engine.SettingRef`), the memory budget
 (:class:`~kvspec.model.engine.BudgetRef`). A :class:`SourceMap` knows where each
 of those was written -- the setting's source key from the one declaration of
-engine settings, the layer's entry from the expansion -- and places the error
-once. A budget the caller gave (``memory=``, ``--memory``) is placed at that
+engine settings, the layer's entry from the expansion -- and locates the error
+once. A budget the caller gave (``memory=``, ``--memory``) is located at that
 argument, not in the file.
 
 >>> from kvspec.errors import PlanError
 >>> from kvspec.model.engine import SettingRef
 >>> from kvspec.source.document import parse_yaml
 >>> where = SourceMap("m.yaml", parse_yaml("engine:\\n  layout: LHBNC\\n", "m.yaml"))
->>> err = where.place(PlanError("no", ref=SettingRef("axis_order"), hint="..."))
+>>> err = where.locate(PlanError("no", ref=SettingRef("axis_order"), hint="..."))
 >>> err.line, err.column, err.path
 (2, 11, 'engine.layout')
 """
@@ -42,7 +42,7 @@ class GivenMemory:
 
 @dataclass(frozen=True, slots=True)
 class SourceMap:
-    """Where the elements of one source were written: places errors there."""
+    """Where the elements of one source were written: locates errors there."""
 
     file: str
     #: The parsed document (None: no positions, e.g. an artifact's inputs).
@@ -52,7 +52,7 @@ class SourceMap:
     #: The budget the caller gave, if any.
     memory: GivenMemory | None = None
 
-    def place(self, err: KvspecError) -> KvspecError:
+    def locate(self, err: KvspecError) -> KvspecError:
         """``err`` at the file, line and column of what it refers to; an error that
         already has a file is returned as it is."""
         if err.file:

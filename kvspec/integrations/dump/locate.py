@@ -17,21 +17,15 @@ from typing import Any
 
 from kvspec.errors import KvspecError, Location
 from kvspec.integrations.dump.jsontext import positions
+from kvspec.model.engine import SETTINGS
 
-#: Source path prefixes -> the dump config key they come from.
-_CONFIG = {"engine.block_size": "block_size", "engine.max_model_len": "max_model_len",
-           "engine.model_max_len": "max_model_len", "engine.memory": "available_memory_bytes",
-           "engine.layout": "kv_cache_layout", "engine.hybrid": "disable_hybrid_kv_cache_manager",
-           "engine.prefix_caching": "enable_prefix_caching",
-           "engine.num_blocks": "num_gpu_blocks_override",
-           "engine.mamba_cache_mode": "mamba_cache_mode",
-           "engine.mamba_block_size": "mamba_block_size",
-           "engine.prefix_match_unit": "prefix_match_unit",
-           "engine.max_num_batched_tokens": "max_num_batched_tokens",
-           "engine.max_num_seqs": "max_num_seqs",
-           "parallel.tensor": "tensor_parallel_size", "parallel.pipeline": "pipeline_parallel_size",
-           "parallel.decode_context": "decode_context_parallel_size",
-           "quantization.kv_cache_dtype": "kv_cache_dtype"}
+#: Source keys -> the dump config key they come from: each engine setting's key in
+#: the source and vLLM's name for it (a dump's config keys are vLLM's names), from
+#: the one declaration of engine settings, and the two source keys that are no
+#: setting.
+_CONFIG = {**{s.source_key: s.vllm for s in SETTINGS
+              if s.source_key is not None and s.vllm is not None},
+           "engine.model_max_len": "max_model_len", "engine.memory": "available_memory_bytes"}
 _TYPE = re.compile(r"^layer_types\.([^.\[]+)")
 
 

@@ -32,7 +32,7 @@ def read_dump(data: dict[str, Any]) -> tuple[Engine, list[dict[str, LayerSpec]]]
     return ex.engine, list(ex.stage_specs)
 
 
-def load_dump(path: str | Path) -> tuple[Any, str]:
+def read_dump_file(path: str | Path) -> tuple[Any, str]:
     """A dump file: its parsed JSON and its text (for error positions)."""
     text = read_text(path, what="the dump", hint="give the path of a per-layer spec dump "
                      "(JSON)")

@@ -21,6 +21,7 @@ from pydantic import (
 from kvspec.errors import ErrorList, SourceError
 from kvspec.integrations.dump.jsontext import positions
 from kvspec.model.axes import AxisOrderName
+from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
 from kvspec.source.document import Document, format_path
@@ -53,7 +54,7 @@ class DumpConfig(BaseModel):
     max_num_seqs: PositiveInt | None = None
     max_num_encoder_input_tokens: PositiveInt | None = None
     kv_cache_layout: AxisOrderName | None = None
-    mamba_cache_mode: Literal["none", "align", "all"] | None = None
+    mamba_cache_mode: MambaCacheMode | None = None
     mamba_block_size: PositiveInt | None = None
     prefix_match_unit: PositiveInt | None = None
     async_scheduling: bool | None = None

@@ -23,7 +23,7 @@ from kvspec.integrations.vllm.engine_args import conflicts
 from kvspec.integrations.vllm.specs import engine_settings, to_vllm
 from kvspec.model.plan import Plan
 from kvspec.planner import min_blocks_to_serve, size_plan
-from kvspec.reports.explain import load_subject
+from kvspec.reports.explain import read_subject
 from kvspec.reports.refview import error_view, reference_view
 
 
@@ -113,7 +113,7 @@ def verify_plan(plan: Plan, memory: int, *, adapter: Any, path: str = "<plan>",
 
 def verify_path(path: str | Path, *, memory: int | None = None, adapter: Any) -> Verdict:
     """``verify`` of a source (compiled) or an artifact (read and verified)."""
-    subject = load_subject(path, memory)
+    subject = read_subject(path, memory)
     plan = subject.plan if subject.plan is not None else subject.layout.plan
     layout_memory = subject.memory if memory is None else None
     mem, origin = budget(plan, layout_memory, memory)

@@ -3,8 +3,8 @@
 artifact re-sized (:func:`kvspec.planner.resize`, its ``max_model_len`` as
 compiled).
 
->>> from kvspec.reports.explain.subject import load_subject
->>> art = load_subject("layouts/llama-3.1-8b.kvlayout.json")
+>>> from kvspec.reports.explain.subject import read_subject
+>>> art = read_subject("layouts/llama-3.1-8b.kvlayout.json")
 >>> c = capacity(art, 80 * 2**30)
 >>> c.fits, c.num_blocks, c.kv_tokens, f"{c.max_concurrency:.2f}"
 (True, 40960, 655360, '5.00')

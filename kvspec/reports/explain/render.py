@@ -16,8 +16,8 @@ from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
     human_bytes,
     md_cell,
-    md_html,
     md_code,
+    md_html,
     md_table,
     md_text,
     pct,

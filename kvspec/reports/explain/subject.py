@@ -1,7 +1,7 @@
 """What a report is about: a source (planned for the report's budget) or a
 verified artifact, as the Layout IR.
 
->>> sub = load_subject("layouts/llama-3.1-8b.kvlayout.json", 80 * 2**30)
+>>> sub = read_subject("layouts/llama-3.1-8b.kvlayout.json", 80 * 2**30)
 >>> sub.kind, sub.layout.engine.axis_order.name, sub.memory == 80 * 2**30, sub.misfit
 ('artifact', 'LBNHC', True, None)
 """
@@ -19,7 +19,7 @@ from kvspec.files import read_text, shown
 from kvspec.model.plan import Layout, Plan
 from kvspec.planner import blocks_for
 
-__all__ = ["Subject", "is_artifact_path", "load_subject"]
+__all__ = ["Subject", "is_artifact_path", "read_subject"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _source_subject(path: str | Path, memory: int | None) -> Subject:
     return Subject(shown(path), "source", layout, planned.plan, mem, misfit)
 
 
-def load_subject(path: str | Path, memory: int | None = None) -> Subject:
+def read_subject(path: str | Path, memory: int | None = None) -> Subject:
     """Compile a source (planned for ``memory``) or read and verify an artifact."""
     if is_artifact_path(path):
         return _artifact_subject(path, memory)

@@ -1,7 +1,8 @@
-"""The load pass: source text -> a YAML document with positions.
+"""The compose pass: source text -> a YAML document with positions (YAML's own word
+for building the node tree from text).
 
->>> loaded = load(SourceText(text="kvspec: 1\\nname: x\\n", file="x.yaml"))
->>> loaded.doc.data, loaded.where.file
+>>> composed = compose(SourceText(text="kvspec: 1\\nname: x\\n", file="x.yaml"))
+>>> composed.doc.data, composed.where.file
 ({'kvspec': 1, 'name': 'x'}, 'x.yaml')
 """
 
@@ -24,18 +25,18 @@ class SourceText:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Loaded(SourceText):
+class Composed(SourceText):
     """The source's YAML document, every value's position kept."""
 
     doc: Document
 
     @property
     def where(self) -> SourceMap:
-        """Where this source's elements are written (for placing errors)."""
+        """Where this source's elements are written (for locating errors)."""
         return SourceMap(self.file, self.doc, {}, self.memory)
 
 
-def load(start: SourceText) -> Loaded:
+def compose(start: SourceText) -> Composed:
     """Text -> YAML document with positions."""
-    return Loaded(text=start.text, file=start.file, memory=start.memory,
+    return Composed(text=start.text, file=start.file, memory=start.memory,
                   doc=parse_yaml(start.text, start.file))
