@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvspec.errors import KvspecError, Location
+from kvspec.errors import KvspecError, LayerRef, Location
 from kvspec.integrations.dump.jsontext import positions
-from kvspec.model.engine import SETTINGS
+from kvspec.model.engine import SETTINGS, BudgetRef, SettingRef
 
 #: Source keys -> the dump config key they come from: each engine setting's key in
 #: the source and vLLM's name for it (a dump's config keys are vLLM's names), from
@@ -43,16 +43,25 @@ def dump_path(path: str, dump: dict[str, Any], first_layer_of_type: dict[str, in
     return None
 
 
+def _ref_target(err: KvspecError, dump: dict[str, Any]) -> tuple[str | int, ...] | None:
+    """The dump path of what ``err`` refers to (a layer, an engine setting, the
+    budget), or None when it refers to nothing the dump holds by name."""
+    ref, config = err.ref, dump.get("config") or {}
+    if isinstance(ref, LayerRef):
+        names = [layer.get("name") for layer in dump.get("layers", [])]
+        return ("layers", names.index(ref.name)) if ref.name in names else None
+    if isinstance(ref, (SettingRef, BudgetRef)):
+        key = _CONFIG.get(ref.shown())
+        return ("config", key) if key in config else ("config",)
+    return None
+
+
 def in_dump(err: KvspecError, *, file: str, text: str | None, dump: dict[str, Any],
             source: dict[str, Any], first_layer_of_type: dict[str, int]) -> KvspecError:
-    """``err`` (about the imported source) placed in the dump at ``file``."""
+    """``err`` (about the imported source) located in the dump at ``file``: by what
+    it refers to, else by its path in the source."""
     path = err.path or ""
-    target = None
-    if err.layer is not None:
-        names = [layer.get("name") for layer in dump.get("layers", [])]
-        if err.layer in names:
-            target = ("layers", names.index(err.layer))
-    target = target or dump_path(path, dump, first_layer_of_type)
+    target = _ref_target(err, dump) or dump_path(path, dump, first_layer_of_type)
     if target is None and path.startswith("layers"):
         target = ("layers", _entry_layer(path, source, first_layer_of_type))
     line = column = None
