@@ -266,7 +266,8 @@ class ErrorList(KvspecError):
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
-        return max(e.exit_code for e in self.extra["errors"])
+        errors: tuple[KvspecError, ...] = self.extra["errors"]
+        return max(e.exit_code for e in errors)
 
     def render(self) -> str:
         return "\n".join(err.render() for err in self.extra["errors"])

@@ -33,7 +33,7 @@ from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_B, DIM_H, DIM_L, AxisOrder
 from kvspec.model.engine import Engine, SettingRef
-from kvspec.model.geometry import axis_strides
+from kvspec.model.geometry import spec_strides
 from kvspec.model.plan import Group, Tensor
 from kvspec.model.specs import LayerSpec, UniformType, round_up
 from kvspec.model.specs.base import by_spec
@@ -86,7 +86,7 @@ def place(engine: Engine, groups: Sequence[Group], group_ids: Sequence[int]) -> 
     for gid, g in zip(group_ids, groups):
         byte_offset = 0
         for spec, names in _buckets(g).items():
-            strides = axis_strides(spec, n, len(names), order,
+            strides = spec_strides(spec, n, len(names), order,
                                      fixed=(None, packed_stride, None, None, None))
             page = spec.page_size_bytes
             offset = (Affine.max(strides[DIM_L], page) * byte_offset).exact_div(page)
@@ -100,7 +100,7 @@ def place(engine: Engine, groups: Sequence[Group], group_ids: Sequence[int]) -> 
 
 def _head_split(spec: LayerSpec, order: AxisOrder) -> tuple[int, Affine, Affine]:
     """``(head slots, head stride, block stride)`` of one layer's page."""
-    strides = axis_strides(spec, Affine(1, 0), 1, order)
+    strides = spec_strides(spec, Affine(1, 0), 1, order)
     return spec.num_heads, strides[DIM_H], strides[DIM_B]
 
 

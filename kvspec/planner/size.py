@@ -211,9 +211,9 @@ def block_sizes(engine: Engine, groups: Sequence[Group]) -> tuple[int, int]:
     if any(isinstance(s, MambaState) and s.mamba_cache_mode != "align" for s, _ in specs):
         return scheduler, scheduler
     hash_size = _hash_block_size(engine, groups, sizes)
-    alignments = {s.tokens_per_state for s, _ in specs
-                  if s.prefix_cacheable and isinstance(getattr(s, "tokens_per_state", None), int)
-                  and s.tokens_per_state > 1}  # type: ignore[attr-defined]
+    per_state = ((s, getattr(s, "tokens_per_state", None)) for s, _ in specs)
+    alignments = {n for s, n in per_state
+                  if s.prefix_cacheable and isinstance(n, int) and n > 1}
     partial_state = any(
         isinstance(s, MambaState) and s.mamba_cache_mode == "align"
         and ((dcp == 1 and b > hash_size) or (dcp > 1 and b >= hash_size)) for s, b in specs)
@@ -243,7 +243,7 @@ class StageSizing:
 
     index: int
     num_blocks: int
-    tensors: tuple[dict, ...]
+    tensors: tuple[dict[str, object], ...]
     memory_usage: int
     estimated_max_model_len: int
 

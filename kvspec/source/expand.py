@@ -14,14 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.errors import KvspecError, Location, PlanError, raise_all
+from kvspec.errors import KvspecError, Location, PlanError, format_path, raise_all
 from kvspec.model import kinds
 from kvspec.model.engine import SETTINGS, Engine
 from kvspec.model.names import layers_brief
 from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
 from kvspec.model.stages import split_stages
-from kvspec.source.document import Document, format_path
+from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer, expand_layers
 from kvspec.source.schema import Source
 from kvspec.source.specs import build_spec

@@ -52,7 +52,7 @@ def _ref_target(err: KvspecError, dump: dict[str, Any]) -> tuple[str | int, ...]
         return ("layers", names.index(ref.name)) if ref.name in names else None
     if isinstance(ref, (SettingRef, BudgetRef)):
         key = _CONFIG.get(ref.shown())
-        return ("config", key) if key in config else ("config",)
+        return ("config", key) if key is not None and key in config else ("config",)
     return None
 
 

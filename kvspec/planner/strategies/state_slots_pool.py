@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_B, DIM_L
 from kvspec.model.engine import Engine
-from kvspec.model.geometry import axis_strides
+from kvspec.model.geometry import spec_strides
 from kvspec.model.plan import Group, Tensor
 from kvspec.model.specs import LayerSpec, UniformType, cdiv
 from kvspec.planner.strategies.state_slots import STRATEGY
@@ -131,7 +131,7 @@ def place(engine: Engine, arrangement: SlotArrangement) -> list[Tensor]:
             pool: str, role: str) -> None:
         strides = strides_of.get((id(spec), blocks))
         if strides is None:
-            strides = strides_of[id(spec), blocks] = axis_strides(spec, blocks, 1, order)
+            strides = strides_of[id(spec), blocks] = spec_strides(spec, blocks, 1, order)
         tensors.append(Tensor(size=size, layers=(name,), layer_stride=strides[DIM_L],
                               block_stride=strides[DIM_B], offset=offset, group=group,
                               pool=pool, role=role))
