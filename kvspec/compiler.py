@@ -12,7 +12,8 @@ and :func:`run` checks that a sequence of passes chains before folding over it,
 so a test can run any prefix and look at the value it ends in. The fold is
 also where errors are located: a pass's error that refers to a layer, an engine
 setting or the budget (:class:`~kvspec.errors.Ref`) is located once, at the
-file, line and column the stage's :class:`~kvspec.source.where.SourceMap` knows.
+file, line and column the pass's input knows (its
+:class:`~kvspec.source.where.SourceMap`).
 
 >>> from pathlib import Path
 >>> art = compile_source(Path("layouts/llama-3.1-8b.yaml").read_text(), "llama.yaml")
