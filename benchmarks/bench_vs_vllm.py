@@ -79,13 +79,13 @@ def case_sources(only: str | None) -> list[tuple[str, str]]:
     """(name, source text) of every conformance case that compiles, and the sizes."""
     from kvspec.errors import KvspecError
     from kvspec.integrations.dump.importer import import_source
-    from kvspec.integrations.dump.read import load_dump
+    from kvspec.integrations.dump.read import read_dump_file
 
     out = []
     for path in sorted(CASES.glob("*.json")):
         if only and only not in path.stem:
             continue
-        data, raw = load_dump(path)
+        data, raw = read_dump_file(path)
         model = data.get("model")
         text = import_source(data, str(path), raw).text(model if isinstance(model, str)
                                                          else None)

@@ -13,31 +13,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvspec._version import __version__
+from kvspec.errors import KvspecError
 
 __all__ = ["Artifact", "KvspecError", "compile", "load", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvspec.artifact import Artifact
-    from kvspec.errors import KvspecError
 
 
 def compile(path: Any, *, memory: int | str | None = None) -> Artifact:  # noqa: A001
     """Compile the layout source at ``path`` into a verified :class:`Artifact`."""
-    from kvspec.compiler import compile as _compile
+    from kvspec.compiler import compile as _compile  # deferred: the compiler (pydantic, PyYAML)
     return _compile(path, memory=memory)
 
 
 def load(artifact: Any, **kwargs: Any) -> Any:
     """Map an artifact onto memory: see :func:`kvspec.runtime.loader.load`."""
-    from kvspec.runtime.loader import load as _load
+    from kvspec.runtime.loader import load as _load  # deferred: torch
     return _load(artifact, **kwargs)
 
 
 def __getattr__(name: str) -> Any:
     if name == "Artifact":
+        # deferred: orjson and the plan IR, which `import kvspec` (and --version) skip
         from kvspec.artifact import Artifact
         return Artifact
-    if name == "KvspecError":
-        from kvspec.errors import KvspecError
-        return KvspecError
     raise AttributeError(name)

@@ -1,6 +1,6 @@
 """Artifacts with the plan they came from: re-planning one, and reading one so.
 
-* :func:`kvspec.freeze.freeze` makes a :class:`CompiledArtifact` from a plan;
+* :func:`kvspec.passes.freeze.freeze` makes a :class:`CompiledArtifact` from a plan;
 * :func:`replan` plans an artifact's inputs again (engine, each layer's spec,
   stage and quantization mode, the budget) and requires the very same body:
   the proof that an artifact is exactly what this compiler makes of its
@@ -27,43 +27,22 @@ from kvspec.artifact.read import RECOMPILE, decode
 from kvspec.artifact.text import canonical
 from kvspec.errors import ArtifactError, KvspecError, format_path
 from kvspec.files import read_text, shown
-from kvspec.freeze import CompiledArtifact, body_of, engine_record, freeze
+from kvspec.passes.freeze import CompiledArtifact, body_of, engine_record, frozen
 from kvspec.jsonpos import Located, scan
 from kvspec.model import kinds
-from kvspec.model.axes import AxisOrder
-from kvspec.model.engine import Engine
+from kvspec.model.engine import engine_from_artifact
 from kvspec.model.plan import Layout
+from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
-from kvspec.planner import layout_of, plan_layers, resolve
+from kvspec.planner import build_layout, plan_layers, size_plan
 
-__all__ = ["CompiledArtifact", "body_of", "engine_record", "freeze", "read", "replan",
+__all__ = ["CompiledArtifact", "body_of", "engine_record", "frozen", "read", "replan",
            "verified"]
 
 
 # ---------------------------------------------------------------------------
 # replan: records -> Layout, and the exactness check
 # ---------------------------------------------------------------------------
-
-
-def _engine_in(e: fmt.Engine) -> Engine:
-    return Engine(
-        block_size=e.block_size, max_model_len=e.model_max_len,
-        original_max_model_len=e.original_max_model_len,
-        max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
-        max_num_encoder_input_tokens=e.max_num_encoder_input_tokens,
-        async_scheduling=e.async_scheduling, enable_prefix_caching=e.enable_prefix_caching,
-        hybrid=e.hybrid, axis_order=AxisOrder.parse(e.axis_order),
-        kv_cache_dtype=e.kv_cache_dtype, tensor_parallel_size=e.tensor_parallel_size,
-        pipeline_parallel_size=e.pipeline_parallel_size,
-        decode_context_parallel_size=e.decode_context_parallel_size,
-        num_gpu_blocks_override=e.num_blocks, mamba_cache_mode=e.mamba_cache_mode,
-        mamba_block_size=e.mamba_block_size, prefix_match_unit=e.prefix_match_unit,
-        num_prefill_lookahead_tokens=e.num_prefill_lookahead_tokens,
-        speculative_method=e.speculative_method, draft_pool=e.draft_pool,
-        draft_block_size=e.draft_block_size, draft_pool_blocks=e.draft_pool_blocks,
-        total_num_hidden_layers=e.total_num_hidden_layers,
-        pp_layer_partition=tuple(e.pp_layer_partition)
-        if e.pp_layer_partition is not None else None)
 
 
 def _specs(body: fmt.Layout, origin: str) -> list[LayerSpec]:
@@ -83,11 +62,18 @@ def _specs(body: fmt.Layout, origin: str) -> list[LayerSpec]:
 def _replanned(body: fmt.Layout, specs: list[LayerSpec]) -> Layout:
     layers = body.layers
     stages = tuple({n: specs[layers[n].spec] for n in st.layers} for st in body.stages)
-    plan = plan_layers(_engine_in(body.engine), stages)
+    plan = plan_layers(engine_from_artifact(msgspec.to_builtins(body.engine)), stages)
     memory = body.budget.memory if body.budget is not None else None
-    resolved = resolve(plan, memory=memory) if memory is not None else None
-    dtypes = {n: layers[n].kv_cache_dtype for st in stages for n in st}
-    return layout_of(body.name, body.model, plan, resolved, dtypes)
+    sizing = size_plan(plan, memory=memory) if memory is not None else None
+    memo: dict[tuple[int, str | None], Quantized | None] = {}  # layers alike share it
+    quantization = {}
+    for st in stages:
+        for name, spec in st.items():
+            key = (id(spec), layers[name].kv_cache_dtype)
+            if key not in memo:
+                memo[key] = quantized(spec, key[1])
+            quantization[name] = memo[key]
+    return build_layout(body.name, body.model, plan, sizing, quantization)
 
 
 def replan(artifact: Artifact, origin: str = "<artifact>") -> CompiledArtifact:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 #: Exit codes, by error type (``click`` convention: 2 is a usage error).
 EXIT_OK = 0
@@ -73,6 +73,26 @@ class Location:
                         self.path or outer.path)
 
 
+class Ref(Protocol):
+    """What an error is about, in the words of the code that found it (a layer by
+    name, an engine setting by its field), for the source layer to locate at a
+    file, line and column (:mod:`kvspec.source.where`) once."""
+
+    def shown(self) -> str | None:
+        """How the element is named where it cannot be located in a file."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LayerRef:
+    """A layer, by name: located at the source entry that made it."""
+
+    name: str
+
+    def shown(self) -> str | None:
+        return None
+
+
 class KvspecError(Exception):
     """A problem with the user's input, reported with its position and a hint."""
 
@@ -81,10 +101,10 @@ class KvspecError(Exception):
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
                  column: int | None = None, path: str | None = None,
                  expected: str | None = None, found: str | None = None,
-                 hint: str | None = None, layer: str | None = None, **extra: Any) -> None:
+                 hint: str | None = None, ref: Ref | None = None, **extra: Any) -> None:
         super().__init__(message)
         fields = {"message": message, "location": Location(file, line, column, path),
-                  "expected": expected, "found": found, "hint": hint, "layer": layer,
+                  "expected": expected, "found": found, "hint": hint, "ref": ref,
                   "extra": dict(extra)}
         self.__dict__.update(fields)
 
@@ -100,8 +120,8 @@ class KvspecError(Exception):
     expected: str | None
     found: str | None
     hint: str | None
-    #: The layer the problem is about (placed at that layer's source entry).
-    layer: str | None
+    #: What the problem is about, until the source layer locates it (:class:`Ref`).
+    ref: Ref | None
 
     @property
     def file(self) -> str | None:
@@ -117,7 +137,15 @@ class KvspecError(Exception):
 
     @property
     def path(self) -> str | None:
+        """The path of the location, or how :attr:`ref` names the element."""
+        if self.location.path is None and self.ref is not None:
+            return self.ref.shown()
         return self.location.path
+
+    @property
+    def layer(self) -> str | None:
+        """The layer the problem is about, if it is about one."""
+        return self.ref.name if isinstance(self.ref, LayerRef) else None
 
     def __getattr__(self, name: str) -> Any:
         extra = self.__dict__.get("extra", {})
@@ -149,8 +177,8 @@ class KvspecError(Exception):
         """The message as printed; control characters from the input are escaped
         (``\\x00``), so a message never rewrites the terminal."""
         lines = [f"{self.location.prefix()}: error: {self.message}"]
-        if self.location.path:
-            lines.append(f"  at: {self.location.path}")
+        if self.path:
+            lines.append(f"  at: {self.path}")
         if self.expected is not None:
             lines.append(f"  expected: {self.expected}")
         if self.found is not None:
@@ -238,7 +266,8 @@ class ErrorList(KvspecError):
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
-        return max(e.exit_code for e in self.extra["errors"])
+        errors: tuple[KvspecError, ...] = self.extra["errors"]
+        return max(e.exit_code for e in errors)
 
     def render(self) -> str:
         return "\n".join(err.render() for err in self.extra["errors"])

@@ -343,7 +343,7 @@ def refuse_overwrite(output: str | Path | None, force: bool, *,
 def emit(text: str, output: str | Path | None, *, quiet: bool = False) -> None:
     """A command's result: to stdout, or written atomically to ``output``
     (saying so on stderr, so stdout stays clean for pipes)."""
-    import click
+    import click  # deferred: click (only a command writes output)
 
     if output is None:
         click.echo(text, nl=False)

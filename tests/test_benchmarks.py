@@ -35,4 +35,4 @@ def test_the_load_benchmark_runs() -> None:
     out = _run("benchmarks/bench_load.py", "--layers", "4", "--repeat", "1")
     rows = [line.split() for line in out.splitlines() if line.startswith(("uniform", "hybrid"))]
     assert [(r[0], r[1]) for r in rows] == [("uniform", "4"), ("hybrid", "4")]
-    assert all(len(r) == 15 for r in rows)
+    assert all(len(r) == 16 for r in rows)

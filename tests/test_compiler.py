@@ -11,20 +11,67 @@ import pytest
 
 import kvspec
 from kvspec.artifact import Artifact
-from kvspec.compiler import PASSES, Unit, compile_source, run
-from kvspec.errors import ArtifactError, KvspecError
+from kvspec.compiled import CompiledArtifact
+from kvspec.compiler import (
+    PASSES,
+    Expanded,
+    Composed,
+    Parsed,
+    Planned,
+    Sized,
+    SourceText,
+    Validated,
+    compile_source,
+    pass_named,
+    run,
+)
+from kvspec.errors import ArtifactError, KvspecError, PlanError
+from kvspec.model.engine import BudgetRef, SettingRef
 from tests.conftest import ROOT
 
 LLAMA = Path("layouts/llama-3.1-8b.yaml")
 
 
-def test_every_prefix_of_the_pipeline_runs() -> None:
-    unit = Unit(text=LLAMA.read_text(), file=str(LLAMA))
-    for i in range(1, len(PASSES) + 1):
-        out = run(unit, PASSES[:i])
-        assert out is not unit
-    assert out.artifact is not None and out.plan is not None and out.expanded is not None
-    assert len(out.expanded.stage_specs[0]) == 32
+def test_every_prefix_of_the_pipeline_runs_and_ends_in_its_stage_type() -> None:
+    start = SourceText(text=LLAMA.read_text(), file=str(LLAMA))
+    stages = (Composed, Parsed, Expanded, Validated, Planned, Sized, CompiledArtifact)
+    assert [p.gives for p in PASSES] == list(stages)
+    for i, stage in enumerate(stages, 1):
+        out = run(start, PASSES[:i])
+        assert type(out) is stage, (i, type(out))
+    # what each stage adds, on the last prefix's output and on the way
+    expanded = run(start, PASSES[:3])
+    assert expanded.doc.data["name"] == "llama-3.1-8b"
+    assert len(expanded.expansion.stage_specs[0]) == 32
+    assert expanded.expansion.quantization["model.layers.0.self_attn.attn"].kv_cache_dtype \
+        == "auto"
+    assert out.layout.stage(0).bytes_per_block == 2097152
+    assert out.text() == (ROOT / "layouts/llama-3.1-8b.kvlayout.json").read_text()
+
+
+def test_a_sequence_of_passes_that_does_not_chain_is_refused() -> None:
+    start = SourceText(text=LLAMA.read_text(), file=str(LLAMA))
+    with pytest.raises(TypeError, match="pass plan takes Validated, not Expanded"):
+        run(start, (*PASSES[:3], pass_named("plan")))
+    with pytest.raises(TypeError, match="pass parse takes Composed, not SourceText"):
+        run(start, PASSES[1:])
+
+
+def test_a_pass_error_is_located_once_from_its_reference() -> None:
+    """The planner says what an error is about (an engine setting, the budget); the
+    fold locates it at that setting's key in the source."""
+    planned = run(SourceText(text=LLAMA.read_text(), file="l.yaml"), PASSES[:5])
+    err = planned.where.locate(PlanError("x", ref=SettingRef("axis_order"), hint="h"))
+    assert (err.file, err.line, err.column, err.path) == ("l.yaml", 13, 11, "engine.layout")
+    text = LLAMA.read_text().replace("memory: 40GiB", "memory: 1MiB")
+    with pytest.raises(KvspecError) as info:
+        compile_source(text, "l.yaml")
+    assert (info.value.file, info.value.path) == ("l.yaml", "engine.memory")
+    assert isinstance(info.value.ref, BudgetRef)
+    with pytest.raises(KvspecError) as info:  # the caller's budget: located at memory=
+        compile_source(LLAMA.read_text(), "l.yaml", memory="1MiB")
+    assert (info.value.line, info.value.path, info.value.found) == (
+        None, "memory", "1,048,576 bytes")
 
 
 def test_compile_does_not_import_torch() -> None:
@@ -80,7 +127,7 @@ def test_a_fixed_block_count_costs_what_the_costliest_rank_spends() -> None:
     costs = [400 * st.bytes_per_block for st in layout.stages]
     assert costs[1] == 2 * costs[0]
     assert layout.budget.memory == costs[1]
-    from kvspec.planner.resolve import resize  # the figure re-sizing gives
+    from kvspec.planner import resize  # the figure re-sizing gives
     assert resize(layout, num_blocks=400).memory == layout.budget.memory
 
 

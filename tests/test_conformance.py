@@ -11,18 +11,10 @@ from __future__ import annotations
 import pytest
 
 from kvspec.artifact.invariants import check_artifact
-from kvspec.compiler import (
-    Unit,
-    compile_source,
-    expand_pass,
-    load,
-    parse,
-    plan_pass,
-    run,
-)
+from kvspec.compiler import Planned, SourceText, compile_source, run_until
 from kvspec.errors import KvspecError
 from kvspec.integrations.dump.importer import dump_to_yaml
-from kvspec.planner import resolve
+from kvspec.planner import size_plan
 from tests.conformance.harness import case_names, compare
 from tests.conformance.harness import load as load_case
 
@@ -41,9 +33,9 @@ def test_dump_plan_matches_reference(name: str) -> None:
 
 def _plan_via_source(case):
     text = dump_to_yaml(case)
-    unit = run(Unit(text=text, file=case["name"] + ".yaml"),
-               (load, parse, expand_pass, plan_pass))
-    return unit.plan, resolve(unit.plan, memory=case["config"]["available_memory_bytes"])
+    planned = run_until(SourceText(text=text, file=case["name"] + ".yaml"), Planned)
+    return planned.plan, size_plan(planned.plan,
+                                   memory=case["config"]["available_memory_bytes"])
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -39,3 +39,14 @@ def test_readme_quick_start_matches_ci() -> None:
     test_cmd = [line for line in readme.splitlines() if "python -m pytest" in line]
     assert len(test_cmd) == 1
     assert test_cmd[0].strip() in ci
+
+
+def test_the_engine_settings_table_is_current() -> None:
+    """docs/vllm.md's table of engine settings is the declaration's own."""
+    from kvspec.model.engine import settings_markdown
+
+    text = (ROOT / "docs" / "vllm.md").read_text()
+    start = text.index("<!-- generated from kvspec.model.engine.settings_markdown()")
+    end = text.index("<!-- end of the generated table -->")
+    table = text[text.index("\n", start) + 1:end]
+    assert table == settings_markdown(), "regenerate it from settings_markdown()"

@@ -214,9 +214,9 @@ def test_aliasing_layout_with_a_drafter_pool(runner, cases) -> None:
 def test_block_accounting(cases, case) -> None:
     """useful + padded pages + padding slots + alignment = bytes per block, per
     group; the per-layer pages agree with the compiler's useful bytes."""
-    from kvspec.reports.explain import block_map, load_subject
+    from kvspec.reports.explain import block_map, read_subject
 
-    layout = load_subject(cases[case]).layout
+    layout = read_subject(cases[case]).layout
     bm = block_map(layout, 0)
     assert bm.used <= bm.bytes_per_block
     single_stage = len(layout.stages) == 1
@@ -239,10 +239,10 @@ def test_block_accounting(cases, case) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_artifact_capacity_matches_the_planner(cases, case) -> None:
     """Re-sizing an artifact gives what re-planning its source gives."""
-    from kvspec.reports.explain import capacity, load_subject
+    from kvspec.reports.explain import capacity, read_subject
 
-    src = load_subject(cases[case])
-    art = load_subject(_art(cases[case]))
+    src = read_subject(cases[case])
+    art = read_subject(_art(cases[case]))
     for memory in (src.memory, 3 * src.memory, src.memory // 3):
         a, b = capacity(src, memory), capacity(art, memory)
         assert (a.fits, a.num_blocks, a.kv_tokens, a.max_model_len) == \

@@ -11,17 +11,9 @@ from hypothesis import strategies as st
 
 from kvspec.artifact import Artifact
 from kvspec.artifact.invariants import check_artifact
-from kvspec.compiler import (
-    Unit,
-    compile_source,
-    expand_pass,
-    load,
-    parse,
-    plan_pass,
-    run,
-)
+from kvspec.compiler import Planned, SourceText, compile_source, run_until
 from kvspec.errors import KvspecError
-from kvspec.planner import resolve
+from kvspec.planner import size_plan
 
 KINDS = {
     "full": lambda d: {"kind": "full_attention"},
@@ -117,21 +109,21 @@ def test_every_plan_that_compiles_loads(text: str) -> None:
 @given(sources(), st.integers(1, 64), st.integers(1, 64))
 def test_blocks_grow_with_memory_and_tensors_are_affine(text: str, a: int, b: int) -> None:
     try:
-        unit = run(Unit(text=text, file="p.yaml"), (load, parse, expand_pass, plan_pass))
+        plan = run_until(SourceText(text=text, file="p.yaml"), Planned).plan
     except KvspecError:
         return
     lo, hi = sorted((a, b))
     try:
-        r_lo = resolve(unit.plan, memory=lo << 28)
+        r_lo = size_plan(plan, memory=lo << 28)
     except KvspecError:
         return
-    r_hi = resolve(unit.plan, memory=hi << 28)
+    r_hi = size_plan(plan, memory=hi << 28)
     assert r_lo.num_blocks <= r_hi.num_blocks
     assert r_lo.kv_cache_size_tokens <= r_hi.kv_cache_size_tokens
-    st0 = unit.plan.stages[0]
+    st0 = plan.stages[0]
     for r in (r_lo, r_hi):
         for t, concrete in zip(st0.tensors, r.stages[0].tensors):
             assert t.at(r.num_blocks) == concrete
         used = st0.bytes_per_block * r.num_blocks + st0.fixed_bytes
-        if unit.plan.engine.num_gpu_blocks_override is None:  # a fixed count may exceed it
+        if plan.engine.num_gpu_blocks_override is None:  # a fixed count may exceed it
             assert used <= r.available

@@ -39,7 +39,7 @@ MODES = sorted({s for f in q.FORMATS for s in f.kv_cache_dtypes})
 
 def _expected_page(mode: str, *, mla: bool) -> int:
     heads, head, head_v, block = (1, 576, 0, 64) if mla else (8, 128, 128, 16)
-    lq = q.resolve_layer_quant(mode, model_dtype="bfloat16", kind="mla" if mla else "attention",
+    lq = q.layer_quant(mode, model_dtype="bfloat16", kind="mla" if mla else "attention",
                                head_size=head, head_size_v=head_v, num_kv_heads=heads,
                                block_size=block)
     cls = MLA if mla else FullAttention

@@ -24,7 +24,7 @@ from kvspec.model.quant import (
     format_for,
     formats_of_mode,
     quant_mode,
-    resolve_layer_quant,
+    layer_quant,
 )
 from kvspec.model.specs import MLA, FullAttention
 from tests.conftest import CONFORMANCE, REFERENCE
@@ -36,7 +36,7 @@ DSV3 = dict(kind="mla", head_size=576, head_size_v=0, num_kv_heads=1)
 
 
 def resolve(s: str, *, model_dtype: str = "bfloat16", block_size: int = 16, **shape):
-    return resolve_layer_quant(s, model_dtype=model_dtype, block_size=block_size, **shape)
+    return layer_quant(s, model_dtype=model_dtype, block_size=block_size, **shape)
 
 
 def spec_of(q: LayerQuant, *, block_size: int = 16, tokens_per_state=1, num_kv_heads: int,
@@ -591,7 +591,7 @@ def test_conformance_layer_specs(config, layer, spec):
     hs = layer["head_size"]
     hv = 0 if family == "mla" else layer.get("head_size_v", hs)
     model_dtype = layer["dtype"] if quant_mode(s) is KVQuantMode.NONE else "bfloat16"
-    q = resolve_layer_quant(
+    q = layer_quant(
         s, model_dtype=model_dtype, kind=layer["kind"], head_size=hs, head_size_v=hv,
         num_kv_heads=layer["num_kv_heads"], block_size=spec["block_size"],
     )

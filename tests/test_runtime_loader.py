@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch", reason="the runtime tests need torch "
                             "(pip install -e '.[runtime]')")
 
 from kvspec.artifact import Artifact  # noqa: E402
-from kvspec.freeze import freeze  # noqa: E402
+from kvspec.passes.freeze import frozen as freeze  # noqa: E402
 from kvspec.compiler import compile, compile_source  # noqa: E402
 from kvspec.errors import ArtifactError, KvspecError, PlanError  # noqa: E402
 from kvspec.integrations.dump.importer import dump_to_yaml  # noqa: E402

@@ -37,6 +37,7 @@ import msgspec
 from msgspec import Meta
 
 from kvspec.model import kinds
+from kvspec.model.axes import AxisOrderName
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
 
 __all__ = [
@@ -51,7 +52,6 @@ FORMAT = f"kvspec.layout/{FORMAT_VERSION}"
 NonNeg = Annotated[int, Meta(ge=0)]
 Pos = Annotated[int, Meta(ge=1)]
 Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
-AxisOrderName = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
 #: A quantization mode the compiler accepts (kvspec.model.quant.formats).
 CacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
 
@@ -104,7 +104,8 @@ class Engine(Record):
     draft_pool_blocks: Pos | None
     enable_prefix_caching: bool
     hybrid: bool
-    kv_cache_dtype: CacheDtype
+    #: The deployment's default mode, as given (each layer's own is in ``layers``).
+    kv_cache_dtype: str
     mamba_block_size: Pos | None
     mamba_cache_mode: Literal["none", "align", "all"]
     max_in_flight_tokens: Pos

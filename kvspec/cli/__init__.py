@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-#: The command modules, in the order ``kvspec --help`` lists them.
-COMMANDS = ("compile", "validate", "plan", "import_", "explain", "diff", "check", "schema",
-            "init", "verify", "engine_args")
+from kvspec._version import __version__
+from kvspec.cli.commands import COMMANDS
+
+__all__ = ["COMMANDS", "main"]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,16 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     ``kvspec --version`` answers before anything else is imported."""
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
-        from kvspec import __version__
         print(f"kvspec, version {__version__}")
         sys.exit(0)
-    from kvspec.cli.app import run
+    from kvspec.cli.app import run  # deferred: click and the command modules
     run(argv)
 
 
 def __getattr__(name: str) -> Any:
     if name == "cli":  # the click group, built on first use
-        from kvspec.cli.app import cli
+        from kvspec.cli.app import cli  # deferred: click and the command modules
         return cli
     raise AttributeError(name)
 

@@ -12,8 +12,9 @@ import sys
 
 import click
 
-from kvspec import __version__
-from kvspec.cli import COMMANDS, common
+from kvspec._version import __version__
+from kvspec.cli import common
+from kvspec.cli.commands import COMMANDS
 from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError, UsageError
 
 #: Command name -> module (``import`` lives in ``import_``, ``engine-args`` in ``engine_args``).

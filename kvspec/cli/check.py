@@ -27,7 +27,7 @@ from typing import Literal
 
 import click
 
-from kvspec import __version__
+from kvspec._version import __version__
 from kvspec.artifact.text import sha256_of as sha256_text
 from kvspec.cli.common import USAGE, echo_json, quiet_option
 from kvspec.errors import (
@@ -144,6 +144,7 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
 
 def check_pair(source: Path | None, artifact: Path) -> Finding:
     """Recompile ``source`` in memory and compare with the committed ``artifact``."""
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.compiler import compile_source, read_source
 
     if source is None:

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from kvspec.errors import KvspecError, UsageError
+from kvspec.files import is_stdin, is_stdout, parse_size
 
 #: ``--no-color`` sets this to False; None: colour on a terminal unless NO_COLOR.
 COLOR: bool | None = None
@@ -66,13 +67,11 @@ def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 def dash_is_stdout(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """``-o -``: no output file, the result goes to stdout (an option callback)."""
-    from kvspec.files import is_stdout
     return None if is_stdout(value) else value
 
 
 def stdin_once(paths: tuple[Path, ...]) -> None:
     """A usage error when ``-`` (stdin) is given for more than one input."""
-    from kvspec.files import is_stdin
     if sum(map(is_stdin, paths)) > 1:
         raise UsageError("- (stdin) is given for more than one input; it can be read once",
                          found=" ".join(map(str, paths)),
@@ -100,7 +99,6 @@ MAX_SWEEP = 1000
 
 def parse_bytes(text: str, *, option: str = "--memory") -> int:
     """``40GiB``, ``40 GB``, ``42949672960`` -> bytes (a usage error otherwise)."""
-    from kvspec.files import parse_size
     return parse_size(text, what=option, error=UsageError)
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import click
 
 from kvspec.cli.common import USAGE, default_artifact_path, note, single_memory, warn
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 
 @click.command("compile", short_help="Compile a source into a frozen layout artifact.")
@@ -31,8 +30,9 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     output is replaced only when it is a kvspec artifact (or with --force); the
     source itself never is.
     """
-    from kvspec.artifact import is_artifact_text
-    from kvspec.compiler import compile_unit
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
+    from kvspec.artifact import Artifact, is_artifact_text
+    from kvspec.compiler import compile_until
     from kvspec.files import STDOUT, is_stdin, is_stdout, refuse_overwrite
     from kvspec.reports.summary import summary, summary_warnings
 
@@ -41,23 +41,17 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     out = output or default_artifact_path(source)
     if not is_stdout(out):
         refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)
-    try:
-        unit = compile_unit(source, memory=single_memory(memory))
-    except KvspecError as err:
-        if err.path == "memory":  # the budget was --memory's
-            raise err.replace(location=dataclasses.replace(err.location, path="--memory"),
-                              hint="give the KV cache more memory (--memory)") from None
-        raise
-    assert unit.artifact is not None
+    artifact = compile_until(source, Artifact, memory=single_memory(memory),
+                             memory_name="--memory")
     if is_stdout(out):
-        click.echo(unit.artifact.text(), nl=not unit.artifact.text().endswith("\n"))
-        for w in summary_warnings(unit.artifact):
+        click.echo(artifact.text(), nl=not artifact.text().endswith("\n"))
+        for w in summary_warnings(artifact):
             warn(w, quiet=quiet)
         return
-    unit.artifact.write(out)
+    artifact.write(out)
     if not quiet:
-        click.echo(summary(unit.artifact, warnings=False))
-    for w in summary_warnings(unit.artifact):
+        click.echo(summary(artifact, warnings=False))
+    for w in summary_warnings(artifact):
         warn(w, quiet=quiet)
     note(f"wrote {out}", quiet=quiet)
 

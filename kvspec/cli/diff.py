@@ -35,6 +35,7 @@ def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
     removed or changed, pages, padding, bytes per block, engine settings, and the
     capacity change for the same budget. Exits 0 when the plans are identical,
     1 when they differ, 2 on error."""
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.reports.diff import diff, render_diff
 
     stdin_once((a, b))

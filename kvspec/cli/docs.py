@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import click
 
+from kvspec.cli.app import cli as kvspec_cli
 from kvspec.cli.common import USAGE
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
@@ -218,8 +219,7 @@ def _first_sentence(command: click.Command) -> str:
 
 def commands(group: click.Group | None = None) -> list[tuple[str, click.Command]]:
     """The CLI's commands, in documentation order."""
-    if group is None:
-        from kvspec.cli import cli as group
+    group = kvspec_cli if group is None else group
     ctx = click.Context(group, info_name="kvspec")
     names = sorted(group.list_commands(ctx), key=lambda n: (ORDER.index(n) if n in ORDER
                                                             else len(ORDER), n))
@@ -256,8 +256,7 @@ def _command_section(name: str, command: click.Command, group: click.Group) -> l
 
 def render(group: click.Group | None = None) -> str:
     """The whole ``docs/cli.md`` page."""
-    if group is None:
-        from kvspec.cli import cli as group
+    group = kvspec_cli if group is None else group
     cmds = commands(group)
     summary = "\n".join(f"| [`{n}`](#kvspec-{n}) | {_cell(_first_sentence(c))} |"
                         for n, c in cmds)

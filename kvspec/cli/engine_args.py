@@ -31,7 +31,8 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
     mode), the hybrid manager, the scheduler settings the plan depends on, the
     budget (--kv-cache-memory-bytes or --num-gpu-blocks-override) and TP/PP/DCP.
     Settings with no flag are listed as comments. Needs no vLLM."""
-    from kvspec.compiled import CompiledArtifact, read
+    # deferred: the artifact reader and the vLLM bridge's flags load when it runs
+    from kvspec.compiled import read
     from kvspec.integrations.vllm.engine_args import as_json, engine_args, render_shell
 
     art = read(artifact)

@@ -28,6 +28,7 @@ def command(layout: Path, memory: str | None, fmt: str | None, output: Path | No
             force: bool, quiet: bool) -> None:
     """Explain LAYOUT (a source .yaml or a .kvlayout.json artifact): groups, pages,
     padding, pools, capacity for a budget, waste by cause and warnings."""
+    # deferred: the report (Jinja2) and the compiler (pydantic, PyYAML) load when it runs
     from kvspec.files import emit, refuse_overwrite
     from kvspec.reports.explain import explain, render
     from kvspec.reports.explain.export import report_json

@@ -24,13 +24,14 @@ from kvspec.errors import (
 @quiet_option
 def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
+    # deferred: the dump reader and the compiler (pydantic, PyYAML) load when it runs
     from kvspec.compiler import compile_source
     from kvspec.files import emit, refuse_overwrite, shown
     from kvspec.integrations.dump.importer import import_source
     from kvspec.integrations.dump.locate import in_dump
-    from kvspec.integrations.dump.read import load_dump
+    from kvspec.integrations.dump.read import read_dump_file
 
-    data, raw = load_dump(dump)
+    data, raw = read_dump_file(dump)
     imported = import_source(data, shown(dump), raw)
     model = data.get("model")
     text = imported.text(model if isinstance(model, str) else None)

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option
+from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option, single_memory
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
+from kvspec.files import emit, is_stdin, refuse_overwrite, shown
+from kvspec.integrations.rules import target as parse_target
 
 
 def _max_model_len(text: str | None) -> int | str | None:
@@ -29,7 +31,6 @@ def _max_model_len(text: str | None) -> int | str | None:
 def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
     if output is not None:
         return output.name.removesuffix(".yaml").removesuffix(".yml")
-    from kvspec.files import is_stdin
     if config_path.stem != "config" and not is_stdin(config_path):
         return config_path.stem
     name = str(config.get("_name_or_path") or "").rstrip("/").rsplit("/", 1)[-1]
@@ -89,15 +90,12 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     size and mamba_cache_mode; docs/engine-rules.md). It compiles; review it
     before committing it.
     """
-    from kvspec.cli.common import single_memory
-    from kvspec.files import emit, is_stdin, refuse_overwrite, shown
-    from kvspec.integrations.options import InitOptions
+    from kvspec.integrations.options import InitOptions  # deferred: PyYAML
 
     if (config_path is None) == (vllm_model is None):
         raise UsageError("give one of --from-hf config.json and --from-vllm MODEL",
                          hint="e.g. kvspec init --from-hf config.json -o layouts/m.yaml")
     if target is not None:
-        from kvspec.integrations.rules import target as parse_target
         try:
             parse_target(target)
         except ValueError as exc:
@@ -112,7 +110,7 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     refuse_overwrite(output, force, inputs=(source,))
     config, config_text = {}, None
     if config_path is not None:
-        from kvspec.integrations.hf.config import read_config
+        from kvspec.integrations.hf.config import read_config  # deferred: PyYAML
         config, config_text = read_config(config_path)
     options = InitOptions(
         name=name or _default_name(source, output, config),
@@ -122,9 +120,11 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=shown(source), target=target,
         prefix_caching=not no_prefix_caching)
     if vllm_model is not None:
+        # deferred: the vLLM bridge (it imports vLLM when it runs)
         from kvspec.integrations.vllm.init import init_source as from_vllm
         text = from_vllm(vllm_model, options)
     else:
+        # deferred: the compiler (pydantic, PyYAML)
         from kvspec.integrations.hf.init import init_source
         text = init_source(config, options, text=config_text)
     emit(text, output, quiet=quiet)

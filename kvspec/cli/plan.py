@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,10 @@ from kvspec.cli.common import (
     warn,
 )
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
+
+if TYPE_CHECKING:
+    from kvspec.model.plan import Plan
+    from kvspec.source.where import SourceMap
 
 
 @click.command("plan", short_help="Print the plan of a layout for a memory budget.")
@@ -31,22 +36,23 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: b
             views: bool, quiet: bool) -> int:
     """Print the plan of LAYOUT (a source, or a .kvlayout.json artifact) for a memory
     budget. An artifact keeps the max_model_len it was compiled for."""
-    from kvspec.compiler import given_budget_error
-    from kvspec.planner import resolve
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
+    from kvspec.planner import size_plan
     from kvspec.reports.refview import error_view, reference_view
     from kvspec.reports.summary import plan_table, plan_warnings, sweep_table
+    from kvspec.source.where import GivenMemory
 
     if views and not as_json:
         raise UsageError("--views needs --json", hint="kvspec plan SOURCE --json --views")
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
-    plan, budget, locate = _plan_of(layout)
+    plan, budget, where = _plan_of(layout)
     if memory and ".." in memory:
         rows = []
         for b in parse_memory_range(memory):
             try:
-                rows.append((b, resolve(plan, memory=b), None))
+                rows.append((b, size_plan(plan, memory=b), None))
             except KvspecError as err:
                 rows.append((b, None, err))
         if as_json:
@@ -57,44 +63,43 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: b
         return EXIT_OK
     given = parse_bytes(memory) if memory else None
     try:
-        resolved = resolve(plan, memory=given if given is not None else budget,
+        sizing = size_plan(plan, memory=given if given is not None else budget,
                            num_blocks=num_blocks)
     except KvspecError as err:
-        err = given_budget_error(err, str(layout), given, "--memory") \
-            if given and err.path == "engine.memory" else locate(err)
+        if given:  # an error about the budget is about --memory
+            where = dataclasses.replace(where, memory=GivenMemory(given, "--memory"))
+        err = where.locate(err)
         if as_json:
             echo_json(error_view(err))
             return EXIT_INVALID
         raise err from None
     if as_json:
-        echo_json(reference_view(plan, resolved, with_views=views))
+        echo_json(reference_view(plan, sizing, with_views=views))
         return EXIT_OK
-    click.echo(plan_table(plan, resolved, warnings=False))
-    for w in plan_warnings(plan, resolved):
+    click.echo(plan_table(plan, sizing, warnings=False))
+    for w in plan_warnings(plan, sizing):
         warn(w, quiet=quiet)
     return EXIT_OK
 
 
-def _plan_of(path: Path):  # noqa: ANN202 - (plan, budget, error locator)
-    """A source's plan, or an artifact's (its max_model_len fixed as compiled)."""
-    from kvspec.compiler import PLAN_PASSES, compile_unit, locate
-    from kvspec.errors import Location
+def _plan_of(path: Path) -> tuple[Plan, int | None, SourceMap]:
+    """A source's plan, or an artifact's (its max_model_len fixed as compiled), its
+    budget, and where to locate errors about it."""
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
+    from kvspec.compiled import read
+    from kvspec.compiler import Planned, compile_until
     from kvspec.files import shown
+    from kvspec.passes.size import budget_of
     from kvspec.reports.explain import is_artifact_path
+    from kvspec.source.where import SourceMap
 
     if is_artifact_path(path):
-        from kvspec.compiled import read
-
         layout = read(path).layout
         engine = dataclasses.replace(layout.engine, original_max_model_len=None)
         budget = layout.budget.memory if layout.budget is not None else None
-        return dataclasses.replace(layout.plan, engine=engine), budget, \
-            lambda e: e.at(Location(shown(path), None, None, e.path))
-    unit = compile_unit(path, passes=PLAN_PASSES)
-    assert unit.plan is not None and unit.source is not None
-    memory = unit.source.engine.memory
-    return unit.plan, (int(memory) if memory is not None else None), \
-        lambda e: locate(e, unit)
+        return dataclasses.replace(layout.plan, engine=engine), budget, SourceMap(shown(path))
+    planned = compile_until(path, Planned)
+    return planned.plan, budget_of(planned), planned.where
 
 
 #: ``kvspec plan``'s exit codes and what each means (docs/cli.md).

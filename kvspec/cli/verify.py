@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from kvspec.cli.common import single_memory
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
@@ -42,7 +43,7 @@ def command(layout: Path, against: str, memory: str | None, allow_by_design: boo
     hash block sizes, max concurrency and token capacity. Differences the
     reference planner and upstream vLLM have on purpose are marked "differs by
     design" with the rule's name. Needs kvspec[vllm]."""
-    from kvspec.cli.common import single_memory
+    # deferred: the vLLM bridge and the compiler (pydantic, PyYAML) load when it runs
     from kvspec.integrations import vllm as bridge
     from kvspec.integrations.vllm.render import render
     from kvspec.integrations.vllm.verify import verify_path

@@ -7,6 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from kvspec.files import STDIN, STDIN_NAME
+from kvspec.source.writer import exact_size
+
 
 @dataclass(frozen=True)
 class InitOptions:
@@ -41,9 +44,6 @@ class InitOptions:
     def command_line(self, start: str) -> str:
         """The ``kvspec init`` command that asks for these options; ``start`` is
         ``--from-hf`` or ``--from-vllm``."""
-        from kvspec.files import STDIN, STDIN_NAME
-        from kvspec.source.writer import exact_size
-
         config = STDIN if self.config_name == STDIN_NAME else self.config_name
         parts = [f"kvspec init {start} {config}"]
         memory = exact_size(self.memory) if self.memory is not None else None

@@ -10,6 +10,12 @@ The word *layout* in kvspec means the whole memory plan a source describes
 (``layouts/*.yaml`` compile to layout artifacts); the source and artifact key
 ``engine.layout`` holds the axis order, as vLLM's ``kv_cache_layout`` does.
 
+The axis orders are declared once, here: the source schema, the artifact's
+schema and the spec-dump schema take their names from :data:`AXIS_ORDER_NAMES`
+(the default first).
+
+>>> AXIS_ORDER_NAMES
+('LBNHC', 'LBHNC', 'LHBNC', 'BLHNC', 'BLNHC', 'BHLNC')
 >>> AxisOrder.LBNHC.stride_order
 (0, 1, 3, 2, 4)
 >>> AxisOrder.BLHNC.is_block_outermost, AxisOrder.LBNHC.is_layer_compact
@@ -21,16 +27,18 @@ True
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 DIM_L, DIM_B, DIM_H, DIM_N, DIM_C = range(5)
 AXES = "LBHNC"
 
 
 class AxisOrder(Enum):
-    """A permutation of the logical axes, outermost physical axis first."""
+    """A permutation of the logical axes, outermost physical axis first (the
+    default, vLLM's, first)."""
 
-    LBHNC = (DIM_L, DIM_B, DIM_H, DIM_N, DIM_C)
     LBNHC = (DIM_L, DIM_B, DIM_N, DIM_H, DIM_C)
+    LBHNC = (DIM_L, DIM_B, DIM_H, DIM_N, DIM_C)
     LHBNC = (DIM_L, DIM_H, DIM_B, DIM_N, DIM_C)
     BLHNC = (DIM_B, DIM_L, DIM_H, DIM_N, DIM_C)
     BLNHC = (DIM_B, DIM_L, DIM_N, DIM_H, DIM_C)
@@ -69,3 +77,9 @@ class AxisOrder(Enum):
 
 #: The axis order vLLM resolves when no backend asks for another.
 DEFAULT_AXIS_ORDER = AxisOrder.LBNHC
+
+#: Every axis order's name, the default first: what ``engine.layout`` takes.
+AXIS_ORDER_NAMES: tuple[str, ...] = tuple(order.name for order in AxisOrder)
+
+#: An axis order's name as a type (for the source, artifact and dump schemas).
+AxisOrderName = Literal[AXIS_ORDER_NAMES]  # type: ignore[valid-type]

@@ -14,7 +14,7 @@ strides, innermost physical axis first::
 
 >>> from kvspec.model.specs import FullAttention
 >>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
->>> [str(s) for s in layout_strides(f, Affine(1), 2, AxisOrder.LBNHC)]
+>>> [str(s) for s in spec_strides(f, Affine(1), 2, AxisOrder.LBNHC)]
 ['65536*N', '65536', '512', '4096', '1']
 """
 
@@ -55,13 +55,13 @@ def _check_padded_grid(order: tuple[int, ...], shape: tuple, grid_end: int,
             hint="padded pages need L and B as the outermost axes (e.g. LBNHC, BLHNC)")
 
 
-def layout_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
-                   axis_order: AxisOrder, kernel_block_size: int | None = None,
-                   fixed: tuple[int | Affine | None, ...] = (None,) * 5) -> list[Affine]:
-    """Byte strides of ``[L, B, H, N, C]`` for ``axis_order``; ``fixed`` pins
-    strides the caller already knows (e.g. the packed block stride). A padded
-    page widens the stride of the innermost of L and B to the padded page size,
-    so padding sits at each page's end."""
+def spec_strides(spec: LayerSpec, num_blocks: int | Affine, num_layers: int,
+                 axis_order: AxisOrder, kernel_block_size: int | None = None,
+                 fixed: tuple[int | Affine | None, ...] = (None,) * 5) -> list[Affine]:
+    """Byte strides of ``[L, B, H, N, C]`` of ``num_layers`` layers of ``spec`` in
+    ``axis_order``; ``fixed`` pins strides the caller already knows (e.g. the
+    packed block stride). A padded page widens the stride of the innermost of L
+    and B to the padded page size, so padding sits at each page's end."""
     shape = (num_layers, *page_shape(spec, num_blocks, kernel_block_size))
     order = axis_order.stride_order
     padded = getattr(spec, "page_size_padded", None)
@@ -192,7 +192,7 @@ def tensor_geometry(layers: Sequence[str], layer_stride: int, block_stride: int,
                 hint=f"use block_size {kernel_block_size}, or a layer-compact layout "
                      "(LBNHC) with unpadded pages")
         block_stride //= ratio
-    strides = layout_strides(spec, num_blocks, len(layers), axis_order, kernel_block_size,
+    strides = spec_strides(spec, num_blocks, len(layers), axis_order, kernel_block_size,
                              fixed=(layer_stride, block_stride, None, None, None))
     byte_strides = [s.at(num_blocks) for s in strides]
     dtype = getattr(spec, "dtype", None) or "int8"

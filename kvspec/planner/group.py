@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from kvspec.errors import PlanError
+from kvspec.errors import LayerRef, PlanError
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Group
 from kvspec.model.specs import HiddenState, LayerSpec, UniformType
@@ -44,7 +44,8 @@ def _cannot_unify(exc: CannotUnify) -> PlanError:
         f"layer {exc.name}: its page ({exc.page} bytes) does not divide the largest page "
         f"({exc.largest} bytes) and cannot be padded; padding is only supported for "
         "non-MLA attention layers",
-        layer=exc.name, expected=f"a page size dividing {exc.largest}", found=str(exc.page),
+        ref=LayerRef(exc.name), expected=f"a page size dividing {exc.largest}",
+        found=str(exc.page),
         hint="use a block-outermost layout (engine.layout: BLHNC) to pack pages of "
              "different sizes, or change the block size")
 

@@ -1,9 +1,10 @@
-"""The last planning pass: a plan (and its budget) -> the :class:`Layout` IR.
+"""The last planning step: a plan (and its sizing) -> the :class:`Layout` IR.
 
 Everything an artifact states is computed here, once: each group's and
 stage's figures for the final engine (``max_model_len`` fitted when auto),
-block sizes, whether new blocks need zeroing, the budget, the early checks,
-and each layer's quantization parts. Freezing is then pure serialisation.
+block sizes, whether new blocks need zeroing, the budget and the early checks;
+each layer's quantization comes as the expand pass decided it. Freezing is
+then pure serialisation.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvspec.artifact.format import Budget
-from kvspec.errors import KvspecError
-from kvspec.model import kinds
 from kvspec.model.engine import Engine
 from kvspec.model.plan import (
     Group,
@@ -22,18 +21,10 @@ from kvspec.model.plan import (
     Plan,
     StageFigures,
 )
-from kvspec.model.quant import cell_parts, format_for
-from kvspec.model.quant.cells import CellPart
-from kvspec.model.specs import (
-    Attention,
-    LayerSpec,
-    MambaState,
-    UniformType,
-    layer_specs,
-)
+from kvspec.model.quant.cells import Quantized
+from kvspec.model.specs import Attention, MambaState, UniformType, layer_specs
 from kvspec.planner.checks import early_checks
-from kvspec.planner.resolve import Resolved, min_blocks_to_serve
-from kvspec.planner.size import block_sizes, memory_usage
+from kvspec.planner.size import finite, Sizing, block_sizes, memory_usage, min_blocks_to_serve
 
 
 def _group_figures(gid: int, group: Group, engine: Engine, plan: Plan) -> GroupFigures:
@@ -65,53 +56,32 @@ def needs_zeroing(groups: tuple[Group, ...]) -> bool:
     return len({(s.dtype, s.kv_quant_mode) for s in specs if isinstance(s, Attention)}) > 1
 
 
-def cells_of(spec: LayerSpec, kv_cache_dtype: str | None
-             ) -> tuple[tuple[CellPart, ...] | None, bool]:
-    """The addressable parts of a layer's cells and whether it has per-tensor scales."""
-    if not isinstance(spec, Attention) or kv_cache_dtype is None:
-        return None, False
-    try:
-        parts = cell_parts(kv_cache_dtype, kind="mla" if kinds.of(spec).latent else "attention",
-                           dtype=spec.dtype, head_size=spec.head_size,
-                           head_size_v=spec.head_size_v or 0,
-                           cell_bytes=spec.state_content_size_bytes)
-        return parts, format_for(kv_cache_dtype).per_tensor_scales
-    except KvspecError:
-        return None, False
+def _budget(s: Sizing) -> Budget:
+    return Budget(memory=s.available, num_blocks=s.num_blocks,
+                  max_concurrency=finite(s.max_concurrency),
+                  kv_cache_size_tokens=s.kv_cache_size_tokens,
+                  max_model_len=s.engine.max_model_len,
+                  estimated_max_model_len=s.estimated_max_model_len)
 
 
-def _finite(x: float) -> float | None:
-    """A concurrency as the artifact writes it (None: unbounded)."""
-    return None if x == float("inf") else x
-
-
-def _budget(r: Resolved) -> Budget:
-    return Budget(memory=r.available, num_blocks=r.num_blocks,
-                  max_concurrency=_finite(r.max_concurrency),
-                  kv_cache_size_tokens=r.kv_cache_size_tokens,
-                  max_model_len=r.engine.max_model_len,
-                  estimated_max_model_len=r.estimated_max_model_len)
-
-
-def layout_of(name: str, model: str | None, plan: Plan, resolved: Resolved | None,
-              kv_cache_dtypes: Mapping[str, str | None]) -> Layout:
-    """The :class:`Layout` of ``plan``, sized by ``resolved`` when there is a budget."""
-    engine = resolved.engine if resolved is not None else plan.engine
+def _entries(plan: Plan, quantization: Mapping[str, Quantized | None]
+             ) -> dict[str, LayerEntry]:
     group_of = plan.group_of()
-    layers = {}
-    cells: dict[tuple[int, str | None], tuple] = {}  # layers sharing a spec share their cells
     specs = plan.specs
+    out = {}
     for st in plan.stages:
         for n in st.layer_names:
-            spec, dtype = specs[n], kv_cache_dtypes.get(n)
-            if not isinstance(spec, Attention) or dtype is None:
-                layers[n] = LayerEntry(n, spec, st.index, group_of.get(n))
-                continue
-            key = (id(spec), dtype)
-            found = cells.get(key)
-            if found is None:
-                found = cells[key] = cells_of(spec, dtype)
-            layers[n] = LayerEntry(n, spec, st.index, group_of.get(n), dtype, *found)
+            q = quantization.get(n)
+            out[n] = LayerEntry(n, specs[n], st.index, group_of.get(n)) if q is None else \
+                LayerEntry(n, specs[n], st.index, group_of.get(n), *q)
+    return out
+
+
+def build_layout(name: str, model: str | None, plan: Plan, sizing: Sizing | None,
+                 quantization: Mapping[str, Quantized | None]) -> Layout:
+    """The :class:`Layout` of ``plan``, sized by ``sizing`` when there is a budget;
+    ``quantization`` is each layer's, as the expand pass decided it."""
+    engine = sizing.engine if sizing is not None else plan.engine
     need = min_blocks_to_serve(engine, plan.stages)
     stage_figures = tuple(StageFigures(memory_usage(engine, st.groups) if st.groups else 0,
                                        need) for st in plan.stages)
@@ -119,11 +89,11 @@ def layout_of(name: str, model: str | None, plan: Plan, resolved: Resolved | Non
     sched, hashed = block_sizes(engine, st0.groups) if st0.groups else (
         engine.block_size, engine.block_size)
     return Layout(
-        name=name, model=model, plan=plan, engine=engine, layers=layers,
+        name=name, model=model, plan=plan, engine=engine, layers=_entries(plan, quantization),
         group_figures=tuple(_group_figures(i, g, engine, plan)
                             for i, g in enumerate(plan.groups)),
         stage_figures=stage_figures, scheduler_block_size=sched, hash_block_size=hashed,
         needs_zeroing=needs_zeroing(plan.groups),
-        budget=_budget(resolved) if resolved is not None else None,
+        budget=_budget(sizing) if sizing is not None else None,
         warnings=tuple(early_checks(plan, engine,
-                                    resolved.num_blocks if resolved is not None else None)))
+                                    sizing.num_blocks if sizing is not None else None)))

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_B, DIM_H, DIM_L, AxisOrder
-from kvspec.model.engine import Engine
-from kvspec.model.geometry import layout_strides
+from kvspec.model.engine import Engine, SettingRef
+from kvspec.model.geometry import spec_strides
 from kvspec.model.plan import Group, Tensor
 from kvspec.model.specs import LayerSpec, UniformType, round_up
 from kvspec.model.specs.base import by_spec
@@ -57,7 +57,8 @@ def validate_axis_order(order: AxisOrder, groups: Sequence[Group]) -> None:
         raise PlanError(
             f"layout {order.name} cannot express this model's mixed page sizes "
             f"({sorted(pages)})",
-            path="engine.layout", found=order.name, expected="a block-outermost layout",
+            ref=SettingRef("axis_order"), found=order.name,
+            expected="a block-outermost layout",
             hint="set engine.layout to BLHNC (pages packed side by side in each block)")
 
 
@@ -85,7 +86,7 @@ def place(engine: Engine, groups: Sequence[Group], group_ids: Sequence[int]) -> 
     for gid, g in zip(group_ids, groups):
         byte_offset = 0
         for spec, names in _buckets(g).items():
-            strides = layout_strides(spec, n, len(names), order,
+            strides = spec_strides(spec, n, len(names), order,
                                      fixed=(None, packed_stride, None, None, None))
             page = spec.page_size_bytes
             offset = (Affine.max(strides[DIM_L], page) * byte_offset).exact_div(page)
@@ -99,7 +100,7 @@ def place(engine: Engine, groups: Sequence[Group], group_ids: Sequence[int]) -> 
 
 def _head_split(spec: LayerSpec, order: AxisOrder) -> tuple[int, Affine, Affine]:
     """``(head slots, head stride, block stride)`` of one layer's page."""
-    strides = layout_strides(spec, Affine(1, 0), 1, order)
+    strides = spec_strides(spec, Affine(1, 0), 1, order)
     return spec.num_heads, strides[DIM_H], strides[DIM_B]
 
 
@@ -124,7 +125,7 @@ def _aliasing_error(order: AxisOrder, a: tuple, b: tuple) -> PlanError:
         f"{nb} (group {gb}: {hb} head slot(s), {bb} bytes per block and head) share a "
         f"slot under layout {order.name}, where head slots lie outside blocks: block ids "
         f"of one group would write the bytes of other block ids of the other",
-        path="engine.layout", found=order.name,
+        ref=SettingRef("axis_order"), found=order.name,
         expected="a layout with heads inside blocks, or aliased layers with the same "
                  "heads and page split",
         hint="use LBNHC or LBHNC (heads inside each block), or a block-outermost layout "

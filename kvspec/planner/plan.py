@@ -2,7 +2,7 @@
 
 Groups, per-stage projection, placement as affine forms of the block count,
 and each stage's bytes per block and fixed pools. Sizing for a budget is
-:func:`kvspec.planner.resolve.resolve`.
+:func:`kvspec.planner.size.size_plan`.
 
 >>> from kvspec.model.engine import Engine
 >>> from kvspec.model.specs import FullAttention
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kvspec.errors import PLANNER_BUG, PlanError
-from kvspec.model.engine import Engine
+from kvspec.errors import PLANNER_BUG, LayerRef, PlanError
+from kvspec.model.engine import Engine, SettingRef
 from kvspec.model.plan import Group, Plan, Stage
 from kvspec.model.specs import LayerSpec, SlidingWindow, replace
 from kvspec.planner.group import group_layers, project_groups
@@ -35,8 +35,8 @@ def _merged_specs(engine: Engine, stage_specs: Sequence[Mapping[str, LayerSpec]]
             known = merged.setdefault(name, spec)
             if known is not spec and known != spec:
                 raise PlanError(f"layer {name} has different specs on different ranks",
-                                layer=name, hint="a layer's spec must be the same on every "
-                                "rank that holds it; check the per-stage specs given")
+                                ref=LayerRef(name), hint="a layer's spec must be the same on "
+                                "every rank that holds it; check the per-stage specs given")
     # Multi-module speculation re-prefills trailing tokens: sliding windows keep them.
     retained = max(0, engine.num_prefill_lookahead_tokens - 1)
     if retained:
@@ -51,7 +51,7 @@ def _check_usage(engine: Engine, groups: Sequence[Group]) -> None:
             g.spec.max_memory_usage_bytes(engine)
         except ValueError as exc:  # e.g. sliding windows under decode-context parallelism
             raise PlanError(f"group of {g.layer_names[0]}...: {exc}",
-                            path="parallel.decode_context",
+                            ref=SettingRef("decode_context_parallel_size"),
                             hint="decode-context parallelism shards full attention only; "
                                  "set parallel.decode_context: 1 for this model") from exc
 
@@ -61,11 +61,11 @@ def plan_stage(engine: Engine, index: int, names: Sequence[str],
     """One stage: its groups (global order and ids), pools and tensors."""
     if not groups:
         return Stage(index, tuple(names), tuple(groups), 0, 0, None, (), ())
-    layout = slots.layout_of(groups)
-    if layout is not None:
-        tensors = slots.place(engine, layout)
-        draft_blocks = slots.draft_pool_blocks(engine, layout)
-        draft_names = tuple(n for _, g in layout.drafts for n in g.layer_names) \
+    arrangement = slots.arrangement_of(groups)
+    if arrangement is not None:
+        tensors = slots.place(engine, arrangement)
+        draft_blocks = slots.draft_pool_blocks(engine, arrangement)
+        draft_names = tuple(n for _, g in arrangement.drafts for n in g.layer_names) \
             if draft_blocks else ()
     else:
         tensors = place(engine, groups, range(len(groups)))

@@ -3,9 +3,24 @@
 Per-request memory is counted in whole blocks of the shared pool: a request at
 ``max_model_len`` takes ``cdiv(per-request bytes, page)`` blocks from every
 group's table, and all groups draw ids from one pool, so the bytes it needs
-are ``bytes_per_block * sum(blocks per group)``. The state-slot layout sizes
-its own pools (:mod:`.strategies.state_slots_pool`), read from the groups'
-recorded strategy.
+are ``bytes_per_block * sum(blocks per group)``. The state-slot arrangement
+sizes its own pools (:mod:`.strategies.state_slots_pool`), read from the
+groups' recorded strategy.
+
+:func:`size_plan` sizes a plan for a budget, as the reference's
+``get_kv_cache_configs``: auto-fit ``max_model_len``, the one-request check
+(the null block reserved), blocks per stage, the smallest stage's count for
+every stage, capacity and block sizes. :func:`blocks_for` and :func:`resize`
+size a compiled layout for another budget (its ``max_model_len`` as compiled).
+
+>>> from kvspec.model.engine import Engine
+>>> from kvspec.model.specs import FullAttention
+>>> from kvspec.planner.plan import plan_layers
+>>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+>>> plan = plan_layers(Engine(max_model_len=32768), [{f"l{i}": f for i in range(4)}])
+>>> s = size_plan(plan, memory=8 * 2**30)
+>>> s.num_blocks, s.max_concurrency, s.kv_cache_size_tokens
+(32768, 16.0, 524288)
 """
 
 from __future__ import annotations
@@ -13,10 +28,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from kvspec.errors import NotEnoughMemoryError, PlanError
-from kvspec.model.engine import Engine
-from kvspec.model.plan import Group
+from kvspec.model.engine import BudgetRef, Engine, SettingRef
+from kvspec.artifact.format import Budget
+from kvspec.artifact.sizing import blocks_for as sized_blocks
+from kvspec.model.plan import Group, Layout, Plan, Stage
 from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.place import bytes_per_block
 from kvspec.planner.strategies import state_slots_pool as slots
@@ -24,16 +42,16 @@ from kvspec.planner.strategies import state_slots_pool as slots
 
 def pool_bytes_per_block(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes one block of the main pool costs."""
-    layout = slots.layout_of(groups)
-    if layout is not None:
-        return slots.bytes_per_block(engine, layout)
+    arrangement = slots.arrangement_of(groups)
+    if arrangement is not None:
+        return slots.bytes_per_block(engine, arrangement)
     return bytes_per_block(groups)
 
 
 def fixed_pool_bytes(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes that do not scale with the block count (a drafter's own pool)."""
-    layout = slots.layout_of(groups)
-    return slots.draft_pool_bytes(engine, layout) if layout is not None else 0
+    arrangement = slots.arrangement_of(groups)
+    return slots.draft_pool_bytes(engine, arrangement) if arrangement is not None else 0
 
 
 def _unsizable(exc: ValueError) -> PlanError:
@@ -46,9 +64,9 @@ def memory_usage(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes one request at ``engine.max_model_len`` needs, padding included."""
     if not groups:
         return 0
-    layout = slots.layout_of(groups)
-    if layout is not None:
-        return slots.memory_usage(engine, layout)
+    arrangement = slots.arrangement_of(groups)
+    if arrangement is not None:
+        return slots.memory_usage(engine, arrangement)
     try:
         blocks = sum(g.blocks_per_request(engine) for g in groups)
     except ValueError as exc:
@@ -62,7 +80,7 @@ def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: i
 
     Outside the state-slot layout a request costs whole blocks of one size, so
     the search compares block counts, with each group's figures taken once."""
-    if slots.layout_of(groups) is None:
+    if slots.arrangement_of(groups) is None:
         per_block = bytes_per_block(groups)
         limit = available // per_block
 
@@ -122,7 +140,7 @@ def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
                 f"({block_bytes:,} bytes each{_largest_page(groups)})" if block_bytes else ""),
             needed_bytes=memory_usage(engine, groups), available_bytes=available,
             max_model_len=engine.max_model_len, estimated_max_model_len=0,
-            path="engine.memory",
+            ref=BudgetRef(),
             hint="give the KV cache more memory (engine.memory / --memory)")
     needed = memory_usage(engine, groups)
     if needed <= available:
@@ -138,7 +156,7 @@ def check_fits(engine: Engine, groups: Sequence[Group], available: int, *,
         f"{est}",
         needed_bytes=needed, available_bytes=available,
         max_model_len=engine.max_model_len, estimated_max_model_len=estimate,
-        path="engine.max_model_len",
+        ref=SettingRef("max_model_len"),
         expected=f"one request within {available} bytes (the budget less the null block)",
         found=f"{needed} bytes for one request of {engine.max_model_len} tokens",
         hint=(f"set engine.max_model_len to {estimate} or less, or give the KV cache more "
@@ -170,7 +188,7 @@ def _hash_block_size(engine: Engine, groups: Sequence[Group], sizes: list[int]) 
         raise PlanError(
             f"prefix_match_unit {hash_size} must divide every prefix-cacheable group's "
             f"block size; group block sizes {sizes}, prefix-cacheable {hashing}",
-            path="engine.prefix_match_unit", found=str(hash_size),
+            ref=SettingRef("prefix_match_unit"), found=str(hash_size),
             expected=f"a divisor of {math.gcd(*hashing)}",
             hint="leave prefix_match_unit out to take the groups' common divisor")
     return hash_size
@@ -195,9 +213,9 @@ def block_sizes(engine: Engine, groups: Sequence[Group]) -> tuple[int, int]:
     if any(isinstance(s, MambaState) and s.mamba_cache_mode != "align" for s, _ in specs):
         return scheduler, scheduler
     hash_size = _hash_block_size(engine, groups, sizes)
-    alignments = {s.tokens_per_state for s, _ in specs
-                  if s.prefix_cacheable and isinstance(getattr(s, "tokens_per_state", None), int)
-                  and s.tokens_per_state > 1}  # type: ignore[attr-defined]
+    per_state = ((s, getattr(s, "tokens_per_state", None)) for s, _ in specs)
+    alignments = {n for s, n in per_state
+                  if s.prefix_cacheable and isinstance(n, int) and n > 1}
     partial_state = any(
         isinstance(s, MambaState) and s.mamba_cache_mode == "align"
         and ((dcp == 1 and b > hash_size) or (dcp > 1 and b >= hash_size)) for s, b in specs)
@@ -209,8 +227,151 @@ def block_sizes(engine: Engine, groups: Sequence[Group]) -> tuple[int, int]:
                f"the GCD of the groups' block sizes {sorted(set(sizes))}")
             + f"): prefix-cache boundaries must align with each layer's per-state "
             f"compression {sorted(alignments)}",
-            path="engine.prefix_match_unit",
+            ref=SettingRef("prefix_match_unit"),
             expected=f"a prefix-cache unit that is a multiple of {math.lcm(*alignments)}",
             hint="set engine.prefix_match_unit to such a multiple (block sizes, "
                  "mamba_block_size included, set the default), or turn prefix caching off")
     return scheduler, hash_size
+
+
+# ---------------------------------------------------------------------------
+# a plan sized for a budget
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StageSizing:
+    """One stage's share of a :class:`Sizing`: its tensors at the block count."""
+
+    index: int
+    num_blocks: int
+    tensors: tuple[dict[str, object], ...]
+    memory_usage: int
+    estimated_max_model_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """A plan sized for one budget: what the engine would allocate."""
+
+    plan: Plan
+    engine: Engine
+    available: int
+    num_blocks: int
+    stages: tuple[StageSizing, ...]
+    max_concurrency: float
+    kv_cache_size_tokens: int
+    scheduler_block_size: int
+    hash_block_size: int
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def draft_num_blocks(self) -> int | None:
+        return self.plan.stages[0].draft_num_blocks if self.plan.stages else None
+
+    @property
+    def estimated_max_model_len(self) -> int:
+        return min(s.estimated_max_model_len for s in self.stages)
+
+
+def min_blocks_to_serve(engine: Engine, stages: tuple[Stage, ...]) -> int:
+    """The fewest blocks with which every stage serves one request at
+    ``max_model_len`` (one block is the pool's null block)."""
+    need = 1
+    for st in stages:
+        if st.groups:
+            # a drafter's own pool is a fixed cost, outside the block-scaled pool
+            usage = memory_usage(engine, st.groups) - st.fixed_bytes
+            need = max(need, -(-usage // st.bytes_per_block) + 1)
+    return need
+
+
+def _fit_max_model_len(engine: Engine, stages: tuple[Stage, ...], check: list[int]) -> Engine:
+    fit = engine.max_model_len
+    for st, c in zip(stages, check):
+        if st.groups:
+            fit = min(fit, estimate_max_model_len(engine, st.groups, c))
+    if fit <= 0:
+        raise PlanError("cannot fit max_model_len: not even one token fits the memory",
+                        ref=SettingRef("max_model_len"), hint="give the KV cache more memory")
+    return dataclasses.replace(engine, max_model_len=fit)
+
+
+def size_plan(plan: Plan, *, memory: int | None = None,
+              num_blocks: int | None = None) -> Sizing:
+    """Size ``plan`` for ``memory`` bytes per rank, or for ``num_blocks``.
+
+    ``num_blocks`` (or the source's ``num_blocks`` override) fixes the block
+    count; the budget is then what those blocks cost, as in the reference.
+    """
+    engine = plan.engine
+    override = num_blocks if num_blocks is not None else engine.num_gpu_blocks_override
+    stages = plan.stages
+    if memory is None and override is None:
+        raise PlanError("no memory budget: give engine.memory in the source, --memory, "
+                        "or a block count", ref=BudgetRef(), hint="e.g. --memory 40GiB")
+    avail = [override * st.bytes_per_block if override is not None and st.groups
+             else (memory if memory is not None else 0) for st in stages]
+    check = [a - st.bytes_per_block if st.groups else a for st, a in zip(stages, avail)]
+    if engine.auto_max_model_len:
+        engine = _fit_max_model_len(engine, stages, check)
+    for st, c in zip(stages, check):
+        if st.groups:
+            check_fits(engine, st.groups, c, stage=st.index, block_bytes=st.bytes_per_block)
+    n_min = min(override if override is not None else st.blocks_for(a)
+                for st, a in zip(stages, avail))
+    results = tuple(StageSizing(
+        st.index, n_min, tuple(t.at(n_min) for t in st.tensors),
+        memory_usage(engine, st.groups) if st.groups else 0,
+        estimate_max_model_len(engine, st.groups, c) if st.groups else 0)
+        for st, c in zip(stages, check))
+    first = stages[0]
+    per_req = blocks_per_request(engine, first.groups)
+    concurrency = n_min / per_req if per_req else float("inf")
+    tokens = int(concurrency * engine.max_model_len) if per_req else 0
+    sched, hashed = block_sizes(engine, first.groups)
+    if memory is None:  # what the fixed block count costs the rank that spends the most
+        memory = max(st.memory_for(n_min) for st in stages)
+    return Sizing(plan, engine, memory, n_min, results, concurrency, tokens, sched, hashed)
+
+
+# ---------------------------------------------------------------------------
+# a compiled layout, re-sized (its max_model_len stays as compiled)
+# ---------------------------------------------------------------------------
+
+
+def blocks_for(layout: Layout, *, memory: int | None = None,
+               num_blocks: int | None = None) -> int:
+    """The block count every stage of ``layout`` uses for a per-rank ``memory``
+    budget (the smallest stage's count), or ``num_blocks`` checked; the
+    source's own block count wins over a budget, as in the reference."""
+    return sized_blocks([(st.bytes_per_block if st.groups else 0, st.fixed_bytes)
+                         for st in layout.stages], need=layout.min_num_blocks(),
+                        override=layout.engine.num_gpu_blocks_override,
+                        max_model_len=layout.engine.max_model_len, memory=memory,
+                        num_blocks=num_blocks)
+
+
+def resize(layout: Layout, *, memory: int | None = None,
+           num_blocks: int | None = None) -> Budget:
+    """``layout``'s capacity for another budget (or block count)."""
+    n = blocks_for(layout, memory=memory, num_blocks=num_blocks)
+    engine = layout.engine
+    st0 = layout.stage(0)
+    per_req = blocks_per_request(engine, st0.groups)
+    conc = n / per_req if per_req else float("inf")
+    spent = memory if memory is not None else max(st.memory_for(n) for st in layout.stages)
+    est = min((estimate_max_model_len(engine, st.groups, spent - st.bytes_per_block)
+               for st in layout.stages if st.groups), default=0)
+    return Budget(memory=spent, num_blocks=n, max_concurrency=finite(conc),
+                  kv_cache_size_tokens=int(conc * engine.max_model_len) if per_req else 0,
+                  max_model_len=engine.max_model_len, estimated_max_model_len=est)
+
+
+def finite(x: float) -> float | None:
+    """A concurrency as the artifact writes it (None: unbounded, no group takes
+    blocks per request)."""
+    return None if x == float("inf") else x

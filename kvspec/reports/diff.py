@@ -33,7 +33,7 @@ from kvspec.reports.explain import (
     capacity,
     environment,
     group_padding,
-    load_subject,
+    read_subject,
     pages_text,
 )
 from kvspec.reports.format import compact_layers, human_bytes
@@ -331,8 +331,8 @@ def _capacity(cap_a: Capacity | None, cap_b: Capacity | None) -> list[Change]:
 def diff(path_a: str | Path, path_b: str | Path, *, memory: int | None = None) -> Diff:
     """Compare two layouts (sources or artifacts) for ``memory`` bytes per rank
     (default: A's budget)."""
-    sub_a = load_subject(path_a, memory)
-    sub_b = load_subject(path_b, memory if memory is not None else sub_a.memory)
+    sub_a = read_subject(path_a, memory)
+    sub_b = read_subject(path_b, memory if memory is not None else sub_a.memory)
     return compare(sub_a, sub_b)
 
 

@@ -12,7 +12,7 @@ from kvspec.errors import KvspecError
 from kvspec.model.geometry import view_geometry
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Plan
-from kvspec.planner import Resolved
+from kvspec.planner import Sizing
 
 
 def group_view(group: Group, engine) -> dict[str, Any]:
@@ -37,15 +37,15 @@ def group_view(group: Group, engine) -> dict[str, Any]:
     }
 
 
-def views_of(resolved: Resolved, stage: int = 0) -> list[dict[str, Any]]:
-    """Per tensor and layer, the ``[B, H, N, C]`` view for the resolved blocks."""
-    plan = resolved.plan
+def views_of(sizing: Sizing, stage: int = 0) -> list[dict[str, Any]]:
+    """Per tensor and layer, the ``[B, H, N, C]`` view for the sized block count."""
+    plan = sizing.plan
     st = plan.stages[stage]
-    result = resolved.stages[stage]
+    result = sizing.stages[stage]
     out = []
     for index, (tensor, fields) in enumerate(zip(st.tensors, result.tensors)):
         spec = st.groups[tensor.group].layer_spec(tensor.layers[0])
-        blocks = st.draft_num_blocks if tensor.pool == "draft" else resolved.num_blocks
+        blocks = st.draft_num_blocks if tensor.pool == "draft" else sizing.num_blocks
         geoms = view_geometry(tensor.layers, int(fields["layer_stride"]),
                               int(fields["block_stride"]), int(fields["offset"]), spec, blocks,
                               plan.engine.axis_order)
@@ -55,30 +55,30 @@ def views_of(resolved: Resolved, stage: int = 0) -> list[dict[str, Any]]:
     return out
 
 
-def reference_view(plan: Plan, resolved: Resolved, *, with_views: bool = False) -> dict[str, Any]:
-    engine = resolved.engine
+def reference_view(plan: Plan, sizing: Sizing, *, with_views: bool = False) -> dict[str, Any]:
+    engine = sizing.engine
     st0 = plan.stages[0]
     view: dict[str, Any] = {
         "ok": True,
         "error": None,
-        "num_blocks": resolved.num_blocks,
+        "num_blocks": sizing.num_blocks,
         "draft_num_blocks": st0.draft_num_blocks,
         "pool_bytes_per_block": st0.bytes_per_block,
         "groups": [group_view(g, engine) for g in plan.groups],
-        "kv_cache_tensors": list(resolved.stages[0].tensors),
+        "kv_cache_tensors": list(sizing.stages[0].tensors),
         "workers": [{"num_blocks": r.num_blocks, "kv_cache_tensors": list(r.tensors)}
-                    for r in resolved.stages],
-        "scheduler_block_size": resolved.scheduler_block_size,
-        "hash_block_size": resolved.hash_block_size,
-        "max_concurrency": resolved.max_concurrency,
-        "kv_cache_size_tokens": resolved.kv_cache_size_tokens,
+                    for r in sizing.stages],
+        "scheduler_block_size": sizing.scheduler_block_size,
+        "hash_block_size": sizing.hash_block_size,
+        "max_concurrency": sizing.max_concurrency,
+        "kv_cache_size_tokens": sizing.kv_cache_size_tokens,
         "max_model_len": engine.max_model_len,
-        "estimated_max_model_len": resolved.estimated_max_model_len,
+        "estimated_max_model_len": sizing.estimated_max_model_len,
         "kv_cache_layout": engine.axis_order.name,
         "planner_log": [{"level": lv, "message": m} for lv, m in plan.log],
     }
     if with_views:
-        view["views"] = views_of(resolved)
+        view["views"] = views_of(sizing)
     return view
 
 

@@ -15,7 +15,7 @@ from kvspec.compiled import CompiledArtifact, read
 from kvspec.errors import KvspecError
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Layout, Plan
-from kvspec.planner import Resolved
+from kvspec.planner import Sizing
 from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request
 from kvspec.reports.format import human_bytes, layers_brief, table
@@ -69,15 +69,15 @@ def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
     return "\n".join(out)
 
 
-def plan_warnings(plan: Plan, resolved: Resolved) -> list[str]:
-    """The planner's warnings and the early checks for the resolved budget."""
+def plan_warnings(plan: Plan, sizing: Sizing) -> list[str]:
+    """The planner's warnings and the early checks for the sized budget."""
     return [m for lv, m in plan.log if lv == "WARNING"] + early_checks(
-        plan, resolved.engine, resolved.num_blocks)
+        plan, sizing.engine, sizing.num_blocks)
 
 
-def plan_table(plan: Plan, resolved: Resolved, *, warnings: bool = True) -> str:
+def plan_table(plan: Plan, sizing: Sizing, *, warnings: bool = True) -> str:
     """What ``kvspec plan`` prints: per group and totals for one budget."""
-    engine = resolved.engine
+    engine = sizing.engine
     st0 = plan.stages[0]
     rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
              g.padding_slots, f"{g.blocks_per_request(engine):,}"]
@@ -88,30 +88,30 @@ def plan_table(plan: Plan, resolved: Resolved, *, warnings: bool = True) -> str:
         f"{engine.axis_order.name}, {len(plan.stages)} pipeline stage(s)",
         table(rows, ["group", "kind", "layers", "block", "layer page", "pad slots",
                      "blocks/request"]),
-        f"memory per rank:      {human_bytes(resolved.available)}",
-        f"one request:          {human_bytes(resolved.stages[0].memory_usage)} at "
+        f"memory per rank:      {human_bytes(sizing.available)}",
+        f"one request:          {human_bytes(sizing.stages[0].memory_usage)} at "
         f"{engine.max_model_len:,} tokens ({per_request:,} blocks + the null block)",
         f"bytes per block:      {human_bytes(st0.bytes_per_block)} ({st0.bytes_per_block} B)",
-        f"blocks:               {resolved.num_blocks:,}"
+        f"blocks:               {sizing.num_blocks:,}"
         + (f" (+ drafter pool {st0.draft_num_blocks:,})" if st0.draft_num_blocks else ""),
-        f"KV capacity:          {resolved.kv_cache_size_tokens:,} tokens",
-        f"max concurrency:      {resolved.max_concurrency:.2f}x at "
+        f"KV capacity:          {sizing.kv_cache_size_tokens:,} tokens",
+        f"max concurrency:      {sizing.max_concurrency:.2f}x at "
         f"{engine.max_model_len:,} tokens",
         f"max_model_len:        {engine.max_model_len:,}"
         + (" (auto-fit)" if engine.auto_max_model_len else ""),
-        f"longest that fits:    {resolved.estimated_max_model_len:,}",
-        f"block sizes:          scheduler {resolved.scheduler_block_size}, "
-        f"prefix hash {resolved.hash_block_size}",
+        f"longest that fits:    {sizing.estimated_max_model_len:,}",
+        f"block sizes:          scheduler {sizing.scheduler_block_size}, "
+        f"prefix hash {sizing.hash_block_size}",
     ]
-    if len(resolved.stages) > 1:
+    if len(sizing.stages) > 1:
         lines.append("per stage:            " + ", ".join(
-            f"stage {s.index}: {human_bytes(s.memory_usage)}/request" for s in resolved.stages))
+            f"stage {s.index}: {human_bytes(s.memory_usage)}/request" for s in sizing.stages))
     if warnings:
-        lines += [f"warning: {m}" for m in plan_warnings(plan, resolved)]
+        lines += [f"warning: {m}" for m in plan_warnings(plan, sizing)]
     return "\n".join(lines)
 
 
-def sweep_table(rows: Sequence[tuple[int, Resolved | None, KvspecError | None]]) -> str:
+def sweep_table(rows: Sequence[tuple[int, Sizing | None, KvspecError | None]]) -> str:
     """Capacity against memory: one line per budget."""
     out = []
     for budget, r, err in rows:

@@ -23,7 +23,6 @@ from kvspec.errors import KvspecError
 from kvspec.runtime.hashing_keys import GROUP_ID_BYTES, split_block_hash_with_group_id
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvspec.runtime.block_pool import BlockPool
     from kvspec.runtime.hashing_keys import BlockHash, BlockHashKey
 
 __all__ = [
@@ -92,7 +91,8 @@ class Block:
         self.ref_count = 0
         self._group: int | None = None  # last group to hold it; see group_id
         self.is_null = is_null
-        self.pool: BlockPool | None = None  # the pool that owns it, if any
+        # the pool that owns it, if any (only ever compared by identity)
+        self.pool: object | None = None
         self._hash: BlockHash | None = None  # the block hash it is cached under
         self._block_hash_num_tokens: int | None = None
         self.prev_free: Block | None = None

@@ -20,13 +20,17 @@ import hashlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from kvspec.runtime.hashing_keys import BlockHash, HashingError
 from kvspec.runtime.hashing_keys import check_block_size as _check_block_size
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvspec.runtime.hashing import BlockHasher
+
+class HashesBlocks(Protocol):
+    """What a request's hasher needs of :class:`kvspec.runtime.hashing.BlockHasher`."""
+
+    def hash_block(self, parent_block_hash: BlockHash | None, token_ids: Sequence[int],
+                   extra_keys: tuple[Any, ...] | None = None) -> BlockHash: ...
 
 __all__ = [
     "MultiModalFeature",
@@ -244,7 +248,7 @@ class RequestBlockHasher:
     """
 
     hash_block_size: int
-    hasher: BlockHasher
+    hasher: HashesBlocks
 
     def __post_init__(self) -> None:
         _check_block_size(self.hash_block_size, "hash_block_size")

@@ -45,6 +45,7 @@ from kvspec.artifact.blocks import memory_problems, pool_blocks
 from kvspec.errors import KvspecError
 from kvspec.model.axes import AxisOrder
 from kvspec.runtime import distributed
+from kvspec.runtime.block_pool import BlockPool
 from kvspec.runtime.budget import LoadError, free_memory, resolve_num_blocks
 from kvspec.runtime.views import (
     CellParts,
@@ -110,20 +111,19 @@ class LoadedCache:
                 f"layers={len(self.views)}, layout={self.axis_order.name}, pools={{{pools}}})")
 
     @cached_property
-    def block_pool(self) -> Any:
+    def block_pool(self) -> BlockPool:
         """A :class:`~kvspec.runtime.block_pool.BlockPool` over ``num_blocks``
         (made on first use), shared by every group aliasing the device pool."""
         return self._make_pool(self.num_blocks, draft=False)
 
     @cached_property
-    def draft_block_pool(self) -> Any:
+    def draft_block_pool(self) -> BlockPool | None:
         """The drafter's own block pool (``draft_num_blocks``), or None."""
         if self.draft_num_blocks is None:
             return None
         return self._make_pool(self.draft_num_blocks, draft=True)
 
-    def _make_pool(self, num_blocks: int, *, draft: bool) -> Any:
-        from kvspec.runtime.block_pool import BlockPool
+    def _make_pool(self, num_blocks: int, *, draft: bool) -> BlockPool:
         body = self.artifact.body
         draft_layers = set(body.stages[self.stage].draft_layers)
         groups = [g for g in body.groups if bool(set(g.layers) & draft_layers) == draft]
@@ -260,7 +260,8 @@ def _verified(artifact: Artifact | Mapping[str, Any] | str | Path, replan: bool 
                         hint="e.g. kvspec.load('layouts/llama-3.1-8b.kvlayout.json', "
                              "device='cuda')")
     if replan:
-        from kvspec.compiled import replan as replanned  # the compiler: only when asked
+        # deferred: the compiler (pydantic, PyYAML), imported only for replan=True
+        from kvspec.compiled import replan as replanned
         art = replanned(art, _origin(artifact))
     return art
 

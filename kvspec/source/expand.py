@@ -3,9 +3,10 @@
 Patterns are repeated, defaults and types merged into each layer (defaults <
 type < entry), names rendered from templates, KV heads split across
 tensor-parallel ranks (replicated when there are fewer heads than ranks, as
-vLLM does), quantization resolved per layer, and layers assigned to pipeline
-stages. Specs are built from the layer kinds' registry
-(:mod:`kvspec.model.kinds`); every problem is collected and reported together.
+vLLM does), each layer's quantization decided (once: the plan and the artifact
+take it from here), and layers assigned to pipeline stages. Specs are built
+from the layer kinds' registry (:mod:`kvspec.model.kinds`); every problem is
+collected and reported together.
 """
 
 from __future__ import annotations
@@ -13,54 +14,55 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.errors import KvspecError, Location, PlanError, raise_all
+from kvspec.errors import KvspecError, Location, PlanError, format_path, raise_all
 from kvspec.model import kinds
-from kvspec.model.engine import Engine
+from kvspec.model.engine import SETTINGS, Engine
 from kvspec.model.names import layers_brief
+from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
-from kvspec.planner.stages import split_stages
-from kvspec.source.document import Document, format_path
+from kvspec.model.stages import split_stages
+from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer, expand_layers
 from kvspec.source.schema import Source
 from kvspec.source.specs import build_spec
 
-__all__ = ["Expanded", "ExpandedLayer", "build_engine", "expand", "layer_cache_dtype"]
+__all__ = ["Expansion", "ExpandedLayer", "build_engine", "expand_source", "layer_cache_dtype"]
 
 
 @dataclass(frozen=True)
-class Expanded:
+class Expansion:
+    """A source expanded: the engine, every layer, each stage's specs."""
+
     engine: Engine
     layers: tuple[ExpandedLayer, ...]
     stage_specs: tuple[dict[str, LayerSpec], ...]
     layer_paths: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
-    #: Each layer's quantization mode (None for state layers).
-    kv_cache_dtypes: dict[str, str | None] = field(default_factory=dict)
+    #: Each layer's quantization, decided here once (None for state layers).
+    quantization: dict[str, Quantized | None] = field(default_factory=dict)
+
+
+def _source_value(source: Source, key: str) -> Any:
+    value: Any = source
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def build_engine(source: Source, max_index: int | None) -> Engine:
-    """The engine settings a source's ``engine`` and ``parallel`` sections give."""
-    from kvspec.model.axes import AxisOrder
-
-    e, par = source.engine, source.parallel
-    auto = e.max_model_len == "auto"
-    max_len = e.model_max_len if auto else e.max_model_len
-    return Engine(
-        block_size=e.block_size, max_model_len=int(max_len or 0),
-        original_max_model_len=-1 if auto else int(e.max_model_len),  # type: ignore[arg-type]
-        max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
-        max_num_encoder_input_tokens=e.max_num_encoder_input_tokens,
-        async_scheduling=e.async_scheduling, enable_prefix_caching=e.prefix_caching,
-        hybrid=e.hybrid, axis_order=AxisOrder.parse(e.layout),
-        kv_cache_dtype=source.quantization.kv_cache_dtype, tensor_parallel_size=par.tensor,
-        pipeline_parallel_size=par.pipeline, decode_context_parallel_size=par.decode_context,
-        num_gpu_blocks_override=e.num_blocks, mamba_cache_mode=e.mamba_cache_mode,
-        mamba_block_size=e.mamba_block_size, prefix_match_unit=e.prefix_match_unit,
-        num_prefill_lookahead_tokens=e.prefill_lookahead_tokens,
-        speculative_method=e.speculative_method, draft_pool=e.draft.pool,
-        draft_block_size=e.draft.block_size, draft_pool_blocks=e.draft.pool_blocks,
-        total_num_hidden_layers=par.num_hidden_layers
-        or (max_index + 1 if max_index is not None else None),
-        pp_layer_partition=tuple(par.pipeline_partition) if par.pipeline_partition else None)
+    """The engine settings a source gives: each setting read at its source key
+    (:data:`kvspec.model.engine.SETTINGS`), ``max_model_len: auto`` standing for
+    the model's own maximum (fitted later), the model's decoder layers counted
+    from its highest layer index unless given."""
+    kw = {s.name: s.from_data(_source_value(source, s.source_key)) for s in SETTINGS
+          if s.source_key is not None}
+    auto = source.engine.max_model_len == "auto"
+    kw["max_model_len"] = int(source.engine.model_max_len or 0) if auto \
+        else int(source.engine.max_model_len)
+    kw["original_max_model_len"] = -1 if auto else kw["max_model_len"]
+    if kw["total_num_hidden_layers"] is None and max_index is not None:
+        kw["total_num_hidden_layers"] = max_index + 1
+    kw["pp_layer_partition"] = kw["pp_layer_partition"] or None  # []: no partition
+    return Engine(**kw)
 
 
 def layer_cache_dtype(layer: ExpandedLayer, source: Source) -> str:
@@ -115,12 +117,14 @@ def _frozen(value: Any) -> Any:
 
 
 def _specs(layers: list[ExpandedLayer], engine: Engine, source: Source, doc: Document,
-           errors: list[KvspecError]) -> tuple[dict[str, LayerSpec], dict[str, str | None]]:
+           errors: list[KvspecError]
+           ) -> tuple[dict[str, LayerSpec], dict[str, Quantized | None]]:
     specs: dict[str, LayerSpec] = {}
-    dtypes: dict[str, str | None] = {}
-    memo: dict[tuple, tuple[LayerSpec, str | None]] = {}
+    quant: dict[str, Quantized | None] = {}
+    memo: dict[tuple, tuple[LayerSpec, Quantized | None]] = {}
     failed: dict[str, tuple[KvspecError, list[str]]] = {}
     by_value: dict[tuple, LayerSpec] = {}
+    by_spec: dict[tuple[int, str], Quantized | None] = {}  # layers sharing a spec share it
     for layer in layers:
         cache = layer_cache_dtype(layer, source)
         key = (id(layer.fields), cache)  # layers of one type share their fields
@@ -135,19 +139,21 @@ def _specs(layers: list[ExpandedLayer], engine: Engine, source: Source, doc: Doc
                         by_value[value] = spec
                 kind = layer.fields.get("kind")
                 state = kind is not None and kinds.by_name(kind).state
-                found = memo[key] = (spec, None if state else cache)
+                if (id(spec), cache) not in by_spec:
+                    by_spec[id(spec), cache] = None if state else quantized(spec, cache)
+                found = memo[key] = (spec, by_spec[id(spec), cache])
         except KvspecError as exc:
             err = exc if exc.file else exc.at(_loc(doc, layer.path))
             failed.setdefault(err.render(), (err, []))[1].append(layer.name)
             continue
-        specs[layer.name], dtypes[layer.name] = found
+        specs[layer.name], quant[layer.name] = found
     for err, names in failed.values():  # one problem, once, naming every layer it hits
         errors.append(err.replace(message=f"{err.message} (in {len(names)} layers: "
                                   f"{layers_brief(names)})") if len(names) > 1 else err)
-    return specs, dtypes
+    return specs, quant
 
 
-def expand(source: Source, doc: Document) -> Expanded:
+def expand_source(source: Source, doc: Document) -> Expansion:
     """Expand and build every rank's layer specs; report every problem at once."""
     layers, errors = expand_layers(source, doc)
     errors += _duplicates(layers, doc)
@@ -158,12 +164,12 @@ def expand(source: Source, doc: Document) -> Expanded:
                                 ("engine", "max_model_len"),
                                 expected="engine.model_max_len: <the model's max tokens>",
                                 hint="e.g. model_max_len: 131072"))
-    specs, dtypes = _specs(layers, engine, source, doc, errors)
+    specs, quant = _specs(layers, engine, source, doc, errors)
     raise_all(errors)
     try:
         stages = split_stages(list(specs), engine.pipeline_parallel_size,
                               engine.total_num_hidden_layers, engine.pp_layer_partition)
     except PlanError as exc:
         raise exc.at(_loc(doc, ("parallel",))) from None
-    return Expanded(engine, tuple(layers), tuple({n: specs[n] for n in st} for st in stages),
-                    {layer.name: layer.path for layer in layers}, dtypes)
+    return Expansion(engine, tuple(layers), tuple({n: specs[n] for n in st} for st in stages),
+                     {layer.name: layer.path for layer in layers}, quant)

@@ -23,6 +23,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kvspec.files import SIZE_EXPECTED, SIZE_PATTERN, size_bytes
+from kvspec.model.axes import DEFAULT_AXIS_ORDER, AxisOrderName
+from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
 
@@ -82,7 +84,6 @@ LayerKind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
 
 MambaType = Literal[tuple(MAMBA_TYPES)]  # type: ignore[valid-type]
 
-LayoutName = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
 
 
 class _Strict(BaseModel):
@@ -188,7 +189,7 @@ class EnginePolicy(_Strict):
     max_num_encoder_input_tokens: PositiveInt | None = None
     async_scheduling: bool | None = Field(
         None, description="Default: on for one pipeline stage (doubles in-flight tokens).")
-    layout: LayoutName = "LBNHC"
+    layout: AxisOrderName = DEFAULT_AXIS_ORDER.name
     hybrid: bool = Field(True, description="false: allocate local attention as full attention "
                          "(vLLM's --disable-hybrid-kv-cache-manager).")
     prefix_caching: bool = True
@@ -198,7 +199,7 @@ class EnginePolicy(_Strict):
         "can decide it.")
     num_blocks: PositiveInt | None = Field(
         None, description="Fix the block count (vLLM's num_gpu_blocks_override).")
-    mamba_cache_mode: Literal["none", "align", "all"] = "none"
+    mamba_cache_mode: MambaCacheMode = "none"
     mamba_block_size: PositiveInt | None = None
     prefill_lookahead_tokens: int = Field(0, ge=0)
     speculative_method: str | None = None

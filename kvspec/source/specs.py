@@ -3,8 +3,7 @@
 The fields a source gives a layer are the spec class's own (the registry says
 which a kind has); expansion adds what follows from the deployment: KV heads
 per tensor-parallel rank, the storage dtype and cell packing of the layer's
-quantization mode, the block size of state layers under the engine's
-``mamba_cache_mode``.
+quantization mode, each layer's block size (:meth:`Engine.layer_block_size`).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from kvspec.errors import KvspecError
 from kvspec.model import kinds
 from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
 from kvspec.model.engine import Engine
-from kvspec.model.quant import QuantizationError, quant_mode, resolve_layer_quant
+from kvspec.model.quant import QuantizationError, layer_quant, quant_mode
 from kvspec.model.specs import LayerSpec
 from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer
@@ -32,16 +31,6 @@ def tokens_per_state(value: Any) -> int | Fraction:
         frac = Fraction(value)
         return int(frac) if frac.denominator == 1 else frac
     return int(value)
-
-
-def state_block_size(engine: Engine, own: int | None) -> int:
-    """A state layer's block: its own, else one state per request (``none``), else
-    ``mamba_block_size`` (or the attention block size)."""
-    if own is not None:
-        return own
-    if engine.mamba_cache_mode == "none":
-        return engine.max_model_len
-    return engine.mamba_block_size or engine.block_size
 
 
 def spec_kwargs(kind: kinds.Kind, fields: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +80,7 @@ def _state_spec(layer: ExpandedLayer, kind: kinds.Kind, engine: Engine,
                         f"{len(dtypes)} dtypes", layer.origin("dtypes"),
                         hint="give one dtype per state shape")
     kw = spec_kwargs(kind, {**f, "dtypes": dtypes})
-    kw["block_size"] = state_block_size(engine, f.get("block_size"))
+    kw["block_size"] = engine.layer_block_size(f.get("block_size"), state=True)
     kw["mamba_cache_mode"] = engine.mamba_cache_mode
     return _padding_fits(kind.spec(**kw), layer, doc)
 
@@ -142,15 +131,16 @@ def _model_dtype(layer: ExpandedLayer, doc: Document) -> str:
 
 
 def _quantized(kw: dict[str, Any], layer: ExpandedLayer, kind: kinds.Kind, cache: str,
-               engine: Engine, doc: Document) -> None:
-    """The storage dtype and cell packing of ``cache`` for this layer, into ``kw``."""
+               doc: Document) -> None:
+    """The storage dtype and cell packing of ``cache`` for this layer, into ``kw``
+    (which holds the layer's block size)."""
     f = layer.fields
     try:
-        q = resolve_layer_quant(
+        q = layer_quant(
             cache, model_dtype=kw["dtype"], kind="mla" if kind.latent else "attention",
             head_size=kw["head_size"],
             head_size_v=0 if kind.latent else f.get("head_size_v", kw["head_size"]),
-            num_kv_heads=kw["num_kv_heads"], block_size=f.get("block_size", engine.block_size))
+            num_kv_heads=kw["num_kv_heads"], block_size=kw["block_size"])
     except KvspecError as exc:
         path = layer.origin("kv_cache_dtype") if f.get("kv_cache_dtype") \
             else ("quantization", "kv_cache_dtype")
@@ -178,7 +168,7 @@ def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) 
     kw = spec_kwargs(kind, layer.fields)
     kw["num_kv_heads"] = _heads_per_rank(layer, kind, engine.tensor_parallel_size, doc)
     kw["dtype"] = _model_dtype(layer, doc)
-    kw.setdefault("block_size", engine.block_size)
+    kw["block_size"] = engine.layer_block_size(kw.get("block_size"))
     try:
         kw["kv_quant_mode"] = int(quant_mode(cache))
     except QuantizationError as exc:
@@ -187,7 +177,7 @@ def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) 
     if kind.latent:
         kw["cache_dtype_str"] = cache
     if cache != "auto" and layer.fields.get("state_content_bytes") is None:
-        _quantized(kw, layer, kind, cache, engine, doc)
+        _quantized(kw, layer, kind, cache, doc)
     spec = kind.spec(**kw)
     if spec.num_states < 1:  # tokens_per_state larger than a block: nothing to store
         raise doc.error(f"{_what(layer)}: tokens_per_state {spec.tokens_per_state_value} is "

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from kvspec.errors import KvspecError, raise_all
 from kvspec.source.document import Document
-from kvspec.source.expand import Expanded
+from kvspec.source.expand import Expansion
 from kvspec.source.schema import Source
 
 
-def _layers(source: Source, doc: Document, ex: Expanded) -> list[KvspecError]:
+def _layers(source: Source, doc: Document, ex: Expansion) -> list[KvspecError]:
     if ex.layers:
         return []
     return [doc.error("the model has no layers that hold a KV cache", ("layers",),
@@ -26,7 +26,7 @@ def _layers(source: Source, doc: Document, ex: Expanded) -> list[KvspecError]:
                       hint="list the model's attention and state layers under layers:")]
 
 
-def _skip_layers(source: Source, doc: Document, ex: Expanded) -> list[KvspecError]:
+def _skip_layers(source: Source, doc: Document, ex: Expansion) -> list[KvspecError]:
     indices = {layer.index for layer in ex.layers if layer.index is not None}
     errors = []
     for i, idx in enumerate(source.quantization.skip_layers):
@@ -40,7 +40,7 @@ def _skip_layers(source: Source, doc: Document, ex: Expanded) -> list[KvspecErro
     return errors
 
 
-def _stages(source: Source, doc: Document, ex: Expanded) -> list[KvspecError]:
+def _stages(source: Source, doc: Document, ex: Expansion) -> list[KvspecError]:
     pp = source.parallel.pipeline
     if pp == 1 or not ex.layers:
         return []
@@ -60,6 +60,6 @@ def _stages(source: Source, doc: Document, ex: Expanded) -> list[KvspecError]:
 CHECKS = (_layers, _skip_layers, _stages)
 
 
-def validate_source(source: Source, doc: Document, ex: Expanded) -> None:
+def validate_source(source: Source, doc: Document, ex: Expansion) -> None:
     """Raise every problem the checks find, together; nothing when there is none."""
     raise_all(e for check in CHECKS for e in check(source, doc, ex))

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvspec.errors import KvspecError
 from kvspec.integrations.dump.read import read_dump
-from kvspec.planner import plan_layers, resolve
+from kvspec.planner import plan_layers, size_plan
 from kvspec.reports.refview import reference_view, views_of
 
 CONFORMANCE = Path(__file__).resolve().parent
@@ -39,10 +39,10 @@ def _first(value: Any) -> Any:
 
 
 def plan_case(case: dict[str, Any]):
-    """Plan a case straight from its dump: (plan, resolved) or a KvspecError."""
+    """Plan a case straight from its dump: (plan, sizing) or a KvspecError."""
     engine, stages = read_dump(case)
     plan = plan_layers(engine, stages)
-    return plan, resolve(plan, memory=case["config"]["available_memory_bytes"])
+    return plan, size_plan(plan, memory=case["config"]["available_memory_bytes"])
 
 
 def compare(case: dict[str, Any], expected: dict[str, Any], *, planner=None) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kvspec.integrations.vllm.guard import Expectation, PluginError
-from kvspec.planner import resolve
+from kvspec.planner import size_plan
 from tests.conftest import ROOT
 from tests.vllm.cases import BY_DESIGN, CASES, TOO_SMALL, artifact
 from tests.vllm.engine_core import plan
@@ -43,8 +43,8 @@ def installed(adapter):
 
 
 def _kvspec_workers(art, memory):
-    resolved = resolve(art.layout.plan, memory=memory)
-    return [(r.num_blocks, list(r.tensors)) for r in resolved.stages]
+    sizing = size_plan(art.layout.plan, memory=memory)
+    return [(r.num_blocks, list(r.tensors)) for r in sizing.stages]
 
 
 @pytest.mark.parametrize("mode", ["verify", "enforce"])

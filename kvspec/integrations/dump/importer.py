@@ -26,6 +26,7 @@ from typing import Any
 
 from kvspec.integrations.dump.schema import DumpConfig, DumpLayer, validated
 from kvspec.model import kinds
+from kvspec.model.engine import setting
 from kvspec.source.writer import (
     Record,
     assign_types,
@@ -42,16 +43,15 @@ MODEL_DTYPES = ("bfloat16", "float16", "float32")
 #: Decoder layers without a cache written as ``-`` items rather than a new entry.
 MAX_SKIP = 8
 
-#: Config fields copied to the source's ``engine:`` under these names.
-_ENGINE_FIELDS = (("max_num_batched_tokens", "max_num_batched_tokens"),
-                  ("max_num_seqs", "max_num_seqs"), ("kv_cache_layout", "layout"),
-                  ("async_scheduling", "async_scheduling"),
-                  ("prefix_match_unit", "prefix_match_unit"),
-                  ("mamba_block_size", "mamba_block_size"),
-                  ("num_gpu_blocks_override", "num_blocks"),
-                  ("max_num_encoder_input_tokens", "max_num_encoder_input_tokens"),
-                  ("speculative_method", "speculative_method"),
-                  ("num_prefill_lookahead_tokens", "prefill_lookahead_tokens"))
+#: Engine settings a dump's config gives as they are, in the order the source's
+#: ``engine:`` writes them.
+_COPIED = ("max_num_batched_tokens", "max_num_seqs", "axis_order", "async_scheduling",
+           "prefix_match_unit", "mamba_block_size", "num_gpu_blocks_override",
+           "max_num_encoder_input_tokens", "speculative_method", "num_prefill_lookahead_tokens")
+#: ``(config key, key under engine:)`` of each: vLLM's name and the source's
+#: (:data:`kvspec.model.engine.SETTINGS`).
+_ENGINE_FIELDS = tuple((setting(n).vllm, setting(n).source_key.removeprefix("engine."))
+                       for n in _COPIED)
 
 
 def cache_mode(layer: DumpLayer) -> str:

@@ -15,23 +15,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvspec.errors import KvspecError, Location
+from kvspec.errors import KvspecError, LayerRef, Location
 from kvspec.integrations.dump.jsontext import positions
+from kvspec.model.engine import SETTINGS, BudgetRef, SettingRef
 
-#: Source path prefixes -> the dump config key they come from.
-_CONFIG = {"engine.block_size": "block_size", "engine.max_model_len": "max_model_len",
-           "engine.model_max_len": "max_model_len", "engine.memory": "available_memory_bytes",
-           "engine.layout": "kv_cache_layout", "engine.hybrid": "disable_hybrid_kv_cache_manager",
-           "engine.prefix_caching": "enable_prefix_caching",
-           "engine.num_blocks": "num_gpu_blocks_override",
-           "engine.mamba_cache_mode": "mamba_cache_mode",
-           "engine.mamba_block_size": "mamba_block_size",
-           "engine.prefix_match_unit": "prefix_match_unit",
-           "engine.max_num_batched_tokens": "max_num_batched_tokens",
-           "engine.max_num_seqs": "max_num_seqs",
-           "parallel.tensor": "tensor_parallel_size", "parallel.pipeline": "pipeline_parallel_size",
-           "parallel.decode_context": "decode_context_parallel_size",
-           "quantization.kv_cache_dtype": "kv_cache_dtype"}
+#: Source keys -> the dump config key they come from: each engine setting's key in
+#: the source and vLLM's name for it (a dump's config keys are vLLM's names), from
+#: the one declaration of engine settings, and the two source keys that are no
+#: setting.
+_CONFIG = {**{s.source_key: s.vllm for s in SETTINGS
+              if s.source_key is not None and s.vllm is not None},
+           "engine.model_max_len": "max_model_len", "engine.memory": "available_memory_bytes"}
 _TYPE = re.compile(r"^layer_types\.([^.\[]+)")
 
 
@@ -49,16 +43,25 @@ def dump_path(path: str, dump: dict[str, Any], first_layer_of_type: dict[str, in
     return None
 
 
+def _ref_target(err: KvspecError, dump: dict[str, Any]) -> tuple[str | int, ...] | None:
+    """The dump path of what ``err`` refers to (a layer, an engine setting, the
+    budget), or None when it refers to nothing the dump holds by name."""
+    ref, config = err.ref, dump.get("config") or {}
+    if isinstance(ref, LayerRef):
+        names = [layer.get("name") for layer in dump.get("layers", [])]
+        return ("layers", names.index(ref.name)) if ref.name in names else None
+    if isinstance(ref, (SettingRef, BudgetRef)):
+        key = _CONFIG.get(ref.shown())
+        return ("config", key) if key is not None and key in config else ("config",)
+    return None
+
+
 def in_dump(err: KvspecError, *, file: str, text: str | None, dump: dict[str, Any],
             source: dict[str, Any], first_layer_of_type: dict[str, int]) -> KvspecError:
-    """``err`` (about the imported source) placed in the dump at ``file``."""
+    """``err`` (about the imported source) located in the dump at ``file``: by what
+    it refers to, else by its path in the source."""
     path = err.path or ""
-    target = None
-    if err.layer is not None:
-        names = [layer.get("name") for layer in dump.get("layers", [])]
-        if err.layer in names:
-            target = ("layers", names.index(err.layer))
-    target = target or dump_path(path, dump, first_layer_of_type)
+    target = _ref_target(err, dump) or dump_path(path, dump, first_layer_of_type)
     if target is None and path.startswith("layers"):
         target = ("layers", _entry_layer(path, source, first_layer_of_type))
     line = column = None

@@ -19,12 +19,14 @@ from pydantic import (
 )
 
 from kvspec.errors import ErrorList, SourceError
+from kvspec.integrations.dump.jsontext import positions
+from kvspec.model.axes import AxisOrderName
+from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.specs.state import MAMBA_TYPES
 from kvspec.source.document import Document, format_path
 
 Kind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
-Layout = Literal["LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC"]
 Dim = Annotated[int, Field(gt=0, strict=True)]
 
 
@@ -51,8 +53,8 @@ class DumpConfig(BaseModel):
     max_num_batched_tokens: PositiveInt | None = None
     max_num_seqs: PositiveInt | None = None
     max_num_encoder_input_tokens: PositiveInt | None = None
-    kv_cache_layout: Layout | None = None
-    mamba_cache_mode: Literal["none", "align", "all"] | None = None
+    kv_cache_layout: AxisOrderName | None = None
+    mamba_cache_mode: MambaCacheMode | None = None
     mamba_block_size: PositiveInt | None = None
     prefix_match_unit: PositiveInt | None = None
     async_scheduling: bool | None = None
@@ -155,7 +157,6 @@ def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:
     except ValidationError as exc:
         doc = Document(data, file)
         if text is not None:
-            from kvspec.integrations.dump.jsontext import positions
             try:
                 doc = positions(text, file)
             except SourceError:

@@ -13,7 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from kvspec.errors import KvspecError
+from kvspec.errors import KvspecError, format_path
+from kvspec.files import read_text
+from kvspec.files import shown as shown_path
+from kvspec.integrations.dump.jsontext import lenient_positions, unreadable_at
 from kvspec.integrations.hf.families.facts import ConfigError, shown
 
 __all__ = ["config_error", "read_config"]
@@ -25,10 +28,7 @@ def read_config(path: str | Path) -> tuple[dict[str, Any], str]:
     """The parsed ``config.json`` at ``path`` and its text; errors at the file.
     It is read as ``json`` (and ``transformers``) read it: NaN and Infinity are
     numbers, and of a key given twice the last counts."""
-    from kvspec.files import read_text, shown
-    from kvspec.integrations.dump.jsontext import unreadable_at
-
-    file = shown(path)
+    file = shown_path(path)
     text = read_text(path, what="config.json", error=KvspecError, hint=_HINT)
     try:
         data = json.loads(text)
@@ -67,9 +67,6 @@ def config_error(exc: ConfigError, config: Mapping[str, Any], file: str,
                  text: str | None = None) -> KvspecError:
     """``exc`` as a :class:`KvspecError` in ``file``, at its line and column when
     ``text`` (the file's) is given."""
-    from kvspec.integrations.dump.jsontext import lenient_positions
-    from kvspec.source.document import format_path
-
     path = _prefix(config, exc) + exc.path
     doc = lenient_positions(text, file) if text is not None else None
     line, column = (doc.position(path) if doc is not None else None) or (None, None)

@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from kvspec.compiler import Expanded, SourceText, compile_source, run_until
 from kvspec.errors import ErrorList, KvspecError
 from kvspec.integrations import rules
 from kvspec.integrations.hf.config import config_error, not_an_object
@@ -56,6 +57,7 @@ from kvspec.integrations.hf.families.facts import (
 )
 from kvspec.integrations.options import InitOptions, header
 from kvspec.model import kinds
+from kvspec.model.specs import Attention, MambaState
 from kvspec.source.layers import SKIP
 from kvspec.source.writer import (
     Record,
@@ -200,13 +202,8 @@ def state_pages(source: dict[str, Any], options: InitOptions) -> tuple[int, int]
     with state layers, as the compiler sizes them (quantization included);
     None without attention or state layers. The largest of each, as vLLM's
     ``Platform._align_hybrid_block_size`` takes the model's one of each."""
-    from kvspec.compiler import Unit, expand_pass, load, parse, run
-    from kvspec.model.specs import Attention, MambaState
-
-    unit = run(Unit(text=_dump(source), file=options.config_name),
-               (load, parse, expand_pass))
-    assert unit.expanded is not None
-    specs = [s for stage in unit.expanded.stage_specs for s in stage.values()]
+    expanded = run_until(SourceText(text=_dump(source), file=options.config_name), Expanded)
+    specs = [s for stage in expanded.expansion.stage_specs for s in stage.values()]
     per_token = [s.page_size_bytes // s.block_size for s in specs
                  if isinstance(s, Attention) and s.tokens_per_state == 1]
     states = [s.unpadded_page_size_bytes for s in specs if isinstance(s, MambaState)]
@@ -218,8 +215,6 @@ def state_pages(source: dict[str, Any], options: InitOptions) -> tuple[int, int]
 def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptions) -> str:
     """The reviewed-to-be source text for ``facts``, after the engine's
     config-stage rules (:mod:`kvspec.integrations.rules`); it compiles."""
-    from kvspec.compiler import compile_source
-
     target = _target(options)
     hyb = None
     if any(layer.kind == STATE for layer in facts.layers):

@@ -11,7 +11,9 @@ needs no vLLM. :func:`adapter` picks the adapter for the installed version.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
+from importlib import metadata
 from types import ModuleType
 
 from kvspec.errors import UsageError
@@ -32,7 +34,6 @@ OFFLINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0
 
 def installed_version() -> str | None:
     """The installed vLLM's version (without importing it), or None."""
-    from importlib import metadata
     try:
         return metadata.version("vllm")
     except metadata.PackageNotFoundError:
@@ -61,9 +62,8 @@ def adapter(*, offline: bool = True) -> ModuleType:
     if offline:
         for key, value in OFFLINE_ENV.items():
             os.environ.setdefault(key, value)
-        import logging
-
-        import torch  # noqa: F401 - its import sets its loggers' levels; quiet them after
+        # deferred: torch, whose import sets its loggers' levels; quiet them after
+        import torch  # noqa: F401
         logging.getLogger("torch").setLevel(logging.ERROR)
     module = importlib.import_module(ADAPTERS[version])
     if offline:

@@ -1,8 +1,9 @@
 """``kvspec engine-args ARTIFACT --engine vllm``: the ``vllm serve`` flags of a plan.
 
 Every engine setting the plan depends on becomes the vLLM 0.33.0 flag (or
-environment variable) that sets it, so the engine is started with what the
-artifact was planned for; settings with no flag are listed as such. The
+environment variable) that sets it, as the one declaration of engine settings
+names it (:data:`kvspec.model.engine.SETTINGS`), so the engine is started with
+what the artifact was planned for; settings with no flag are listed as such. The
 plugin's environment line comes first: with it, the engine also checks itself
 against the artifact (docs/vllm.md). Needs no vLLM.
 
@@ -24,10 +25,10 @@ from kvspec.compiled import CompiledArtifact, read
 from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
+from kvspec.model.engine import Engine, setting
 from kvspec.model.plan import Plan
-from kvspec.planner.stages import layer_index
 from kvspec.model.specs import Attention, MambaState, layer_specs
-
+from kvspec.model.stages import layer_index
 
 #: dtypes ``--dtype`` takes.
 _MODEL_DTYPES = ("bfloat16", "float16", "float32")
@@ -85,12 +86,18 @@ def _skip_layers(artifact: CompiledArtifact) -> list[int]:
                    if e.kv_cache_dtype == "auto" and (i := layer_index(n)) is not None})
 
 
-def _parallel(engine: Any) -> list[Flag]:
-    return [Flag("--tensor-parallel-size", str(engine.tensor_parallel_size), "KV heads per rank"),
-            Flag("--pipeline-parallel-size", str(engine.pipeline_parallel_size),
-                 "the layers of each stage"),
-            Flag("--decode-context-parallel-size", str(engine.decode_context_parallel_size),
-                 "tokens per rank of DCP-sharded caches")]
+def _flag(name: str, engine: Engine, why: str, *, value: str | None = None,
+          many: bool = False) -> Flag:
+    """The flag that sets engine setting ``name`` (:data:`kvspec.model.engine.SETTINGS`)."""
+    flag, own = setting(name).vllm_flag(engine)
+    return Flag(flag, own if value is None else value, why, many)
+
+
+def _parallel(engine: Engine) -> list[Flag]:
+    return [_flag("tensor_parallel_size", engine, "KV heads per rank"),
+            _flag("pipeline_parallel_size", engine, "the layers of each stage"),
+            _flag("decode_context_parallel_size", engine,
+                  "tokens per rank of DCP-sharded caches")]
 
 
 def _cache(artifact: CompiledArtifact) -> list[Flag]:
@@ -100,45 +107,41 @@ def _cache(artifact: CompiledArtifact) -> list[Flag]:
     dtype = _model_dtype(artifact)
     if dtype is not None:
         out.append(Flag("--dtype", dtype, "the page size of unquantized layers"))
-    out.append(Flag("--kv-cache-dtype", engine.kv_cache_dtype, "quantization of the KV cache"))
+    out.append(_flag("kv_cache_dtype", engine, "quantization of the KV cache"))
     skipped = _skip_layers(artifact)
     if skipped:
         out.append(Flag("--kv-cache-dtype-skip-layers", " ".join(map(str, skipped)),
                         "decoder layers kept in the model dtype", many=True))
-    out.append(Flag("--block-size", str(engine.block_size), "tokens per attention block"))
-    out.append(Flag("--max-model-len", "auto" if planned.auto_max_model_len
-                    else str(engine.max_model_len), "blocks per request and the fit check"))
-    out.append(Flag("--enable-prefix-caching" if engine.enable_prefix_caching
-                    else "--no-enable-prefix-caching", None,
-                    "prefix caching (hybrids: mamba_cache_mode follows it)"))
-    out.append(Flag("--enable-hybrid-kv-cache-manager" if engine.hybrid
-                    else "--disable-hybrid-kv-cache-manager", None,
-                    "one group per attention type, or local attention as full"))
+    out.append(_flag("block_size", engine, "tokens per attention block"))
+    out.append(_flag("max_model_len", engine, "blocks per request and the fit check",
+                     value="auto" if planned.auto_max_model_len else None))
+    out.append(_flag("enable_prefix_caching", engine,
+                     "prefix caching (hybrids: mamba_cache_mode follows it)"))
+    out.append(_flag("hybrid", engine,
+                     "one group per attention type, or local attention as full"))
     states = _state_dtypes(artifact)
     if states is not None:
         out.append(Flag("--mamba-ssm-cache-dtype", states[-1], "the SSM state's dtype"))
         if engine.mamba_block_size is not None:
-            out.append(Flag("--mamba-block-size", str(engine.mamba_block_size),
-                            "tokens per state block"))
+            out.append(_flag("mamba_block_size", engine, "tokens per state block"))
     if engine.prefix_match_unit is not None:
-        out.append(Flag("--prefix-match-unit", str(engine.prefix_match_unit),
-                        "tokens per prefix-cache key"))
+        out.append(_flag("prefix_match_unit", engine, "tokens per prefix-cache key"))
     return out
 
 
-def _scheduler(engine: Any) -> list[Flag]:
-    return [Flag("--max-num-batched-tokens", str(engine.max_num_batched_tokens),
-                 "in-flight tokens of sliding-window and chunked layers"),
-            Flag("--max-num-seqs", str(engine.max_num_seqs), "requests per step"),
-            Flag("--async-scheduling" if engine.async_scheduling_resolved
-                 else "--no-async-scheduling", None, "batches in flight")]
+def _scheduler(engine: Engine) -> list[Flag]:
+    return [_flag("max_num_batched_tokens", engine,
+                  "in-flight tokens of sliding-window and chunked layers"),
+            _flag("max_num_seqs", engine, "requests per step"),
+            _flag("async_scheduling", engine, "batches in flight")]
 
 
 def _budget(artifact: CompiledArtifact, pin_blocks: bool) -> list[Flag]:
     layout = artifact.layout
     if layout.engine.num_gpu_blocks_override is not None or (pin_blocks and layout.budget):
         n = layout.engine.num_gpu_blocks_override or layout.budget.num_blocks  # type: ignore
-        return [Flag("--num-gpu-blocks-override", str(n), "the block count")]
+        return [_flag("num_gpu_blocks_override", layout.engine, "the block count",
+                      value=str(n))]
     if layout.budget is not None:
         return [Flag("--kv-cache-memory-bytes", str(layout.budget.memory),
                      f"the KV cache budget per rank ({layout.budget.num_blocks} blocks)")]
@@ -148,10 +151,12 @@ def _budget(artifact: CompiledArtifact, pin_blocks: bool) -> list[Flag]:
 def _env(artifact: CompiledArtifact, path: str, mode: str) -> dict[str, str]:
     engine = artifact.layout.plan.engine
     env = {LAYOUT_ENV: path, MODE_ENV: mode}
-    if engine.axis_order.name != "LBNHC":
-        env["VLLM_KV_CACHE_LAYOUT"] = engine.axis_order.name
-    if engine.pp_layer_partition is not None:
-        env["VLLM_PP_LAYER_PARTITION"] = ",".join(map(str, engine.pp_layer_partition))
+    for name in ("axis_order", "pp_layer_partition"):
+        s = setting(name)
+        value = s.to_data(getattr(engine, name))
+        if value is not None and value != s.to_data(s.default):
+            assert s.env is not None
+            env[s.env] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
     return env
 
 
@@ -161,8 +166,8 @@ def _no_flag(artifact: CompiledArtifact) -> list[tuple[str, str]]:
     out = []
     if any(isinstance(s, MambaState) for g in layout.groups for s in layer_specs(g.spec)):
         out.append((f"mamba_cache_mode {engine.mamba_cache_mode}",
-                    "follows --enable-prefix-caching (--mamba-cache-mode has no effect in "
-                    f"vLLM {TARGET})"))
+                    f"follows {setting('enable_prefix_caching').flag} "
+                    f"({setting('mamba_cache_mode').flag} has no effect in vLLM {TARGET})"))
     if engine.speculative_method is not None:
         out.append((f"speculative_method {engine.speculative_method}",
                     "set the drafter with --speculative-config '{\"method\": ...}'"))
@@ -206,8 +211,8 @@ def render_shell(args: EngineArgs) -> str:
     words = [f"vllm serve {shlex.quote(args.model)}"]
     words += ["  " + " ".join(shlex.quote(w) for w in f.words()) for f in args.flags]
     lines.append(" \\\n".join(words))
-    for setting, why in args.no_flag:
-        lines.append(f"# no flag: {setting}: {why}")
+    for name, why in args.no_flag:
+        lines.append(f"# no flag: {name}: {why}")
     for text in args.conflicts:
         lines.append(f"# warning: {text}")
     return "\n".join(lines) + "\n"

@@ -22,7 +22,7 @@ from kvspec.integrations.vllm.by_design import Rule, applicable
 from kvspec.integrations.vllm.specs import engine_settings, same_value, spec_differences, to_vllm
 from kvspec.model.plan import Layout
 from kvspec.model.specs import MambaState
-from kvspec.planner import resolve
+from kvspec.planner import size_plan
 from kvspec.reports.refview import group_view
 
 #: Modes of ``KVSPEC_MODE``.
@@ -242,20 +242,20 @@ class Expectation:
                     max_model_len: int) -> None:
         """vLLM's final per-worker configs against kvspec's plan for the engine's budget."""
         try:
-            resolved = resolve(self.layout.plan, memory=memory)
+            sizing = size_plan(self.layout.plan, memory=memory)
         except KvspecError as err:
             raise EngineDrift(f"kvspec: the engine's KV-cache budget ({memory} bytes per "
                               f"rank) does not fit the layout artifact {self.path}: "
                               f"{err.message}") from None
         drifts = [Drift("engine", "max_model_len (after planning)", max_model_len,
-                        resolved.engine.max_model_len)] \
-            if max_model_len != resolved.engine.max_model_len else []
+                        sizing.engine.max_model_len)] \
+            if max_model_len != sizing.engine.max_model_len else []
         for i, w in enumerate(workers):
             stage = self.stage_of(n for g in w["groups"] for n in g)
             if stage is None:
                 drifts.append(Drift(f"worker {i}", "layers", w["groups"], "a stage's layers"))
                 continue
-            want = resolved.stages[stage]
+            want = sizing.stages[stage]
             if w["num_blocks"] != want.num_blocks:
                 drifts.append(Drift(f"worker {i}", "num_blocks", w["num_blocks"],
                                     want.num_blocks))
@@ -280,7 +280,7 @@ class Expectation:
 
 def _same_setting(key: str, a: Any, b: Any) -> bool:
     if key == "kv_cache_layout" and a is None:
-        return True  # not resolved yet when a worker asks
+        return True  # not sized yet when a worker asks
     return same_value(key, a, b)
 
 

@@ -17,16 +17,22 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kvspec.compiler import compile_source
 from kvspec.errors import ErrorList, KvspecError, UsageError
+from kvspec.integrations import rules
+from kvspec.integrations import vllm as bridge
 from kvspec.integrations.dump.importer import MAX_SKIP, engine_section, records
 from kvspec.integrations.dump.schema import DumpLayer, validated
+from kvspec.integrations.hf.config import read_config
 from kvspec.integrations.options import InitOptions
 from kvspec.integrations.options import header as init_header
 from kvspec.integrations.vllm import EXTRA, require
+from kvspec.integrations.vllm.guard import EngineDrift, Expectation
 from kvspec.integrations.vllm.specs import kind_of_class
 from kvspec.model import kinds
 from kvspec.model.specs.state import MAMBA_TYPES
@@ -67,8 +73,6 @@ def target_choices(options: InitOptions, config: dict[str, Any]) -> dict[str, An
     """What depends on the GPU the deployment runs on, by kvspec's config-stage rules
     (:mod:`kvspec.integrations.rules`): the Gated-DeltaNet prefill backend (its
     checkpoints change the hybrid block) and, for a named target, the served dtype."""
-    from kvspec.integrations import rules
-
     try:
         target = rules.target(options.target)
     except ValueError as exc:
@@ -217,9 +221,6 @@ def header(built: dict[str, Any], options: InitOptions, version: str) -> str:
 def check_reproduces(text: str, built: dict[str, Any], adapter: Any,
                      options: InitOptions) -> None:
     """Compile ``text`` and require every layer's spec to be vLLM's."""
-    from kvspec.compiler import compile_source
-    from kvspec.integrations.vllm.guard import EngineDrift, Expectation
-
     file = f"<init --from-vllm {options.config_name}>"
     try:
         artifact = compile_source(text, file)
@@ -240,8 +241,6 @@ def check_reproduces(text: str, built: dict[str, Any], adapter: Any,
 
 def _why(exc: BaseException) -> str:
     """The exception, and where vLLM raised it when its message says nothing."""
-    import traceback
-
     text = str(exc).strip()
     if not text:
         frame = traceback.extract_tb(exc.__traceback__)[-1]
@@ -259,9 +258,6 @@ def _not_compiling(messages: list[str], options: InitOptions) -> KvspecError:
 def init_source(model: Path, options: InitOptions, *, progress: Any = None) -> str:
     """The source text for the model at ``model`` (a directory holding config.json,
     or the file), built by vLLM's own model code on the meta device."""
-    from kvspec.integrations import vllm as bridge
-    from kvspec.integrations.hf.config import read_config
-
     say = progress or Progress()
     path = Path(model)
     config_path = path / "config.json" if path.is_dir() else path

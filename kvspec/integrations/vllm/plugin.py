@@ -30,6 +30,8 @@ def register() -> None:
     path = os.environ.get(LAYOUT_ENV)
     if not path:
         return
+    # deferred: the plugin is an entry point vLLM loads in every process; kvspec's
+    # reader and planner load only when KVSPEC_LAYOUT asks for them
     from kvspec.integrations import vllm as bridge
     from kvspec.integrations.vllm.guard import Expectation
 

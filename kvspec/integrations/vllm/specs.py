@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from kvspec.model import kinds
-from kvspec.model.engine import Engine
+from kvspec.model.engine import Engine, vllm_values
 from kvspec.model.specs import LayerSpec, UniformType
 from kvspec.model.specs.base import init_field_names
 from kvspec.model.specs.state import MAMBA_TYPES
@@ -159,26 +159,6 @@ def _member_differences(want: dict[str, Any], got: dict[str, Any],
 
 def engine_settings(engine: Engine) -> dict[str, Any]:
     """The engine settings a plan depends on, in vLLM's config field names (the
-    keys of a spec dump's ``config``)."""
-    return {
-        "block_size": engine.block_size,
-        "max_model_len": engine.max_model_len,
-        "original_max_model_len": engine.original_max_model_len,
-        "kv_cache_dtype": engine.kv_cache_dtype,
-        "enable_prefix_caching": engine.enable_prefix_caching,
-        "disable_hybrid_kv_cache_manager": not engine.hybrid,
-        "tensor_parallel_size": engine.tensor_parallel_size,
-        "pipeline_parallel_size": engine.pipeline_parallel_size,
-        "decode_context_parallel_size": engine.decode_context_parallel_size,
-        "num_gpu_blocks_override": engine.num_gpu_blocks_override,
-        "max_num_batched_tokens": engine.max_num_batched_tokens,
-        "max_num_seqs": engine.max_num_seqs,
-        "max_num_encoder_input_tokens": engine.max_num_encoder_input_tokens,
-        "async_scheduling": engine.async_scheduling_resolved,
-        "kv_cache_layout": engine.axis_order.name,
-        "mamba_cache_mode": engine.mamba_cache_mode,
-        "mamba_block_size": engine.mamba_block_size,
-        "prefix_match_unit": engine.prefix_match_unit,
-        "num_prefill_lookahead_tokens": engine.num_prefill_lookahead_tokens,
-        "speculative_method": engine.speculative_method,
-    }
+    keys of a spec dump's ``config``), from the one declaration of engine settings
+    (:func:`kvspec.model.engine.vllm_values`)."""
+    return vllm_values(engine)

@@ -19,9 +19,11 @@ from typing import Any
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm.by_design import Rule, applicable
 from kvspec.integrations.vllm.compare import Row, compare
+from kvspec.integrations.vllm.engine_args import conflicts
 from kvspec.integrations.vllm.specs import engine_settings, to_vllm
 from kvspec.model.plan import Plan
-from kvspec.planner import min_blocks_to_serve, resolve
+from kvspec.planner import min_blocks_to_serve, size_plan
+from kvspec.reports.explain import read_subject
 from kvspec.reports.refview import error_view, reference_view
 
 
@@ -76,10 +78,10 @@ def budget(plan: Plan, layout_memory: int | None, memory: int | None) -> tuple[i
 def kvspec_view(plan: Plan, memory: int) -> dict[str, Any]:
     """kvspec's plan for ``memory`` in the reference view, with per-stage figures."""
     try:
-        resolved = resolve(plan, memory=memory)
+        sizing = size_plan(plan, memory=memory)
     except KvspecError as err:
         return error_view(err)
-    view = reference_view(plan, resolved)
+    view = reference_view(plan, sizing)
     for st, worker in zip(plan.stages, view["workers"]):
         worker["pool_bytes_per_block"] = st.bytes_per_block
         worker["groups"] = [list(g.layer_names) for g in st.groups]  # empty ones too, as vLLM
@@ -105,17 +107,13 @@ def verify_plan(plan: Plan, memory: int, *, adapter: Any, path: str = "<plan>",
     rules = applicable(plan)
     inputs = kvspec_inputs(plan) if vl.get("input_specs") else None
     rows = compare(kv, vl, rules, inputs, adapter.class_defaults())
-    from kvspec.integrations.vllm.engine_args import conflicts
-
     return Verdict(path, adapter.VERSION, memory, memory_origin, tuple(rows), rules,
                    tuple(conflicts(plan)), kv, vl)
 
 
 def verify_path(path: str | Path, *, memory: int | None = None, adapter: Any) -> Verdict:
     """``verify`` of a source (compiled) or an artifact (read and verified)."""
-    from kvspec.reports.explain import load_subject
-
-    subject = load_subject(path, memory)
+    subject = read_subject(path, memory)
     plan = subject.plan if subject.plan is not None else subject.layout.plan
     layout_memory = subject.memory if memory is None else None
     mem, origin = budget(plan, layout_memory, memory)

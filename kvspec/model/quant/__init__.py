@@ -3,7 +3,7 @@
 * :mod:`.modes` -- the reference's ``KVQuantMode`` and its string mapping;
 * :mod:`.formats` -- one :class:`QuantFormat` per storage format, each carrying
   its rules (the layers it applies to, the model dtypes it takes, how it packs
-  a cell); ``resolve_layer_quant`` resolves one layer;
+  a cell); ``layer_quant`` decides how one layer is stored;
 * :mod:`.cells` -- the addressable parts of a cell (K, V, scales, NoPE/RoPE).
 
 What each format stores, and the vLLM source of every number, is in
@@ -19,7 +19,7 @@ from kvspec.model.quant.formats import (
     ScaleTensor,
     format_for,
     formats_of_mode,
-    resolve_layer_quant,
+    layer_quant,
 )
 from kvspec.model.quant.modes import KVQuantMode, QuantizationError, quant_mode
 
@@ -35,6 +35,6 @@ __all__ = [
     "cell_parts",
     "format_for",
     "formats_of_mode",
+    "layer_quant",
     "quant_mode",
-    "resolve_layer_quant",
 ]

@@ -6,12 +6,18 @@
 >>> cell_parts("nvfp4", kind="attention", dtype="uint8", head_size=128, head_size_v=128,
 ...            cell_bytes=72) is None      # packed for one backend's kernels only
 True
+
+A layer's quantization as the plan records it (:class:`Quantized`) is decided
+once, by the expand pass, with :func:`quantized`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from kvspec.errors import KvspecError
+from kvspec.model import kinds
 from kvspec.model.dtypes import DTYPE_SIZES
 from kvspec.model.quant.formats import (
     DeepSeekMLA,
@@ -20,6 +26,7 @@ from kvspec.model.quant.formats import (
     format_for,
 )
 from kvspec.model.quant.modes import KVQuantMode
+from kvspec.model.specs import Attention, LayerSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,3 +98,35 @@ def cell_parts(kv_cache_dtype: str, *, kind: str, dtype: str, head_size: int,
         return None
     end = max(p.byte_offset + p.count * DTYPE_SIZES[p.dtype] for p in parts)
     return tuple(parts) if end == cell_bytes else None
+
+
+class Quantized(NamedTuple):
+    """A layer's quantization as the plan records it: its ``kv_cache_dtype``, the
+    addressable parts of its cells (None: opaque) and whether it has per-tensor
+    scales (a named tuple: one per distinct spec of every compile and read)."""
+
+    kv_cache_dtype: str
+    cell_parts: tuple[CellPart, ...] | None
+    per_tensor_scales: bool
+
+
+def quantized(spec: LayerSpec, kv_cache_dtype: str | None) -> Quantized | None:
+    """The quantization of a layer of ``spec`` under ``kv_cache_dtype``; None for a
+    layer without one (state layers).
+
+    >>> from kvspec.model.specs import FullAttention
+    >>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
+    >>> q = quantized(f, "auto")
+    >>> [p.name for p in q.cell_parts], q.per_tensor_scales
+    (['k', 'v'], False)
+    """
+    if not isinstance(spec, Attention) or kv_cache_dtype is None:
+        return None
+    try:
+        parts = cell_parts(kv_cache_dtype, kind="mla" if kinds.of(spec).latent else "attention",
+                           dtype=spec.dtype, head_size=spec.head_size,
+                           head_size_v=spec.head_size_v or 0,
+                           cell_bytes=spec.state_content_size_bytes)
+        return Quantized(kv_cache_dtype, parts, format_for(kv_cache_dtype).per_tensor_scales)
+    except KvspecError:
+        return Quantized(kv_cache_dtype, None, False)

@@ -109,11 +109,6 @@ class FullAttention(Attention):
     def merge_family(cls) -> type | None:
         return FullAttention
 
-    @classmethod
-    def merge_excludes(cls) -> tuple[type, ...]:
-        from kvspec.model.specs.mla import MLA
-        return (MLA,)
-
     def check_merged(self) -> None:
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise MergeConflict("sliding-window and chunked-local layers cannot share a group")

@@ -189,6 +189,9 @@ class LayerSpec:
     kind: ClassVar[str] = "layer"
     #: The reference planner's class name for this kind (conformance output).
     ref_class: ClassVar[str] = "KVCacheSpec"
+    #: Inside its :meth:`merge_family`, this kind merges only with kinds that also
+    #: merge apart (MLA inside full attention's family).
+    merges_apart: ClassVar[bool] = False
 
     block_size: int
     #: Decode-context parallelism shards this cache's tokens across ranks.
@@ -266,13 +269,13 @@ class LayerSpec:
         each field by its rule; ``MergeConflict`` when they cannot share a table."""
         first = specs[0]
         kind = type(first)
-        family, excludes = first.merge_family(), first.merge_excludes()
+        family, apart = first.merge_family(), first.merges_apart
         # Layers alike share one spec object, and every rule gives the same for a
         # value repeated: merge the distinct objects, in first-seen order.
         unique = distinct(specs)
         for s in unique:
             if (type(s) is not kind) if family is None else (
-                    not isinstance(s, family) or isinstance(s, excludes)):
+                    not isinstance(s, family) or (s.merges_apart and not apart)):
                 raise MergeConflict(f"{s.kind} layers cannot share a block table with "
                                     f"{first.kind} layers")
         if all(s is first or s == first for s in unique):
@@ -292,11 +295,6 @@ class LayerSpec:
         """Layers merge only with instances of this class (None: only with
         layers of exactly their own kind)."""
         return None
-
-    @classmethod
-    def merge_excludes(cls) -> tuple[type, ...]:
-        """Kinds inside :meth:`merge_family` that merge only among themselves."""
-        return ()
 
     def check_merged(self) -> None:
         """Reject a merged spec that no group may have (hook for kinds)."""

@@ -35,6 +35,7 @@ class MLA(FullAttention):
 
     kind: ClassVar[str] = "mla"
     ref_class: ClassVar[str] = "MLAAttentionSpec"
+    merges_apart: ClassVar[bool] = True
 
     head_size_v: int | None = 0
     cache_dtype_str: str | None = None
@@ -52,10 +53,6 @@ class MLA(FullAttention):
     @classmethod
     def merge_family(cls) -> type | None:
         return MLA
-
-    @classmethod
-    def merge_excludes(cls) -> tuple[type, ...]:
-        return ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

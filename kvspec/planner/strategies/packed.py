@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvspec.errors import PlanError
-from kvspec.model.engine import Engine
+from kvspec.model.engine import Engine, SettingRef
 from kvspec.model.plan import Group
 from kvspec.model.specs import (
     CircularBuffer,
@@ -112,7 +112,7 @@ def _split(b: _Bucket, n: int) -> list[Group]:
         raise PlanError(
             f"cannot pack {len(u.members)} {u.first.kind} layers into {n} equal groups "
             f"of a block-outermost layout (pages of {sorted(b.by_page)} bytes in counts "
-            f"{[len(v) for v in b.by_page.values()]})", path="engine.layout",
+            f"{[len(v) for v in b.by_page.values()]})", ref=SettingRef("axis_order"),
             hint="use a layer-compact layout (LBNHC), or give the layers of one kind "
                  "one page size")
     return [Group(tuple(names), u.restricted(names), strategy="packed") for names in split]

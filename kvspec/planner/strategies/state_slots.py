@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvspec.errors import PlanError
-from kvspec.model.engine import Engine
+from kvspec.errors import LayerRef, PlanError
+from kvspec.model.engine import Engine, SettingRef
 from kvspec.model.plan import Group
 from kvspec.model.specs import (
     MLA,
@@ -37,9 +37,9 @@ from kvspec.model.specs import (
     replace,
 )
 from kvspec.model.specs.base import by_spec, once_per_object
+from kvspec.model.stages import layer_index, stage_bounds
 from kvspec.planner.log import PlanLog
 from kvspec.planner.merge import merge_group
-from kvspec.planner.stages import layer_index, stage_bounds
 
 STRATEGY = "state_slots"
 
@@ -55,7 +55,7 @@ def _draft_block_size(engine: Engine, target: int) -> int:
         raise PlanError(
             f"draft block size {requested} must be a positive multiple of 64 that "
             f"divides the target block size {target}",
-            path="engine.draft.block_size", found=str(requested),
+            ref=SettingRef("draft_block_size"), found=str(requested),
             expected=f"one of {', '.join(map(str, fits))}" if fits else
             f"a multiple of 64 dividing {target} (none does)",
             hint="leave engine.draft.block_size out to use the default (256 with a draft "
@@ -168,7 +168,7 @@ def _state_groups(engine: Engine, states: Mapping[str, MambaState], mla_names: l
     other = next((n for n, s in states.items() if s != some), None)
     if other is not None:
         raise PlanError(f"state layers of the aliasing layout must all have the same spec: "
-                        f"{other}'s differs from {first}'s", layer=other,
+                        f"{other}'s differs from {first}'s", ref=LayerRef(other),
                         hint="give every state layer the same kind, shapes and dtypes: they "
                              "share the MLA layers' slots")
     if some.unpadded_page_size_bytes > mla_page:

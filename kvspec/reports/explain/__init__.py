@@ -64,7 +64,7 @@ from kvspec.reports.explain.report import (
     build_report,
     explain,
 )
-from kvspec.reports.explain.subject import Subject, is_artifact_path, load_subject
+from kvspec.reports.explain.subject import Subject, is_artifact_path, read_subject
 from kvspec.reports.format import compact_layers
 
 __all__ = [
@@ -94,7 +94,7 @@ __all__ = [
     "explain",
     "group_padding",
     "is_artifact_path",
-    "load_subject",
+    "read_subject",
     "min_memory",
     "pages_text",
     "render",

@@ -1,10 +1,10 @@
 """What a budget holds, from the planner: a source is re-planned
-(:func:`kvspec.planner.resolve`, so ``max_model_len: auto`` refits), an
+(:func:`kvspec.planner.size_plan`, so ``max_model_len: auto`` refits), an
 artifact re-sized (:func:`kvspec.planner.resize`, its ``max_model_len`` as
 compiled).
 
->>> from kvspec.reports.explain.subject import load_subject
->>> art = load_subject("layouts/llama-3.1-8b.kvlayout.json")
+>>> from kvspec.reports.explain.subject import read_subject
+>>> art = read_subject("layouts/llama-3.1-8b.kvlayout.json")
 >>> c = capacity(art, 80 * 2**30)
 >>> c.fits, c.num_blocks, c.kv_tokens, f"{c.max_concurrency:.2f}"
 (True, 40960, 655360, '5.00')
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kvspec.errors import KvspecError
 from kvspec.model.plan import Layout
-from kvspec.planner import resize, resolve
+from kvspec.planner import resize, size_plan
 from kvspec.reports.explain.subject import Subject
 
 __all__ = ["SWEEP_POINTS", "Capacity", "capacity", "min_memory", "sweep"]
@@ -48,7 +48,7 @@ def capacity(subject: Subject, memory: int) -> Capacity:
     """
     try:
         if subject.plan is not None:
-            r = resolve(subject.plan, memory=memory)
+            r = size_plan(subject.plan, memory=memory)
             return Capacity(memory, True, r.num_blocks, r.kv_cache_size_tokens,
                             r.max_concurrency, r.engine.max_model_len)
         b = resize(subject.layout, memory=memory)

@@ -10,13 +10,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from kvspec._version import __version__
 from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity_chart
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
     human_bytes,
     md_cell,
-    md_html,
     md_code,
+    md_html,
     md_table,
     md_text,
     pct,
@@ -55,6 +56,7 @@ def breakable(name: str) -> Any:
     >>> str(breakable("m.layers.{0..8 step 4,9}.attn"))
     'm.<wbr>layers.<wbr>{0..8&nbsp;step&nbsp;4,<wbr>9}.<wbr>attn'
     """
+    # deferred: Jinja2 (markupsafe), only when a report is rendered
     from markupsafe import Markup, escape
 
     out, depth = [], 0
@@ -75,6 +77,7 @@ def wrap_at(text: str, sep: str) -> Any:
     >>> str(wrap_at("328 KiB/16.5 KiB", "/"))
     '328&nbsp;KiB/<wbr>16.5&nbsp;KiB'
     """
+    # deferred: Jinja2 (markupsafe), only when a report is rendered
     from markupsafe import Markup, escape
 
     joint = str(escape(sep)) + ("" if sep.endswith(" ") else "<wbr>")
@@ -91,6 +94,7 @@ def arrow(change: Any) -> str:
 def environment():
     """The Jinja2 environment over ``kvspec/reports/templates``: HTML
     autoescaped, undefined variables are errors."""
+    # deferred: Jinja2 (markupsafe), only when a report is rendered
     import jinja2
 
     env = jinja2.Environment(
@@ -113,7 +117,6 @@ def render(report: Report, fmt: str = "text") -> str:
     names may run longer), ``md`` or self-contained ``html``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
-    from kvspec import __version__
     ctx: dict[str, Any] = {"r": report, "version": __version__, "ascii": ascii_block(report)}
     if fmt == "html":
         ctx["block"] = block_picture(report)

@@ -24,7 +24,7 @@ from kvspec.reports.explain.blockmap import (
     tensor_spec,
 )
 from kvspec.reports.explain.capacity import Capacity, capacity, min_memory, sweep
-from kvspec.reports.explain.subject import Subject, load_subject
+from kvspec.reports.explain.subject import Subject, read_subject
 from kvspec.reports.format import compact_layers, human_bytes
 
 __all__ = ["PALETTE", "WASTE_WARNING", "GroupRow", "PoolRow", "Report", "StageRow",
@@ -299,4 +299,4 @@ def build_report(subject: Subject) -> Report:
 
 def explain(path: str | Path, *, memory: int | None = None) -> Report:
     """The report for a source or an artifact, for ``memory`` bytes per rank."""
-    return build_report(load_subject(path, memory))
+    return build_report(read_subject(path, memory))

@@ -1,7 +1,7 @@
 """What a report is about: a source (planned for the report's budget) or a
 verified artifact, as the Layout IR.
 
->>> sub = load_subject("layouts/llama-3.1-8b.kvlayout.json", 80 * 2**30)
+>>> sub = read_subject("layouts/llama-3.1-8b.kvlayout.json", 80 * 2**30)
 >>> sub.kind, sub.layout.engine.axis_order.name, sub.memory == 80 * 2**30, sub.misfit
 ('artifact', 'LBNHC', True, None)
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 
 from kvspec.compiled import read
 from kvspec.errors import KvspecError, NotEnoughMemoryError, PlanError
-from kvspec.files import shown
+from kvspec.files import read_text, shown
 from kvspec.model.plan import Layout, Plan
 from kvspec.planner import blocks_for
 
-__all__ = ["Subject", "is_artifact_path", "load_subject"]
+__all__ = ["Subject", "is_artifact_path", "read_subject"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,6 @@ def is_artifact_path(path: str | Path) -> bool:
     """``*.json`` files are artifacts; so is any other file (or stdin, ``-``)
     holding a JSON object with a ``body`` (a YAML source may be a flow mapping,
     which JSON parsing rejects or which has no ``body``)."""
-    from kvspec.files import read_text
-
     path = Path(path)
     if path.suffix == ".json":
         return True
@@ -77,28 +75,28 @@ def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
 
 
 def _source_subject(path: str | Path, memory: int | None) -> Subject:
-    from kvspec.compiler import PLAN_PASSES, compile_unit, size_pass, unsized_pass
+    # deferred: the compiler (pydantic, PyYAML), which an artifact's report never needs
+    from kvspec.compiler import Planned, compile_until, pass_named, run, unsized
+    from kvspec.passes.size import budget_of
+    from kvspec.source.where import GivenMemory
 
-    unit = compile_unit(path, passes=PLAN_PASSES)
+    planned = compile_until(path, Planned)
     if memory is not None:
-        unit = dataclasses.replace(unit, memory=memory)
+        planned = dataclasses.replace(planned, memory=GivenMemory(memory))
     misfit = None
     try:
-        sized = size_pass(unit)
+        sized = run(planned, (pass_named("size"),))
     except NotEnoughMemoryError as err:
         # A budget that cannot serve one request still gets a report: plan it without one.
-        misfit, sized = err, unsized_pass(unit)
-    mem = sized.memory if sized.memory is not None else memory
-    if mem is None and unit.source is not None and unit.source.engine.memory is not None:
-        mem = int(unit.source.engine.memory)
+        misfit, sized = err, unsized(planned)
+    mem = budget_of(planned)
     layout = sized.layout
-    assert layout is not None and unit.plan is not None
     if mem is None and layout.budget is not None:  # a fixed block count
         mem = layout.budget.memory
-    return Subject(shown(path), "source", layout, unit.plan, mem, misfit)
+    return Subject(shown(path), "source", layout, planned.plan, mem, misfit)
 
 
-def load_subject(path: str | Path, memory: int | None = None) -> Subject:
+def read_subject(path: str | Path, memory: int | None = None) -> Subject:
     """Compile a source (planned for ``memory``) or read and verify an artifact."""
     if is_artifact_path(path):
         return _artifact_subject(path, memory)

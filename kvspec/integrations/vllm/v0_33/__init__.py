@@ -10,6 +10,8 @@
 A later vLLM gets a sibling package with the same functions.
 """
 
+import sys
+
 VERSION = "0.33.0"
 
 
@@ -18,7 +20,6 @@ def platform_problem():
     its platform (on first use) before ``VLLM_TARGET_DEVICE=cpu`` was set, found
     no accelerator, and left the unspecified platform, whose empty device string
     fails deep inside its config code."""
-    import sys
     platforms = sys.modules.get("vllm.platforms")
     current = getattr(platforms, "_current_platform", None)
     if current is None or getattr(current, "device_type", "x"):
@@ -29,27 +30,32 @@ def platform_problem():
 
 def plan(settings, stages, memory):
     """vLLM's plan of per-stage vLLM descriptions (see :func:`.planning.plan`)."""
+    # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.planning import plan as _plan
     return _plan(settings, stages, memory)
 
 
 def class_defaults():
+    # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.specs import class_defaults as _defaults
     return _defaults()
 
 
 def install(expectation):
     """Route this process's KV-cache planning through kvspec's builder."""
+    # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.builder import install as _install
     _install(expectation)
 
 
 def uninstall():
+    # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.builder import uninstall as _uninstall
     _uninstall()
 
 
 def build(path, settings, dtype=None, progress=None):
     """Every pipeline stage's layers of the model at ``path`` (see :func:`.meta.build`)."""
+    # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.meta import build as _build
     return _build(path, settings, dtype, progress)

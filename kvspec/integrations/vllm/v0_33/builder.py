@@ -26,7 +26,7 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
-from kvspec.integrations.vllm.guard import Expectation
+from kvspec.integrations.vllm.guard import PLAN_NEUTRAL_FIELDS, Expectation
 from kvspec.integrations.vllm.v0_33 import specs as vspecs
 from kvspec.integrations.vllm.v0_33.config import settings_of
 
@@ -104,8 +104,6 @@ def artifact_groups(exp: Expectation, specs: dict[str, Any]) -> list[KVCacheGrou
 
 def _like_engine(spec: Any, engine_spec: Any) -> Any:
     """The artifact's group spec, with the plan-neutral fields the engine set."""
-    from kvspec.integrations.vllm.guard import PLAN_NEUTRAL_FIELDS
-
     fields = {f.name for f in dataclasses.fields(spec) if f.init}
     keep = {f: getattr(engine_spec, f) for f in PLAN_NEUTRAL_FIELDS
             if f in fields and hasattr(engine_spec, f)}
@@ -118,6 +116,7 @@ def _like_engine(spec: Any, engine_spec: Any) -> Any:
 
 def install(exp: Expectation) -> None:
     """Route this process's KV-cache planning through :class:`KvspecBuilder`."""
+    # deferred: vLLM (and torch)
     import vllm.v1.engine.core as core
     from vllm.platforms import current_platform
 
@@ -138,6 +137,7 @@ def install(exp: Expectation) -> None:
 
 def uninstall() -> None:
     """Undo :func:`install` (tests; an engine keeps the plugin for its lifetime)."""
+    # deferred: vLLM (and torch)
     import vllm.v1.engine.core as core
 
     if "platform" in _state:

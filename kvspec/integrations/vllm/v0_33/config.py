@@ -32,6 +32,7 @@ def tiny_model_dir() -> str:
 
 def engine_args(model: str, s: dict[str, Any], **extra: Any) -> Any:
     """``EngineArgs`` for ``model`` with the settings vLLM takes as arguments."""
+    # deferred: vLLM (and torch)
     from vllm.engine.arg_utils import EngineArgs
 
     kw = dict(model=model, skip_tokenizer_init=True, load_format="dummy", enforce_eager=True,

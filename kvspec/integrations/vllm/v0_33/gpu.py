@@ -33,7 +33,7 @@ KERNEL_BLOCK = 16
 @contextlib.contextmanager
 def config_stage() -> Iterator[None]:
     """Make the engine config as on a GPU: hide AVX512-BF16 from the CPU platform."""
-    import torch
+    import torch  # deferred: torch
 
     saved = torch.cpu._is_avx512_bf16_supported
     torch.cpu._is_avx512_bf16_supported = lambda: False
@@ -60,6 +60,7 @@ class StandInBackend:
 
     @classmethod
     def get_supported_kernel_block_sizes(cls, kv_cache_spec: Any = None) -> list[Any]:
+        # deferred: vLLM (and torch)
         from vllm.v1.attention.backend import MultipleOf
         return [MultipleOf(KERNEL_BLOCK)]
 
@@ -88,6 +89,7 @@ class StandInBackend:
 def update_block_size(vc: Any, layers: dict[str, Any], log: list[str]) -> None:
     """``Platform.update_block_size_for_backend`` by the base (GPU) rules with the
     stand-in backend, where the executor would run the CPU one after loading."""
+    # deferred: vLLM (and torch)
     from vllm.platforms.interface import Platform
 
     has_attention = any(not layer.get_attn_backend().is_ssm() for layer in layers.values())
@@ -135,6 +137,7 @@ def meta_build(gdn_backend: str | None = None) -> Iterator[None]:
         _moe_fallback()
         _mla_fallback()
         _PATCHED["done"] = True
+    # deferred: vLLM (and torch)
     from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
 
     original = gdn._resolve_gdn_prefill_backend
@@ -147,6 +150,7 @@ def meta_build(gdn_backend: str | None = None) -> Iterator[None]:
 
 
 def _moe_fallback() -> None:
+    # deferred: vLLM (and torch)
     from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
     from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
 
@@ -164,6 +168,7 @@ def _moe_fallback() -> None:
 
 
 def _mla_fallback() -> None:
+    # deferred: vLLM (and torch)
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 

@@ -64,6 +64,7 @@ def _init_distributed() -> None:
     for MoE models too (vLLM makes it only then, or for an MoE model)."""
     if _DIST:
         return
+    # deferred: vLLM (and torch)
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import parallel_state as ps
 
@@ -83,6 +84,7 @@ def _init_distributed() -> None:
 def faked_parallel(tp: int, pp: int, pp_rank: int, dcp: int) -> Iterator[None]:
     """The parallel groups report the deployment's world sizes (rank 0 of TP,
     stage ``pp_rank`` of PP): a ``GroupCoordinator`` keeps them as attributes."""
+    # deferred: vLLM (and torch)
     from vllm.distributed import parallel_state as ps
 
     _init_distributed()
@@ -120,6 +122,7 @@ def vllm_config(model: str, s: dict[str, Any], dtype: str | None) -> Any:
 def build_stage(vc: Any, pp_rank: int, log: list[str], gdn_backend: str | None = None
                 ) -> dict[str, Any]:
     """Build one pipeline stage on meta: ``{layer name: vLLM spec}``, in model order."""
+    # deferred: vLLM (and torch)
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.config.vllm import get_layers_from_vllm_config

@@ -56,6 +56,7 @@ def plan(settings: dict[str, Any], stages: list[dict[str, dict[str, Any]]],
 
 def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any]
          ) -> dict[str, Any]:
+    # deferred: vLLM (and torch)
     from vllm.v1.core import kv_cache_planning as P
     from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
@@ -87,6 +88,7 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
 
 
 def _settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
+    # deferred: vLLM (and torch)
     from vllm.v1.core import kv_cache_utils as U
     from vllm.v1.engine import core
 

@@ -61,6 +61,7 @@ def spec_class(name: str) -> type:
 
 
 def _version() -> str:
+    # deferred: vLLM (and torch)
     import vllm
     return vllm.__version__
 

@@ -1,4 +1,5 @@
-"""Pipeline stages: which layers each stage owns.
+"""Pipeline stages: which layers each stage owns (a rule of the deployment, shared by
+the source's expansion and the planner).
 
 Stages split the model's decoder layers the way vLLM's ``get_pp_indices`` does:
 an even share each, the remainder going one layer apiece to the stages just

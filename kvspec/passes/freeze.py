@@ -1,4 +1,5 @@
-"""Freezing: the planner's :class:`~kvspec.model.plan.Layout` as artifact records.
+"""The freeze pass: the planner's final :class:`~kvspec.model.plan.Layout` and the
+source text -> the frozen, hashed artifact, as the format's records.
 
 Every figure is already in the plan, so freezing maps it onto the artifact
 format's records (:mod:`kvspec.artifact.format`) once, computing only each
@@ -26,13 +27,15 @@ from kvspec.model import kinds
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
 from kvspec.model.dtypes import dtype_size
-from kvspec.model.geometry import layout_strides
+from kvspec.model.engine import artifact_values
+from kvspec.model.geometry import spec_strides
 from kvspec.model.plan import Layout, Stage, Tensor
 from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs import Attention, LayerSpec
 from kvspec.model.specs.base import once_per_object
+from kvspec.passes.size import Sized
 
-__all__ = ["CompiledArtifact", "body_of", "engine_record", "freeze"]
+__all__ = ["CompiledArtifact", "body_of", "engine_record", "freeze", "frozen"]
 
 
 class CompiledArtifact(Artifact):
@@ -55,31 +58,9 @@ class CompiledArtifact(Artifact):
 
 
 def engine_record(layout: Layout) -> fmt.Engine:
-    """The engine record an artifact of ``layout`` holds."""
-    planned, final = layout.plan.engine, layout.engine
-    return fmt.Engine(
-        async_scheduling=final.async_scheduling_resolved, axis_order=planned.axis_order.name,
-        block_size=planned.block_size,
-        decode_context_parallel_size=planned.decode_context_parallel_size,
-        draft_block_size=planned.draft_block_size, draft_pool=planned.draft_pool,
-        draft_pool_blocks=planned.draft_pool_blocks,
-        enable_prefix_caching=planned.enable_prefix_caching, hybrid=planned.hybrid,
-        kv_cache_dtype=planned.kv_cache_dtype, mamba_block_size=planned.mamba_block_size,
-        mamba_cache_mode=planned.mamba_cache_mode,  # type: ignore[arg-type]
-        max_in_flight_tokens=final.max_in_flight_tokens, max_model_len=final.max_model_len,
-        max_num_batched_tokens=planned.max_num_batched_tokens,
-        max_num_encoder_input_tokens=planned.max_num_encoder_input_tokens,
-        max_num_seqs=planned.max_num_seqs, model_max_len=planned.max_model_len,
-        num_blocks=planned.num_gpu_blocks_override,
-        num_prefill_lookahead_tokens=planned.num_prefill_lookahead_tokens,
-        original_max_model_len=planned.original_max_model_len,
-        pipeline_parallel_size=planned.pipeline_parallel_size,
-        pp_layer_partition=list(planned.pp_layer_partition)
-        if planned.pp_layer_partition is not None else None,
-        prefix_match_unit=planned.prefix_match_unit,
-        speculative_method=planned.speculative_method,
-        tensor_parallel_size=planned.tensor_parallel_size,
-        total_num_hidden_layers=planned.total_num_hidden_layers)
+    """The engine record an artifact of ``layout`` holds: each declared setting
+    under its artifact key (:func:`kvspec.model.engine.artifact_values`)."""
+    return msgspec.convert(artifact_values(layout.plan.engine, layout.engine), fmt.Engine)
 
 
 class _Tables:
@@ -132,7 +113,7 @@ def _kv(spec: LayerSpec, cell_elems: int) -> list[int] | None:
 
 def _view(spec: LayerSpec, t: Tensor, order: AxisOrder, blocks: Affine) -> fmt.View:
     """The view geometry of ``t``'s layers, whose pool has ``blocks`` blocks."""
-    strides = layout_strides(spec, blocks, len(t.layers), order,
+    strides = spec_strides(spec, blocks, len(t.layers), order,
                              fixed=(t.layer_stride, t.block_stride, None, None, None))
     dtype = getattr(spec, "dtype", None) or "int8"
     cell = spec.state_content_size_bytes
@@ -245,7 +226,12 @@ def body_of(layout: Layout) -> fmt.Layout:
         warnings=list(layout.warnings))
 
 
-def freeze(layout: Layout, source_text: str) -> CompiledArtifact:
+def freeze(sized: Sized) -> CompiledArtifact:
+    """The pass: the sized layout -> the artifact; the source's sha256 in its envelope."""
+    return frozen(sized.layout, sized.text)
+
+
+def frozen(layout: Layout, source_text: str) -> CompiledArtifact:
     """The frozen, hashed artifact of ``layout`` compiled from ``source_text``."""
     envelope = sign(fmt.Unsigned(body=body_of(layout), compiler=COMPILER, format=fmt.FORMAT,
                                  source_sha256=sha256_of(source_text)))
