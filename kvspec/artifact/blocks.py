@@ -20,18 +20,36 @@ drafter's layer.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvspec.artifact.format import Layout, Pool, Stage, Tensor, View, at
 from kvspec.artifact.structure import LIMIT, Path, Problem, tensor_path
 
-__all__ = ["memory_problems", "pool_blocks", "tensor_runs"]
+__all__ = ["allocation_blocks", "memory_problems", "pool_blocks", "stage_counts",
+           "tensor_runs"]
 
 
 def pool_blocks(pool: Pool, num_blocks: int) -> int:
     """Blocks of ``pool`` when the stage's main pools have ``num_blocks``."""
     return pool.num_blocks if pool.num_blocks is not None else num_blocks
+
+
+def stage_counts(st: Stage, num_blocks: int | Mapping[str, int]) -> dict[str, int]:
+    """Each pool's block count: ``num_blocks`` for every pool sized from the budget
+    (one count: the unified policy's main pool), or the counts given, with the
+    fixed pools' own."""
+    if isinstance(num_blocks, int):
+        return {p.name: pool_blocks(p, num_blocks) for p in st.pools}
+    return {p.name: p.num_blocks if p.num_blocks is not None else num_blocks[p.name]
+            for p in st.pools}
+
+
+def allocation_blocks(st: Stage, counts: Mapping[str, int]) -> dict[str, int]:
+    """The block count ``N`` each allocation's affine quantities are in: that of
+    the pool it scales with (0 when it does not scale)."""
+    return {a.name: counts.get(a.scales_with, 0) if a.scales_with else 0
+            for a in st.allocations}
 
 
 def tensor_runs(t: Tensor, num_blocks: int) -> tuple[list[int], int, int, int]:
@@ -179,8 +197,9 @@ class _Geometry:
 
 def _geometries(si: int, st: Stage, pool: Pool, num_blocks: int, blocks: int, limit: int,
                 out: list[Problem]) -> list[_Geometry]:
-    """The pool's tensors at ``num_blocks``; a tensor whose views leave the pool
-    (``[pool offset, + blocks * per block)``) is reported instead."""
+    """The pool's tensors, ``num_blocks`` the ``N`` of its allocation; a tensor
+    whose views leave the pool (``[pool offset, + blocks * per block)``) is
+    reported instead."""
     base = at(pool.offset, num_blocks)
     end = base + blocks * pool.bytes_per_block
     found = []
@@ -222,13 +241,12 @@ def _aliases(si: int, alike: list[_Geometry], draft: frozenset[str], out: list[P
             return
 
 
-def _check_pool(si: int, st: Stage, pool: Pool, num_blocks: int, limit: int,
+def _check_pool(si: int, st: Stage, pool: Pool, num_blocks: int, blocks: int, limit: int,
                 out: list[Problem]) -> None:
     """The block-id property in one pool. Compact tensors on bytes of their own
     are proved whole (their layers cannot meet: one layer's pages suffice); tensors
     on the same bytes block for block are aliases; the rest, where tensors
     interleave (block-outermost orders, packing), page by page with rectangles."""
-    blocks = pool_blocks(pool, num_blocks)
     draft = frozenset(st.draft_layers)
     found = _geometries(si, st, pool, num_blocks, blocks, limit, out)
     sets: dict[tuple[int, ...], list[_Geometry]] = defaultdict(list)
@@ -265,14 +283,14 @@ def _check_pool(si: int, st: Stage, pool: Pool, num_blocks: int, limit: int,
         _same_stride(list(_rects(each, d, blocks)), draft, out)
 
 
-def _pool_regions(si: int, st: Stage, num_blocks: int) -> list[Problem]:
+def _pool_regions(si: int, st: Stage, counts: Mapping[str, int], n: Mapping[str, int],
+                  sizes: Mapping[str, int]) -> list[Problem]:
     out = []
     here = ("body", "stages", si)
-    sizes = {a.name: at(a.size, num_blocks) for a in st.allocations}
     regions: dict[str, list[tuple[int, int, str, int]]] = defaultdict(list)
     for pi, p in enumerate(st.pools):
-        lo = at(p.offset, num_blocks)
-        hi = lo + pool_blocks(p, num_blocks) * p.bytes_per_block
+        lo = at(p.offset, n.get(p.allocation, 0))
+        hi = lo + counts[p.name] * p.bytes_per_block
         if hi > sizes.get(p.allocation, 0):
             out.append(Problem((*here, "pools", pi), f"stage {si}: pool {p.name} ends at byte "
                                f"{hi}, past its allocation {p.allocation} of "
@@ -291,13 +309,18 @@ def _pool_regions(si: int, st: Stage, num_blocks: int) -> list[Problem]:
     return out
 
 
-def memory_problems(body: Layout, stage: int, num_blocks: int) -> list[Problem]:
-    """Violations on ``stage`` when its pools have ``num_blocks`` blocks (empty: none)."""
+def memory_problems(body: Layout, stage: int, num_blocks: int | Mapping[str, int]
+                    ) -> list[Problem]:
+    """Violations on ``stage`` when its budget-sized pools have ``num_blocks`` blocks
+    (or each pool the count ``num_blocks`` maps it to); empty: none."""
     st = body.stages[stage]
-    out = _pool_regions(stage, st, num_blocks)
-    sizes = {a.name: at(a.size, num_blocks) for a in st.allocations}
+    counts = stage_counts(st, num_blocks)
+    n = allocation_blocks(st, counts)
+    sizes = {a.name: at(a.size, n[a.name]) for a in st.allocations}
+    out = _pool_regions(stage, st, counts, n, sizes)
     for pool in st.pools:
-        _check_pool(stage, st, pool, num_blocks, sizes.get(pool.allocation, 0), out)
+        _check_pool(stage, st, pool, n.get(pool.allocation, 0), counts[pool.name],
+                    sizes.get(pool.allocation, 0), out)
         if len(out) >= LIMIT:
             break
     return out[:LIMIT]

@@ -246,10 +246,14 @@ class Group(Record, rename={"class_": "class"}):
 
 
 class Allocation(Record):
-    """One allocation of a stage's rank: ``device`` memory or pinned ``host``."""
+    """One allocation of a stage's rank: ``device`` memory or pinned ``host``.
+
+    Its affine quantities, and those of the pools and tensors in it, are in the
+    block count of the pool it ``scales_with`` (None: it does not scale)."""
 
     name: str
     memory: Literal["device", "host"]
+    scales_with: str | None
     size: Bytes
 
 
@@ -261,8 +265,13 @@ class Pool(Record):
     allocation: str
     offset: Bytes
     bytes_per_block: Pos
-    #: A fixed count (a drafter's own pool), or None: the stage's block count ``N``.
+    #: A fixed count (a drafter's own pool, per-request state slots), or None: sized
+    #: from the budget (the stage's block count ``N``, or by ``share``).
     num_blocks: Pos | None
+    #: ``[numerator, denominator]``: the pool's share of the budget left after the
+    #: fixed pools, where a stage splits it between several pools (the ``separate``
+    #: policy); None: the stage's one block-scaled pool takes all of it.
+    share: list[Pos] | None
     #: The groups whose block tables index this pool.
     groups: list[NonNeg]
 

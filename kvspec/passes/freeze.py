@@ -146,27 +146,27 @@ def _memory(st: Stage) -> tuple[list[fmt.Allocation], list[fmt.Pool]]:
         memory = "host" if t.host_resident else "device"
         if memory not in sizes or t.size.dominates(sizes[memory]):
             sizes[memory] = t.size
-    allocations = [fmt.Allocation(name=m, memory=m, size=fmt.affine(sizes[m]))  # type: ignore[arg-type]
-                   for m in sorted(sizes)]
+    allocations = [fmt.Allocation(name=m, memory=m, scales_with=m,  # type: ignore[arg-type]
+                                  size=fmt.affine(sizes[m])) for m in sorted(sizes)]
     main = [gid for gid, g in enumerate(st.groups) if g.layer_names and not g.own_pool]
     own = [gid for gid, g in enumerate(st.groups) if g.layer_names and g.own_pool]
     pools = [fmt.Pool(name="device", allocation="device", offset=0,
-                      bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
+                      bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None, share=None,
                       groups=main)]
     drafts = [t for t in st.tensors if t.pool == "draft"]
     if drafts and st.draft_num_blocks:
         start = min((t.offset for t in drafts), key=lambda a: (a.a, a.b))
         pools.append(fmt.Pool(name="draft", allocation="device", offset=fmt.affine(start),
                               bytes_per_block=st.fixed_bytes // st.draft_num_blocks,
-                              num_blocks=st.draft_num_blocks, groups=own))
+                              num_blocks=st.draft_num_blocks, share=None, groups=own))
     elif own:
         pools[0] = fmt.Pool(name="device", allocation="device", offset=0,
-                            bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
+                            bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None, share=None,
                             groups=main + own)
     if "host" in sizes:
         pools.append(fmt.Pool(name="host", allocation="host", offset=0,
                               bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
-                              groups=sorted({t.group for t in st.tensors if t.host_resident})))
+                              share=None, groups=sorted({t.group for t in st.tensors if t.host_resident})))
     return allocations, pools
 
 

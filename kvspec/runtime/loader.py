@@ -41,7 +41,7 @@ import torch
 from kvspec.artifact import Artifact
 from kvspec.artifact.format import Pool, Stage, at
 from kvspec.artifact.read import unsound
-from kvspec.artifact.blocks import memory_problems, pool_blocks
+from kvspec.artifact.blocks import allocation_blocks, memory_problems, stage_counts
 from kvspec.errors import KvspecError
 from kvspec.model.axes import AxisOrder
 from kvspec.runtime import distributed
@@ -77,6 +77,8 @@ class LoadedCache:
     stage: int
     device: torch.device
     num_blocks: int
+    #: Blocks of each pool (the main pool's are ``num_blocks``).
+    pool_blocks: dict[str, int]
     draft_num_blocks: int | None
     axis_order: AxisOrder
     buffers: dict[str, torch.Tensor]
@@ -192,18 +194,20 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
                                    memory_fraction=memory_fraction)
     st = art.body.stages[st_index]
     order = AxisOrder.parse(art.body.engine.axis_order)
-    problems = memory_problems(art.body, st_index, count)
+    counts = stage_counts(st, count)
+    problems = memory_problems(art.body, st_index, counts)
     if problems:
         raise unsound(problems, _origin(artifact), art.source)
     zeroed = art.body.needs_zeroing if zero is None else bool(zero)
-    buffers = _allocate(st, count, dev, zero=zeroed)
+    buffers = _allocate(st, counts, dev, zero=zeroed)
     kernel = _kernel_block_sizes(art, st, kernel_block_size)
-    views, metadata = _build_views(st, order, buffers, count, kernel)
+    views, metadata = _build_views(st, order, buffers, counts, kernel)
     # model order (the stage's layer list), not placement order
     views = {n: views[n] for n in st.layers if n in views}
     metadata = {n: metadata[n] for n in st.layers if n in metadata}
     return LoadedCache(artifact=art, stage=st_index, device=dev, num_blocks=count,
-                       draft_num_blocks=st.draft_num_blocks, axis_order=order,
+                       pool_blocks=counts, draft_num_blocks=st.draft_num_blocks,
+                       axis_order=order,
                        buffers=buffers, views=views, metadata=metadata,
                        zeroed=zeroed and dev.type != "meta")
 
@@ -287,20 +291,21 @@ def _device(device: Any) -> torch.device:
 # ---------------------------------------------------------------------------
 
 
-def _allocate(stage: Stage, num_blocks: int, device: torch.device, *,
+def _allocate(stage: Stage, counts: dict[str, int], device: torch.device, *,
               zero: bool) -> dict[str, torch.Tensor]:
-    """One int8 tensor per allocation of the stage (``device``, ``host``), and a
-    slice of it for each pool that does not start at its allocation's start (a
-    drafter's own pool: ``buffers["draft"]``)."""
+    """One int8 tensor per allocation of the stage (``device``, ``host``, or one per
+    pool under the ``separate`` policy), and a slice of it for each pool that does
+    not start at its allocation's start (a drafter's own pool: ``buffers["draft"]``)."""
     buffers: dict[str, torch.Tensor] = {}
+    n = allocation_blocks(stage, counts)
     for a in stage.allocations:
-        buf = _empty(at(a.size, num_blocks), device, host=a.memory == "host",
-                     num_blocks=num_blocks)
+        buf = _empty(at(a.size, n[a.name]), device, host=a.memory == "host",
+                     num_blocks=counts.get(a.scales_with or "", 0))
         if zero and device.type != "meta":
             buf.zero_()
         buffers[a.name] = buf  # (size,) int8: the allocation's bytes
     for p in stage.pools:
-        start = at(p.offset, num_blocks)
+        start = at(p.offset, n.get(p.allocation, 0))
         if start and p.allocation in buffers and p.name not in buffers:
             buffers[p.name] = buffers[p.allocation][start:]  # the pool's region, no copy
     return buffers
@@ -360,15 +365,16 @@ def _kernel_block_sizes(artifact: Artifact, stage: Stage,
 
 
 def _build_views(stage: Stage, order: AxisOrder, buffers: dict[str, torch.Tensor],
-                 num_blocks: int, kernel: dict[int, int],
+                 counts: dict[str, int], kernel: dict[int, int],
                  ) -> tuple[dict[str, torch.Tensor], dict[str, LayerMeta]]:
     views: dict[str, torch.Tensor] = {}
     metadata: dict[str, LayerMeta] = {}
     pools: dict[str, Pool] = {p.name: p for p in stage.pools}
+    n = allocation_blocks(stage, counts)
     for index, t in enumerate(stage.tensors):
         pool = pools[t.pool]
-        made = build_tensor_views(buffers[pool.allocation], t, index, order, num_blocks,
-                                  pool_blocks(pool, num_blocks), kernel.get(t.group),
+        made = build_tensor_views(buffers[pool.allocation], t, index, order,
+                                  n[pool.allocation], counts[pool.name], kernel.get(t.group),
                                   t.pool)
         for view, meta in made:
             views[meta.name] = view  # (B, H, N, C) in meta.dtype
