@@ -27,6 +27,7 @@ ALLOWED = {
     "reports": {"model", "artifact", "planner", "source", "compiler", "reports"},
     "integrations": {"model", "source", "compiler", "artifact", "planner", "reports",
                      "integrations", "cli.common"},
+    "connectors": {"model", "artifact", "runtime", "connectors"},
     "cli": {"*"},
 }
 #: Third-party packages no compiler module may import.
