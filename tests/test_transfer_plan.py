@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvspec.connectors.nixl import Memory, _fits
+from kvspec.connectors.nixl import Memory, NixlError, _fits
 from kvspec.connectors.plan import (BlockIdError, PlanFormatError, PlanMismatchError, Region,
                                     Route, Run, RunOutsideRegionError, Side, Span,
                                     TransferPlan)
@@ -108,3 +108,10 @@ def test_an_endpoint_refuses_a_plan_for_other_caches() -> None:
         _fits(plan.source, 0, "sha256:s", {"device": Memory(0, 8192)}, "this endpoint")
     with pytest.raises(PlanMismatchError, match="registered none"):
         _fits(plan.source, 0, "sha256:s", {"host": Memory(0, 4096)}, "this endpoint")
+
+
+def test_a_region_must_be_a_tensor_a_memory_or_a_triple() -> None:
+    assert Memory.of((0x1000, 64, 0), "device") == Memory(0x1000, 64, 0, "DRAM")
+    with pytest.raises(NixlError, match="region 'device' is not a tensor") as err:
+        Memory.of((0x1000, 64), "device")
+    assert err.value.hint

@@ -9,16 +9,13 @@ channel (a pipe, a socket, a key-value store): it holds the NIXL agent's metadat
 beside it, the endpoint's identity digest, rank and regions (name, base, length), so a
 peer checks a plan against the caches it was made for before any byte moves.
 
-Transfers are one-sided. :meth:`~NixlEndpoint.read` runs on the destination and pulls
-(``READ``, as vLLM's NIXL connector's decode side does: the destination knows which
-blocks it allocated, and the source only keeps its blocks until the notification
-arrives); :meth:`~NixlEndpoint.write` runs on the source and pushes (``WRITE``). Each
+Transfers are one-sided: :meth:`~NixlEndpoint.read` pulls on the destination (``READ``,
+as vLLM's decode side does: it knows which blocks it allocated, and the source keeps its
+blocks only until notified); :meth:`~NixlEndpoint.write` pushes from the source. Each
 route's descriptors for every block of its pool are prepared once per peer
-(``prep_xfer_dlist``, index ``block * runs + run``); a transfer then only picks
-indices (``make_prepped_xfer``), posts, and waits until done or the timeout.
-
-Between processes on one host, the wheel's UCX moves host memory over ``tcp`` on the
-loopback and ``cma``; ``UCX_TLS`` and ``UCX_NET_DEVICES`` choose other transports.
+(``prep_xfer_dlist``, row ``block * runs + run``); a transfer picks rows
+(``make_prepped_xfer``), posts, and waits until done or the timeout. On one host UCX
+uses ``tcp`` on the loopback and ``cma``; ``UCX_TLS`` chooses other transports.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from typing import Any
 from kvspec.connectors.plan import PlanMismatchError, Route, TransferPlan
 from kvspec.errors import KvspecError
 
-#: What a peer's metadata begins with, then an 8-byte header length and the header.
 _MAGIC = b"kvspec-nixl/1\n"
 _INSTALL_HINT = "install the extra: pip install 'kvspec[nixl]' (nixl==1.5.1)"
 _PEER_HINT = ("check that the peer process is alive and that its metadata is current; "
@@ -70,8 +66,7 @@ class Memory:
 
     @classmethod
     def of(cls, region: Any, name: str) -> Memory:
-        """A torch tensor (contiguous, CPU or CUDA), an ``(addr, length, device)`` triple
-        of host memory, or a :class:`Memory`."""
+        """From a contiguous tensor, a :class:`Memory`, or a host ``(addr, length, device)``."""
         if isinstance(region, Memory):
             return region
         if hasattr(region, "data_ptr"):
@@ -82,8 +77,13 @@ class Memory:
             return cls(region.data_ptr(), region.numel() * region.element_size(),
                        dev.index or 0 if dev.type != "cpu" else 0,
                        "DRAM" if dev.type == "cpu" else "VRAM")
-        addr, length, device = region
-        return cls(int(addr), int(length), int(device))
+        try:
+            addr, length, device = region
+            return cls(int(addr), int(length), int(device))
+        except (TypeError, ValueError):
+            raise NixlError(f"region {name!r} is not a tensor, a Memory or an (addr, length, "
+                            f"device) triple: {region!r}", hint="register each pool's buffer"
+                            ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +98,8 @@ class PeerInfo:
 
 @dataclass(frozen=True, slots=True)
 class TransferStats:
-    """One executed transfer: bytes and descriptors posted; seconds spent preparing
-    descriptor lists (0 when prepared before), making and posting the requests
-    (``make_prepped_xfer`` and ``transfer``), and from the first post until done."""
+    """One transfer: bytes and descriptors posted; seconds preparing lists (0 when done
+    before), posting (``make_prepped_xfer``, ``transfer``), and from post until done."""
 
     bytes: int
     descriptors: int
@@ -143,18 +142,16 @@ class NixlEndpoint:
         except Exception as exc:
             raise NixlUnavailableError(f"NIXL could not start agent {self.name!r}: {exc}",
                                        hint=_INSTALL_HINT) from exc
-        self._registered = []
-        for kind in sorted({m.kind for m in self.regions.values()}):
-            mems = [(m.addr, m.length, m.device, name) for name, m in self.regions.items()
-                    if m.kind == kind]
-            self._registered.append(self.agent.register_memory(mems, kind))
-        self._peers: dict[tuple[str, int], PeerInfo] = {}
-        self._prepped: dict[tuple, tuple[Any, Any, int]] = {}
+        self._registered = [self.agent.register_memory(
+            [(m.addr, m.length, m.device, k) for k, m in self.regions.items() if m.kind == kind],
+            kind) for kind in sorted({m.kind for m in self.regions.values()})]
+        self._peers: dict[tuple[str, int], PeerInfo] = {}  # by (digest, rank)
+        self._prepped: dict[tuple, tuple[Any, Any, int]] = {}  # (local, remote, runs)
 
     # -- metadata ----------------------------------------------------------------
     def metadata(self) -> bytes:
-        """What a peer passes to :meth:`add_peer`: this agent's NIXL metadata and
-        the endpoint's digest, rank and regions."""
+        """For a peer's :meth:`add_peer`: ``_MAGIC``, an 8-byte header length, the header
+        (JSON: agent, digest, rank, regions), then the NIXL agent's own metadata."""
         head = json.dumps({"agent": self.name, "digest": self.digest, "rank": self.rank,
                            "regions": {k: [m.addr, m.length, m.device, m.kind]
                                        for k, m in self.regions.items()}}).encode()
@@ -185,8 +182,8 @@ class NixlEndpoint:
     # -- transfers ---------------------------------------------------------------
     def read(self, plan: TransferPlan, blocks: Any, *, timeout: float = 30.0,
              notify: bytes = b"") -> TransferStats:
-        """Pull ``blocks`` (as :meth:`TransferPlan.block_pairs` takes them) from the
-        source ranks into this destination rank; then send ``notify`` to each source."""
+        """Pull ``blocks`` (as :meth:`TransferPlan.block_pairs` takes them) into this
+        destination rank, then send ``notify`` to each source."""
         return self._execute(plan, blocks, "READ", timeout, notify)
 
     def write(self, plan: TransferPlan, blocks: Any, *, timeout: float = 30.0,
@@ -215,23 +212,28 @@ class NixlEndpoint:
     def _execute(self, plan: TransferPlan, blocks: Any, op: str, timeout: float,
                  notify: bytes) -> TransferStats:
         np = self._np
-        pairs = plan.block_pairs(blocks)
-        routes = self._routes(plan, op, tuple(pairs))
-        peers = [self._peer(plan, route, op) for route in routes]  # every check first
+        routes = self._routes(plan, op, plan.groups())   # every check before any byte moves:
+        peers = [self._peer(plan, route, op) for route in routes]  # digests and regions,
+        pairs = plan.block_pairs(blocks)                            # then block ids
+        jobs = [(r, p) for r, p in zip(routes, peers, strict=True) if pairs.get(r.group)]
         start = time.perf_counter()
-        lists = [self._lists(plan, r, p, op) for r, p in zip(routes, peers, strict=True)]
+        lists = [self._lists(plan, r, p, op) for r, p in jobs]
         posted, nbytes, count = [], 0, 0
         prepared = time.perf_counter()
-        for route, peer, (local, remote, runs) in zip(routes, peers, lists, strict=True):
-            ids = np.asarray(pairs[route.group], dtype=np.int64).reshape(-1, 2)
-            mine, theirs = (ids[:, 1], ids[:, 0]) if op == "READ" else (ids[:, 0], ids[:, 1])
-            step = np.arange(runs, dtype=np.int64)
-            li = (mine[:, None] * runs + step).ravel().astype(np.int32)
-            ri = (theirs[:, None] * runs + step).ravel().astype(np.int32)
-            if li.size:
+        try:
+            for (route, peer), (local, remote, runs) in zip(jobs, lists, strict=True):
+                ids = np.asarray(pairs[route.group], dtype=np.int64).reshape(-1, 2)
+                mine, theirs = (ids[:, 1], ids[:, 0]) if op == "READ" else \
+                    (ids[:, 0], ids[:, 1])
+                step = np.arange(runs, dtype=np.int64)
+                li = (mine[:, None] * runs + step).ravel().astype(np.int32)
+                ri = (theirs[:, None] * runs + step).ravel().astype(np.int32)
                 posted.append((peer.agent, self._post(op, local, li, remote, ri, peer)))
-            nbytes += route.bytes_per_block * len(ids)
-            count += li.size
+                nbytes += route.bytes_per_block * len(ids)
+                count += li.size
+        except NixlError:
+            _release(h for _, h in posted)
+            raise
         posting = time.perf_counter()
         self._wait(posted, timeout)
         moved = time.perf_counter()
@@ -250,8 +252,8 @@ class NixlEndpoint:
                 (r.dst_rank if op == "READ" else r.src_rank) == self.rank]
 
     def _peer(self, plan: TransferPlan, route: Route, op: str) -> PeerInfo:
-        side, rank = (plan.source, route.src_rank) if op == "READ" else \
-            (plan.destination, route.dst_rank)
+        side, rank = (plan.source, route.src_rank) if op == "READ" else (
+            plan.destination, route.dst_rank)
         peer = self._peers.get((side.digest, rank))
         if peer is None:
             others = [p for p in self._peers.values() if p.rank == rank]
@@ -341,9 +343,8 @@ class NixlEndpoint:
         for peer in list(self._peers.values()):
             self._forget(peer)
         self._peers.clear()
-        for descs in self._registered:
-            self.agent.deregister_memory(descs)
-        self._registered = []
+        while self._registered:
+            self.agent.deregister_memory(self._registered.pop())
 
     def __enter__(self) -> NixlEndpoint:
         return self
@@ -391,8 +392,7 @@ def _descriptors(np: Any, side: Any, rank: int, regions: Mapping[str, Memory],
 
 
 def _release(handles: Any) -> None:
-    """Release NIXL handles; one still in flight may refuse (NIXL then frees it
-    with its agent)."""
+    """Release NIXL handles; one still in flight may refuse (its agent frees it)."""
     for handle in handles:
         try:
             handle.release()
