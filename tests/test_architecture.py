@@ -38,6 +38,7 @@ ALLOWED = {
                 "reports"},
     "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact",
                      "planner", "reports", "integrations", "cli.common"},
+    "connectors": {"model", "artifact", "runtime", "connectors"},
     "cli": {"*"},
 }
 #: Third-party packages no compiler module may import.

@@ -4,9 +4,12 @@ person's measurement. No timing is compared; only that the report is whole."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,3 +39,18 @@ def test_the_load_benchmark_runs() -> None:
     rows = [line.split() for line in out.splitlines() if line.startswith(("uniform", "hybrid"))]
     assert [(r[0], r[1]) for r in rows] == [("uniform", "4"), ("hybrid", "4")]
     assert all(len(r) == 16 for r in rows)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nixl") is None,
+                    reason="nixl is not installed: pip install 'kvspec[nixl]'")
+def test_the_nixl_benchmark_runs() -> None:
+    out = _run("benchmarks/bench_nixl.py", "--blocks", "8", "--layers", "2", "--heads", "2",
+               "--head-size", "8", "--repeat", "1")
+    if out.startswith("skipped:"):
+        pytest.skip(out.strip())
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.startswith(("merged ", "per-layer ", "memcpy ")) and "/" not in line}
+    assert set(rows) == {"merged", "per-layer", "memcpy"}
+    assert (rows["merged"][1], rows["merged"][2]) == ("1", "8")          # one run per block
+    assert (rows["per-layer"][1], rows["per-layer"][2]) == ("4", "32")   # layers x K/V
+    assert "merged / per-layer:" in out and "merged / memcpy:" in out

@@ -26,6 +26,9 @@ Affine(per_block=4096, fixed=0)
 (40968, 12)
 """
 
+# one idea: the artifact format is one declaration; split, its records would be
+# declared in pieces that must change together.
+
 from __future__ import annotations
 
 import dataclasses

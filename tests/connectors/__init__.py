@@ -1,0 +1,1 @@
+"""Support for the connector tests: hand-built caches and peer processes."""
