@@ -31,8 +31,10 @@ ALLOWED = {
     "compiler": {"model", "source", "planner", "artifact", "passes"},
     "artifact": {"model", "artifact"},
     # the runtime reads artifacts, never plans them (``load(replan=True)`` defers
-    # the compiler to kvspec.compiled, imported only when asked)
-    "runtime": {"model", "artifact", "runtime", "compiled"},
+    # the compiler to kvspec.compiled, imported only when asked); it describes a
+    # loaded cache for connectors with the torch-free descriptor
+    "runtime": {"model", "artifact", "runtime", "compiled", "connectors.describe",
+                "connectors.descriptor"},
     "compiled": {"model", "artifact", "planner", "passes"},
     "reports": {"model", "artifact", "planner", "source", "passes", "compiler", "compiled",
                 "reports"},

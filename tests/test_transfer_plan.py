@@ -30,7 +30,7 @@ def test_json_round_trip_and_text() -> None:
     text = plan.to_json()
     assert TransferPlan.from_json(text) == plan
     assert text.count("\n") == len(plan.routes) + 2  # one route per line
-    assert json.loads(text)["run_columns"][-1] == "length"
+    assert json.loads(text)["run_columns"][6] == "length"
 
 
 def test_spans_are_affine_in_block_ids_and_merged() -> None:
@@ -69,11 +69,11 @@ def test_a_run_outside_its_region_is_refused() -> None:
 
 @pytest.mark.parametrize("edit, message, path, line", [
     (lambda d: d.pop("routes"), "missing 'routes'", "<document>", 1),
-    (lambda d: d.update(kvspec_transfer_plan=2), "format 2 is not one this kvspec reads",
+    (lambda d: d.update(kvspec_transfer_plan=3), "format 3 is not one this kvspec reads",
      "kvspec_transfer_plan", 1),
     (lambda d: d["routes"][0]["runs"][1].__setitem__(6, -1), "non-negative integer",
      "routes[0].runs[1][6]", 3),
-    (lambda d: d["routes"][0]["runs"].append([0, 0, 0, 7, 0, 0, 8]),
+    (lambda d: d["routes"][0]["runs"].append([0, 0, 0, 7, 0, 0, 8, 0, 0]),
      "the destination rank 0 has no region 7", "routes[0].runs[2]", 3),
     (lambda d: d["source"]["num_blocks"].pop("full"), "no block count for group 'full'",
      "routes[0].group", 3),

@@ -18,6 +18,9 @@ route's descriptors for every block of its pool are prepared once per peer
 uses ``tcp`` on the loopback and ``cma``; ``UCX_TLS`` chooses other transports.
 """
 
+# one idea: the endpoint of one rank (register, exchange, prepare, post, wait) is one
+# object whose steps share its agent's state.
+
 from __future__ import annotations
 
 import json
@@ -148,6 +151,17 @@ class NixlEndpoint:
         self._peers: dict[tuple[str, int], PeerInfo] = {}  # by (digest, rank)
         self._prepped: dict[tuple, tuple[Any, Any, int]] = {}  # (local, remote, runs)
 
+    @classmethod
+    def for_cache(cls, cache: Any, *, rank: int | None = None, name: str | None = None,
+                  backends: tuple[str, ...] = ("UCX",)) -> NixlEndpoint:
+        """An endpoint for a :class:`~kvspec.runtime.loader.LoadedCache`: its regions (the
+        allocations its descriptor lists) and identity digest, as rank ``rank`` of its
+        deployment (default: the cache's own)."""
+        desc = cache.descriptor(rank)
+        regions = {r.name: cache.buffers[r.name] for r in desc.regions}
+        return cls(regions, digest=desc.identity, rank=desc.parallel.rank, name=name,
+                   backends=backends)
+
     # -- metadata ----------------------------------------------------------------
     def metadata(self) -> bytes:
         """For a peer's :meth:`add_peer`: ``_MAGIC``, an 8-byte header length, the header
@@ -182,7 +196,7 @@ class NixlEndpoint:
     # -- transfers ---------------------------------------------------------------
     def read(self, plan: TransferPlan, blocks: Any, *, timeout: float = 30.0,
              notify: bytes = b"") -> TransferStats:
-        """Pull ``blocks`` (as :meth:`TransferPlan.block_pairs` takes them) into this
+        """Pull ``blocks`` (as :meth:`TransferPlan.units` takes them) into this
         destination rank, then send ``notify`` to each source."""
         return self._execute(plan, blocks, "READ", timeout, notify)
 
@@ -214,7 +228,7 @@ class NixlEndpoint:
         np = self._np
         routes = self._routes(plan, op, plan.groups())   # every check before any byte moves:
         peers = [self._peer(plan, route, op) for route in routes]  # digests and regions,
-        pairs = plan.block_pairs(blocks)                            # then block ids
+        pairs = plan.units(blocks)                                  # then block ids
         jobs = [(r, p) for r, p in zip(routes, peers, strict=True) if pairs.get(r.group)]
         start = time.perf_counter()
         lists = [self._lists(plan, r, p, op) for r, p in jobs]
@@ -222,9 +236,10 @@ class NixlEndpoint:
         prepared = time.perf_counter()
         try:
             for (route, peer), (local, remote, runs) in zip(jobs, lists, strict=True):
-                ids = np.asarray(pairs[route.group], dtype=np.int64).reshape(-1, 2)
-                mine, theirs = (ids[:, 1], ids[:, 0]) if op == "READ" else \
-                    (ids[:, 0], ids[:, 1])
+                ids = np.asarray(pairs[route.group], dtype=np.int64).reshape(-1, 4)
+                src = ids[:, 0] * route.src_sub_blocks + ids[:, 1]   # unit indices
+                dst = ids[:, 2] * route.dst_sub_blocks + ids[:, 3]
+                mine, theirs = (dst, src) if op == "READ" else (src, dst)
                 step = np.arange(runs, dtype=np.int64)
                 li = (mine[:, None] * runs + step).ravel().astype(np.int32)
                 ri = (theirs[:, None] * runs + step).ravel().astype(np.int32)
@@ -268,23 +283,26 @@ class NixlEndpoint:
 
     def _lists(self, plan: TransferPlan, route: Route, peer: PeerInfo, op: str) -> tuple:
         """The prepared local and remote descriptor lists of ``route`` with ``peer``:
-        ``(count * runs, 3)`` rows ``(addr, length, device)``, row ``block * runs + run``."""
+        ``(units * runs, 3)`` rows ``(addr, length, device)``, row ``unit * runs + run``
+        (``unit = block * sub_blocks + i``)."""
         key = (peer.agent, op, route, plan.source.num_blocks[route.group],
                plan.destination.num_blocks[route.group])
         if key not in self._prepped:
             src = self.regions if op == "WRITE" else peer.regions
             dst = self.regions if op == "READ" else peer.regions
-            ends = [(plan.source, route.src_rank, src, [(r.src_region, r.src_offset,
-                     r.src_stride) for r in route.runs]),
-                    (plan.destination, route.dst_rank, dst, [(r.dst_region, r.dst_offset,
-                     r.dst_stride) for r in route.runs])]
+            ends = [(plan.source, route.src_rank, src, route.src_sub_blocks,
+                     [(r.src_region, r.src_offset, r.src_stride, r.src_sub_stride)
+                      for r in route.runs]),
+                    (plan.destination, route.dst_rank, dst, route.dst_sub_blocks,
+                     [(r.dst_region, r.dst_offset, r.dst_stride, r.dst_sub_stride)
+                      for r in route.runs])]
             if op == "READ":
                 ends.reverse()  # the local list first: the destination's
             lengths = [r.length for r in route.runs]
             made = [self._prep("" if i == 0 else peer.agent,
                                _descriptors(self._np, side, rank, regions, runs, lengths,
-                                            side.num_blocks[route.group]))
-                    for i, (side, rank, regions, runs) in enumerate(ends)]
+                                            side.num_blocks[route.group], sub))
+                    for i, (side, rank, regions, sub, runs) in enumerate(ends)]
             self._prepped[key] = (made[0], made[1], len(route.runs))
         return self._prepped[key]
 
@@ -372,22 +390,25 @@ def _fits(side: Any, rank: int, digest: str, regions: Mapping[str, Memory], who:
 
 
 def _descriptors(np: Any, side: Any, rank: int, regions: Mapping[str, Memory],
-                 runs: list[tuple[int, int, int]], lengths: list[int],
-                 count: int) -> tuple[Any, str]:
-    """``(count * len(runs), 3)`` rows ``(addr, length, device)`` for every block of the
-    pool, block-major, and the regions' one memory kind."""
-    mems = [regions[side.region(rank, region).name] for region, _, _ in runs]
+                 runs: list[tuple[int, int, int, int]], lengths: list[int],
+                 count: int, sub: int) -> tuple[Any, str]:
+    """``(count * sub * len(runs), 3)`` rows ``(addr, length, device)`` for every unit of
+    every block of the pool (``sub`` units a block), unit-major, and the regions' one
+    memory kind."""
+    mems = [regions[side.region(rank, region).name] for region, _, _, _ in runs]
     kinds = {m.kind for m in mems}
     if len(kinds) != 1 or len({m.device for m in mems}) > 1:
         raise NixlError("a route's runs span memory kinds or devices",
                         hint="split the route per pool: one NIXL list holds one kind")
-    base = np.array([m.addr + off for m, (_, off, _) in zip(mems, runs, strict=True)],
+    base = np.array([m.addr + off for m, (_, off, _, _) in zip(mems, runs, strict=True)],
                     dtype=np.uint64)
-    stride = np.array([s for _, _, s in runs], dtype=np.uint64)
-    rows = np.empty((count, len(runs), 3), dtype=np.uint64)
-    rows[:, :, 0] = base + np.arange(count, dtype=np.uint64)[:, None] * stride  # (count, R)
+    stride = np.array([s for _, _, s, _ in runs], dtype=np.uint64)
+    step = np.array([s for _, _, _, s in runs], dtype=np.uint64)
+    unit = np.arange(count * sub, dtype=np.uint64)
+    rows = np.empty((count * sub, len(runs), 3), dtype=np.uint64)
+    rows[:, :, 0] = base + (unit // sub)[:, None] * stride + (unit % sub)[:, None] * step
     rows[:, :, 1] = np.array(lengths, dtype=np.uint64)
-    rows[:, :, 2] = mems[0].device
+    rows[:, :, 2] = mems[0].device  # (units, runs, 3)
     return rows.reshape(-1, 3), kinds.pop()
 
 

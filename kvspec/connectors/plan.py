@@ -9,11 +9,19 @@ per pool per rank: rank, id, name, length in bytes) and blocks per group.
 
 The bytes of a block are affine in its id, so a plan stores one block's runs, with
 strides. A *route* is one (source rank, destination rank, group); each of its runs
-``Run(src_region, src_offset, src_stride, dst_region, dst_offset, dst_stride, length)``
-moves, for source block ``s`` to destination block ``d``::
+``Run(src_region, src_offset, src_stride, dst_region, dst_offset, dst_stride, length,
+src_sub_stride, dst_sub_stride)`` moves, for source block ``s`` to destination block
+``d``::
 
-    length bytes at  src_region + src_offset + s * src_stride      (source rank)
-                 to  dst_region + dst_offset + d * dst_stride      (destination rank)
+    length bytes at  src_region + src_offset + s * src_stride + i * src_sub_stride
+                 to  dst_region + dst_offset + d * dst_stride + j * dst_sub_stride
+
+``i`` and ``j`` are 0 unless the group's block sizes differ: then the smaller block
+is the unit a plan moves, and a larger block holds ``k`` of them
+(``Route.src_sub_blocks``, ``dst_sub_blocks``), unit ``i`` of a block
+``i * sub_stride`` bytes in. The blocks of such a group are given as the request's
+block lists on both sides (:class:`BlockLists`, in token order); unit ``u`` of the
+request is unit ``u % k`` of block ``blocks[u // k]`` on each side.
 
 Offsets are relative to the region's base. A route holds as few runs as the two
 layouts allow (a run ends where the source or the destination stops being contiguous),
@@ -29,6 +37,9 @@ region.
 True
 """
 
+# one idea: a plan, the checks that make it safe to apply, and its JSON are one format;
+# split, the reader and the checks would drift from the type.
+
 from __future__ import annotations
 
 import json
@@ -40,10 +51,10 @@ from kvspec.errors import KvspecError, Location, format_path
 from kvspec.jsonpos import Located, scan
 
 #: The plan format this module reads and writes.
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 #: The columns of a run, as the JSON lists them.
 RUN_COLUMNS = ("src_region", "src_offset", "src_stride", "dst_region", "dst_offset",
-               "dst_stride", "length")
+               "dst_stride", "length", "src_sub_stride", "dst_sub_stride")
 _FORMAT_HINT = "make the plan again with `kvspec transfer SRC DST --format json`"
 
 
@@ -77,7 +88,7 @@ class Region(NamedTuple):
 
 
 class Run(NamedTuple):
-    """One contiguous move of one block (see the module's docstring)."""
+    """One contiguous move of one block, or one unit of it (see the module's docstring)."""
 
     src_region: int
     src_offset: int
@@ -86,6 +97,20 @@ class Run(NamedTuple):
     dst_offset: int
     dst_stride: int
     length: int
+    src_sub_stride: int = 0
+    dst_sub_stride: int = 0
+
+
+class BlockLists(NamedTuple):
+    """A request's blocks of one group on each side, in token order: what a group whose
+    block sizes differ is given as (any group may be)."""
+
+    src: Sequence[int]
+    dst: Sequence[int]
+
+
+#: One unit moved: (source block, its unit, destination block, its unit).
+Unit = tuple[int, int, int, int]
 
 
 class Span(NamedTuple):
@@ -121,9 +146,13 @@ class Route:
     dst_rank: int
     group: str
     runs: tuple[Run, ...]
+    #: Units a source and a destination block hold (1 and 1 unless block sizes differ).
+    src_sub_blocks: int = 1
+    dst_sub_blocks: int = 1
 
     @property
     def bytes_per_block(self) -> int:
+        """Bytes one unit moves (one block, when block sizes are equal)."""
         return sum(run.length for run in self.runs)
 
 
@@ -143,43 +172,58 @@ class TransferPlan:
     def groups(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(route.group for route in self.routes))
 
-    def block_pairs(self, blocks: Any) -> dict[str, list[tuple[int, int]]]:
-        """``blocks`` as ``{group: [(src_block, dst_block), ...]}``, checked against both
-        pools. ``blocks`` maps groups to pairs, or is the pairs of a one-group plan; a
-        pair may be one id (the same on both sides). A :class:`BlockIdError` names the
-        first id outside a pool, a destination block given twice, or an unknown group."""
+    def sub_blocks(self, group: str) -> tuple[int, int]:
+        """Units a source and a destination block of ``group`` hold."""
+        route = next(r for r in self.routes if r.group == group)
+        return route.src_sub_blocks, route.dst_sub_blocks
+
+    def units(self, blocks: Any) -> dict[str, list[Unit]]:
+        """``blocks`` as ``{group: [(src_block, src_unit, dst_block, dst_unit), ...]}``,
+        checked against both pools. ``blocks`` maps groups to ``(src_block, dst_block)``
+        pairs (a pair may be one id, the same on both sides) or to :class:`BlockLists`
+        (a request's blocks on each side, in token order: what a group whose block sizes
+        differ takes), or is those of a one-group plan. A :class:`BlockIdError` names
+        the first id outside a pool, a destination block given twice, or an unknown
+        group."""
         groups = self.groups()
-        if not isinstance(blocks, Mapping):
+        if not isinstance(blocks, Mapping) or set(blocks) == {"src", "dst"}:
             if len(groups) != 1:
                 raise BlockIdError(f"the plan moves {len(groups)} groups, and the blocks "
                                    "name none", expected=f"block ids per group: {groups}",
                                    hint="pass {group: [(src_block, dst_block), ...]}")
             blocks = {groups[0]: blocks}
-        out: dict[str, list[tuple[int, int]]] = {}
+        out: dict[str, list[Unit]] = {}
         for group, items in blocks.items():
             if group not in groups:
                 raise BlockIdError(f"the plan moves no group {group!r}", found=repr(group),
                                    expected=", ".join(map(repr, groups)),
                                    hint="name the groups as the plan's routes do")
-            out[group] = _pairs(self, group, items)
+            out[group] = _units(self, group, items)
         return out
+
+    def block_pairs(self, blocks: Any) -> dict[str, list[tuple[int, int]]]:
+        """``blocks`` (as :meth:`units` takes them) as ``{group: [(src_block,
+        dst_block), ...]}``: one pair per unit moved."""
+        return {g: [(s, d) for s, _, d, _ in units] for g, units in self.units(blocks).items()}
 
     def spans(self, blocks: Any, *, src_rank: int | None = None,
               dst_rank: int | None = None) -> dict[tuple[int, int], list[Span]]:
         """The byte spans to move per (source rank, destination rank), for ``blocks``
-        (as :meth:`block_pairs` takes them), in block order, adjacent spans merged."""
-        pairs = self.block_pairs(blocks)
+        (as :meth:`units` takes them), in block order, adjacent spans merged."""
+        units = self.units(blocks)
         out: dict[tuple[int, int], list[Span]] = {}
         for route in self.routes:
             if (src_rank is not None and route.src_rank != src_rank) or \
                     (dst_rank is not None and route.dst_rank != dst_rank):
                 continue
             spans = out.setdefault((route.src_rank, route.dst_rank), [])
-            for s, d in pairs.get(route.group, ()):
+            for s, i, d, j in units.get(route.group, ()):
                 for run in route.runs:
-                    _append(spans, Span(run.src_region, run.src_offset + s * run.src_stride,
-                                        run.dst_region, run.dst_offset + d * run.dst_stride,
-                                        run.length))
+                    _append(spans, Span(
+                        run.src_region, run.src_offset + s * run.src_stride +
+                        i * run.src_sub_stride, run.dst_region,
+                        run.dst_offset + d * run.dst_stride + j * run.dst_sub_stride,
+                        run.length))
         return out
 
     # -- JSON --------------------------------------------------------------------
@@ -190,6 +234,7 @@ class TransferPlan:
         text = json.dumps(head, sort_keys=True, separators=(",", ":"))
         routes = ",\n".join(json.dumps(
             {"src_rank": r.src_rank, "dst_rank": r.dst_rank, "group": r.group,
+             "sub_blocks": [r.src_sub_blocks, r.dst_sub_blocks],
              "runs": [list(run) for run in r.runs]}, sort_keys=True, separators=(",", ":"))
             for r in self.routes)
         return f'{text[:-1]},"routes":[\n{routes}\n]}}\n'
@@ -241,6 +286,11 @@ def _check(plan: TransferPlan) -> None:
                 raise _bad(PlanFormatError, f"the {name} has no block count for group "
                            f"{route.group!r}", ("routes", i, "group"),
                            expected=", ".join(map(repr, side.num_blocks)))
+        if route.src_sub_blocks < 1 or route.dst_sub_blocks < 1 or \
+                min(route.src_sub_blocks, route.dst_sub_blocks) != 1:
+            raise _bad(PlanFormatError, "a route's sub-blocks are not 1 on one side and a "
+                       "count on the other", ("routes", i, "sub_blocks"),
+                       found=str([route.src_sub_blocks, route.dst_sub_blocks]))
         for j, run in enumerate(route.runs):
             _check_run(plan, route, run, ("routes", i, "runs", j))
 
@@ -249,9 +299,10 @@ def _check_run(plan: TransferPlan, route: Route, run: Run, at: tuple) -> None:
     if run.length <= 0 or min(run) < 0:
         raise _bad(PlanFormatError, "a run moves no bytes, or has a negative field", at,
                    found=str(list(run)), expected="offsets and strides >= 0, length > 0")
-    ends = (("source", plan.source, route.src_rank, run.src_region, run.src_offset,
-             run.src_stride), ("destination", plan.destination, route.dst_rank,
-                               run.dst_region, run.dst_offset, run.dst_stride))
+    ends = (("source", plan.source, route.src_rank, run.src_region,
+             run.src_offset + (route.src_sub_blocks - 1) * run.src_sub_stride, run.src_stride),
+            ("destination", plan.destination, route.dst_rank, run.dst_region,
+             run.dst_offset + (route.dst_sub_blocks - 1) * run.dst_sub_stride, run.dst_stride))
     for name, side, rank, region_id, offset, stride in ends:
         region = side.region(rank, region_id)
         if region is None:
@@ -268,26 +319,55 @@ def _check_run(plan: TransferPlan, route: Route, run: Run, at: tuple) -> None:
                             "make it again from the artifacts the caches were loaded from")
 
 
-def _pairs(plan: TransferPlan, group: str, items: Any) -> list[tuple[int, int]]:
+def _block_id(item: Any) -> int:
+    if isinstance(item, bool) or not isinstance(item, int):
+        raise BlockIdError(f"not a block id or a (src_block, dst_block) pair: {item!r}",
+                           hint="give block ids as integers")
+    return item
+
+
+def _listed(plan: TransferPlan, group: str, items: Any) -> list[Unit]:
+    """Units of a request's block lists (``BlockLists`` or ``{"src": ..., "dst": ...}``)."""
+    ks, kd = plan.sub_blocks(group)
+    src, dst = (items.src, items.dst) if isinstance(items, BlockLists) else \
+        (items["src"], items["dst"])
+    src, dst = [_block_id(b) for b in src], [_block_id(b) for b in dst]
+    count = min(len(src) * ks, len(dst) * kd)
+    return [(src[u // ks], u % ks, dst[u // kd], u % kd) for u in range(count)]
+
+
+def _units(plan: TransferPlan, group: str, items: Any) -> list[Unit]:
     counts = (plan.source.num_blocks[group], plan.destination.num_blocks[group])
-    out, seen = [], set()
-    for item in items:
-        pair = (item, item) if isinstance(item, int) else tuple(item)
-        if len(pair) != 2 or not all(isinstance(b, int) and not isinstance(b, bool)
-                                     for b in pair):
-            raise BlockIdError(f"not a block id or a (src_block, dst_block) pair: {item!r}",
-                               hint="give block ids as integers")
-        for side, block, count in zip(("source", "destination"), pair, counts, strict=True):
+    if isinstance(items, BlockLists) or (isinstance(items, Mapping) and
+                                         set(items) == {"src", "dst"}):
+        units = _listed(plan, group, items)
+    elif plan.sub_blocks(group) != (1, 1):
+        raise BlockIdError(f"group {group!r} moves blocks of different sizes on each side, "
+                           "and the blocks are given as pairs",
+                           expected="BlockLists(src=[...], dst=[...]): the request's blocks "
+                                    "on each side, in token order",
+                           hint="give each side's block list; the plan splits them in units")
+    else:
+        units = []
+        for item in items:
+            pair = (item, item) if isinstance(item, int) and not isinstance(item, bool) \
+                else tuple(item) if isinstance(item, (tuple, list)) else (item,)
+            if len(pair) != 2:
+                raise BlockIdError(f"not a block id or a (src_block, dst_block) pair: "
+                                   f"{item!r}", hint="give block ids as integers")
+            units.append((_block_id(pair[0]), 0, _block_id(pair[1]), 0))
+    seen: set[tuple[int, int]] = set()
+    for s, _, d, j in units:
+        for side, block, count in (("source", s, counts[0]), ("destination", d, counts[1])):
             if not 0 <= block < count:
                 raise BlockIdError(f"block {block} of group {group!r} is outside the {side} "
                                    f"pool", expected=f"0 <= block < {count}", found=str(block),
                                    hint="give block ids the pools handed out")
-        if pair[1] in seen:
-            raise BlockIdError(f"destination block {pair[1]} of group {group!r} is given "
-                               "twice", hint="map each destination block from one source block")
-        seen.add(pair[1])
-        out.append(pair)
-    return out
+        if (d, j) in seen:
+            raise BlockIdError(f"destination block {d} of group {group!r} is given twice",
+                               hint="map each destination block from one source block")
+        seen.add((d, j))
+    return units
 
 
 def _append(spans: list[Span], span: Span) -> None:
@@ -323,6 +403,10 @@ def _read_plan(data: Any) -> TransferPlan:
     top = _fields(data, (), ("kvspec_transfer_plan", "run_columns", "source", "destination",
                              "routes"))
     version = _int(top["kvspec_transfer_plan"], ("kvspec_transfer_plan",))
+    if version != PLAN_VERSION:
+        raise _bad(PlanFormatError, f"transfer plan format {version} is not one this "
+                   "kvspec reads", ("kvspec_transfer_plan",), expected=str(PLAN_VERSION),
+                   found=str(version), hint="upgrade kvspec, or make the plan again")
     if top["run_columns"] != list(RUN_COLUMNS):
         raise _bad(PlanFormatError, "a plan's runs have other columns", ("run_columns",),
                    expected=json.dumps(RUN_COLUMNS), found=json.dumps(top["run_columns"]))
@@ -347,7 +431,11 @@ def _read_side(data: Any, at: tuple) -> Side:
 
 
 def _read_route(data: Any, at: tuple) -> Route:
-    route = _fields(data, at, ("src_rank", "dst_rank", "group", "runs"))
+    route = _fields(data, at, ("src_rank", "dst_rank", "group", "sub_blocks", "runs"))
+    subs = _list(route["sub_blocks"], at + ("sub_blocks",))
+    if len(subs) != 2:
+        raise _bad(PlanFormatError, "sub_blocks is not [source, destination]",
+                   at + ("sub_blocks",), found=json.dumps(subs))
     runs = []
     for j, run in enumerate(_list(route["runs"], at + ("runs",))):
         if not isinstance(run, list) or len(run) != len(RUN_COLUMNS):
@@ -356,7 +444,8 @@ def _read_route(data: Any, at: tuple) -> Route:
         runs.append(Run(*(_int(v, at + ("runs", j, k)) for k, v in enumerate(run))))
     return Route(_int(route["src_rank"], at + ("src_rank",)),
                  _int(route["dst_rank"], at + ("dst_rank",)),
-                 _str(route["group"], at + ("group",)), tuple(runs))
+                 _str(route["group"], at + ("group",)), tuple(runs),
+                 *(_int(v, at + ("sub_blocks", k)) for k, v in enumerate(subs)))
 
 
 def _fields(data: Any, at: tuple, names: Sequence[str]) -> dict[str, Any]:

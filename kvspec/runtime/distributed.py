@@ -27,7 +27,7 @@ import torch
 from kvspec.artifact import Artifact
 from kvspec.errors import KvspecError
 
-__all__ = ["RankMismatchError", "agree", "is_initialized", "pipeline_rank"]
+__all__ = ["RankMismatchError", "agree", "is_initialized", "pipeline_rank", "tensor_rank"]
 
 
 class RankMismatchError(KvspecError):
@@ -47,6 +47,14 @@ def pipeline_rank(artifact: Artifact, group: Any = None) -> int:
     engine = artifact.body.engine
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     return (torch.distributed.get_rank(group) // tp) % pp
+
+
+def tensor_rank(artifact: Artifact, group: Any = None) -> int:
+    """This rank's tensor-parallel rank (``rank % tensor_parallel_size``); 0 when
+    ``torch.distributed`` is not initialised."""
+    if not is_initialized():
+        return 0
+    return torch.distributed.get_rank(group) % artifact.body.engine.tensor_parallel_size
 
 
 def _short(sha: str) -> str:

@@ -42,6 +42,8 @@ from kvspec.artifact import Artifact
 from kvspec.artifact.format import Pool, Stage, at
 from kvspec.artifact.read import unsound
 from kvspec.artifact.blocks import allocation_blocks, memory_problems, stage_counts
+from kvspec.connectors.describe import describe_loaded
+from kvspec.connectors.descriptor import Descriptor
 from kvspec.errors import KvspecError
 from kvspec.model.axes import AxisOrder
 from kvspec.runtime import distributed
@@ -142,6 +144,15 @@ class LoadedCache:
         if meta.kernel_blocks_per_block == 1:
             return view
         return view.unflatten(0, (meta.num_blocks, meta.kernel_blocks_per_block))
+
+    def descriptor(self, rank: int | None = None) -> Descriptor:
+        """This rank's connector descriptor (docs/connectors.md) with the real base
+        addresses: ``rank`` is the deployment's rank (default: this stage's
+        tensor-parallel rank from ``torch.distributed``, else its first)."""
+        if rank is None:
+            tp = self.artifact.body.engine.tensor_parallel_size
+            rank = self.stage * tp + distributed.tensor_rank(self.artifact)
+        return describe_loaded(self, rank)
 
     @property
     def nbytes(self) -> int:
