@@ -33,7 +33,7 @@ from kvspec.artifact.text import signature
 from kvspec.errors import ArtifactError, format_path
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
-__all__ = ["RECOMPILE", "decode", "format_problems", "parse_path"]
+__all__ = ["RECOMPILE", "decode", "format_problems", "parse_path", "position"]
 
 RECOMPILE = "recompile it from its source (kvspec compile); never edit artifacts"
 _COMPILE = "compile a source with `kvspec compile model.yaml`"
@@ -144,6 +144,16 @@ def parse_path(text: str) -> tuple[str | int, ...]:
         out.append(name if name is not None else int(index) if index is not None
                    else json.loads('"' + key[1:-1].replace('"', '\\"') + '"'))
     return tuple(out)
+
+
+def position(text: str | bytes, path: tuple[str | int, ...]) -> tuple[int | None, int | None]:
+    """Line and column of the value at ``path`` of an artifact's ``text`` (or of its
+    nearest parent); ``(None, None)`` when the text cannot be scanned.
+
+    >>> position('{"body": {\\n "model": "m"}}', ("body", "model"))
+    (2, 11)
+    """
+    return _position(text, path)
 
 
 def _position(text: str | bytes, path: tuple[str | int, ...]) -> tuple[int | None, int | None]:

@@ -217,7 +217,7 @@ def _layer(body: fmt.Layout, t: fmt.Tensor, slot: int, region: int, n: int, tp: 
         cell_bytes=v.cell_bytes, page_bytes=dense,
         page_bytes_padded=v.page_padded if v.page_padded not in (None, dense) else None,
         head_start=head_start, heads_total=total, replicated=replicated,
-        parts=_parts(body, record, spec, v),
+        parts=_parts(body, record, spec, v), state_type=getattr(spec, "mamba_type", None),
         per_tensor_scales=bool(record and record.per_tensor_scales),
         runs=[Run(region, start + o, block_stride, length) for o in offsets])
 

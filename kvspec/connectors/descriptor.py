@@ -46,7 +46,8 @@ from kvspec.artifact import format as fmt
 from kvspec.artifact.text import canonical, sha256_of
 from kvspec.errors import KvspecError
 
-__all__ = ["FORMAT", "FORMAT_VERSION", "Descriptor", "DescriptorError", "Group", "Identity",
+__all__ = ["FORMAT", "FORMAT_VERSION", "Descriptor", "DescriptorError", "ExportError", "Group",
+           "Identity",
            "Layer", "Parallel", "Part", "Pool", "Region", "Retention", "Run",
            "identity_digest", "identity_of", "json_schema"]
 
@@ -63,6 +64,10 @@ Retention = Literal["grows_with_tokens", "bounded_window", "constant_per_request
 class DescriptorError(KvspecError):
     """A descriptor cannot be made (a rank or block count the artifact does not have),
     or one read from JSON is not valid."""
+
+
+class ExportError(KvspecError):
+    """An exporter's target format cannot express this cache (the field and why named)."""
 
 
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -153,6 +158,8 @@ class Layer(Record):
     #: Every rank holds the same heads (MLA latents, fewer KV heads than ranks).
     replicated: bool | None
     parts: list[Part]
+    #: A state layer's type as vLLM names it (``MAMBA1``, ``MAMBA2``, ``GDN_ATTN``, ...).
+    state_type: str | None
     #: fp8 per-tensor modes: one K and one V scale per layer, outside the blocks
     #: (``LoadedCache.scales``).
     per_tensor_scales: bool

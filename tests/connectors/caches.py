@@ -1,172 +1,173 @@
-"""Hand-built KV caches for the transfer tests and benchmark: geometry, views, plans.
+"""Compiled caches for the transfer tests and benchmarks: small layouts from
+tests/data/connectors/, compiled with kvspec, loaded on CPU with ``kvspec.load`` and
+filled with seeded bytes; an in-process executor of transfer plans; and the check that
+a transfer moved exactly what it should.
 
-A :class:`CacheSpec` is one rank's cache as a connector sees it: named regions of
-bytes, and for each layer where its block 0 starts and its byte strides. A layer's
-view is ``(B, H, N, P, c)`` bytes -- blocks, head slots, tokens, parts (K and V), bytes
-of one part -- built with ``as_strided`` from that geometry alone::
-
-    view[b, h, n, p, i] = region[offset + b*sb + h*sh + n*sn + p*sp + i]
-
-:func:`plan_between` makes a transfer plan from two specs by walking every (head,
-token, part) unit of block 0 and merging neighbours contiguous on both sides, so the
-checks (:func:`check_moved`) read the views and never the plan. These stand in for
-caches loaded from compiled artifacts and plans from ``kvspec transfer``: a test that
-swaps them in keeps its checks.
+The check reads the caches' own views (``LoadedCache.kv``: K and V of every layer, or
+the whole cell of a state layer) and the artifacts' groups, never the plan: for every
+moved unit of every destination layer, its K and V of those tokens equal the source's
+(each destination head from the source rank that holds it), and no byte outside the
+moved units of the destination changed.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from kvspec.connectors.plan import Region, Route, Run, Side, TransferPlan
+from kvspec.artifact import Artifact
+from kvspec.compiler import compile_source
+from kvspec.connectors.plan import TransferPlan
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "connectors"
 
-@dataclass(frozen=True)
-class LayerGeo:
-    """One layer: block 0's offset in ``region``, shape and byte strides."""
-
-    name: str
-    group: str
-    region: str
-    offset: int
-    shape: tuple[int, int, int, int, int]      # (B, H, N, P, c)
-    strides: tuple[int, int, int, int]         # bytes per block, head, token, part
-
-
-@dataclass(frozen=True)
-class CacheSpec:
-    """One rank's cache: regions (name, bytes), layers, blocks per group."""
-
-    name: str
-    regions: tuple[tuple[str, int], ...]
-    layers: tuple[LayerGeo, ...]
-    num_blocks: tuple[tuple[str, int], ...]
-
-    @property
-    def digest(self) -> str:
-        """Stands in for the descriptor's identity digest (any rank of a deployment)."""
-        return "sha256:" + hashlib.sha256(repr((self.regions, self.layers)).encode()
-                                          ).hexdigest()[:16]
-
-    def region_id(self, name: str) -> int:
-        return [n for n, _ in self.regions].index(name)
+#: What :func:`compiled` changes in a source's text, by keyword.
+_EDITS = {"tensor": ("parallel: {tensor: 1}", "parallel: {{tensor: {}}}"),
+          "layout": ("layout: LBNHC", "layout: {}"),
+          "block": ("block_size: 16", "block_size: {}"),
+          "heads": ("num_kv_heads: 4", "num_kv_heads: {}"),
+          "head_size": ("head_size: 8", "head_size: {}"),
+          "dtype": ("dtype: bfloat16", "dtype: {}"),
+          "window": ("sliding_window: 32", "sliding_window: {}"),
+          "layers": ("repeat: 4", "repeat: {}"),
+          "pipeline": ("parallel: {tensor: 1}", "parallel: {{tensor: 1, pipeline: {}}}"),
+          "model": ("model: synthetic/", "model: {}/"),
+          "quantization": ("layer_types:", "quantization: {{kv_cache_dtype: {}}}\nlayer_types:")}
 
 
-def stacked(order: str, *, layers: int, heads: int, tokens: int, head_bytes: int,
-            num_blocks: int, group: str = "full", region: str = "device",
-            prefix: str = "layer", offset: int = 0) -> tuple[tuple[LayerGeo, ...], int]:
-    """Layers of one group laid out in one region in axis order ``order``
-    (``LBNHC``, ``LBHNC``, ``BLHNC``: cells of K then V of one head-token; ``KV-LBNHD``:
-    vLLM's per-layer ``[2, B, N, H, D]``, K and V planes apart); and the bytes used."""
-    b, h, n, c = num_blocks, heads, tokens, 2 * head_bytes
-    page = h * n * c
-    out = []
-    for i in range(layers):
-        if order == "LBNHC":      # layer, block, token, head, cell
-            geo = (i * b * page, (page, c, h * c, head_bytes))
-        elif order == "LBHNC":
-            geo = (i * b * page, (page, n * c, c, head_bytes))
-        elif order == "BLHNC":
-            geo = (i * page, (layers * page, n * c, c, head_bytes))
-        elif order == "KV-LBNHD":  # per layer [2, B, N, H, D]: one part is a plane
-            half = h * head_bytes
-            geo = (i * b * page, (n * half, head_bytes, half, b * n * half))
+def source(name: str, **changes: Any) -> str:
+    """The text of ``tests/data/connectors/NAME.yaml`` with ``changes`` made."""
+    text = (DATA / f"{name}.yaml").read_text()
+    for key, value in changes.items():
+        old, new = _EDITS[key]
+        assert old in text, (name, key)
+        text = text.replace(old, new.format(value))
+    return text
+
+
+def compiled(name: str, **changes: Any) -> Artifact:
+    """``name``'s layout with ``changes``, compiled (read back from its text, so it
+    carries the text errors are placed in)."""
+    art = compile_source(source(name, **changes), f"{name}.yaml")
+    return Artifact.from_text(art.text(), origin=f"{name}.kvlayout.json")
+
+
+def load(art: Artifact | str, num_blocks: int, rank: int = 0, seed: int | None = None):
+    """Rank ``rank``'s cache of ``art`` (an artifact or its text) on the CPU, every
+    byte of its allocations seeded random (``seed``), zero (``-1``) or 0x5A (None)."""
+    import kvspec
+    import torch  # deferred: the peer processes import this module before torch
+
+    if isinstance(art, str):
+        art = Artifact.from_text(art)
+    tp = art.body.engine.tensor_parallel_size
+    cache = kvspec.load(art, device="cpu", num_blocks=num_blocks, stage=rank // tp)
+    for i, buf in enumerate(regions(cache).values()):
+        if seed is None or seed < 0:
+            buf.fill_(0x5A if seed is None else 0)
         else:
-            raise ValueError(order)
-        out.append(LayerGeo(f"{prefix}.{i}", group, region, offset + geo[0],
-                            (b, h, n, 2, head_bytes), geo[1]))
-    return tuple(out), layers * b * page
+            gen = torch.Generator().manual_seed(seed * 1000 + i)
+            buf.copy_(torch.randint(-128, 128, buf.shape, dtype=torch.int8, generator=gen))
+    return cache
 
 
-def layer_view(buf, layer: LayerGeo):
-    """``(B, H, N, P, c)`` uint8 view of ``buf`` (a region's bytes) for ``layer``."""
-    import torch  # deferred: the worker imports this module before torch is needed
+def regions(cache) -> dict:
+    """The cache's allocations (what a connector registers), by name."""
+    return {a.name: cache.buffers[a.name]
+            for a in cache.artifact.body.stages[cache.stage].allocations}
 
-    return torch.as_strided(buf, layer.shape, (*layer.strides, 1), layer.offset)
+
+def apply(plan: TransferPlan, blocks: Any, sources: list, destinations: list) -> None:
+    """Execute ``plan`` for ``blocks`` in this process: byte copies between the source
+    ranks' and destination ranks' regions (by rank), as a connector would."""
+    for (sr, dr), spans in plan.spans(blocks).items():
+        src = _by_id(plan.source, sr, sources[sr])
+        dst = _by_id(plan.destination, dr, destinations[dr])
+        for span in spans:
+            dst[span.dst_region][span.dst_offset:span.dst_offset + span.length].copy_(
+                src[span.src_region][span.src_offset:span.src_offset + span.length])
 
 
-def fill(spec: CacheSpec, seed: int | None) -> dict:
-    """The regions of ``spec`` as uint8 tensors of seeded random bytes (``seed``
-    None: one byte, 0x5A, everywhere; ``-1``: zeros), the pages touched."""
+def _by_id(side, rank: int, cache) -> dict[int, Any]:
+    bufs = regions(cache)
+    return {r.id: bufs[r.name] for r in side.regions_of(rank)}
+
+
+def unit_tokens(src: Artifact, dst: Artifact, dst_group: int) -> tuple[int, int]:
+    """The source group of ``dst_group`` and the tokens one unit moves (the smaller
+    block size), from the artifacts' groups."""
+    name = dst.body.groups[dst_group].layers[0]
+    sg = src.body.layers[name].group
+    return sg, min(src.body.groups[sg].block_size, dst.body.groups[dst_group].block_size)
+
+
+def check_moved(src_caches: list, dst_caches: list, before: list[dict], units: dict,
+                heads: int | None = None) -> int:
+    """Every moved unit of every destination layer holds its source layer's bytes, and
+    no other destination byte changed. ``units``: ``{dst group id: [(src_block,
+    src_unit, dst_block, dst_unit), ...]}``; ``before``: each destination rank's
+    regions before the transfer; ``heads``: the model's KV heads (None: one head per rank
+    on as many ranks on both sides). The number of bytes compared."""
     import torch  # deferred, as above
 
-    if seed is None or seed < 0:
-        value = 0x5A if seed is None else 0
-        return {name: torch.full((size,), value, dtype=torch.uint8) for name, size in spec.regions}
-    gen = torch.Generator().manual_seed(seed)
-    return {name: torch.randint(0, 256, (size,), dtype=torch.uint8, generator=gen)
-            for name, size in spec.regions}
-
-
-def plan_between(src: CacheSpec, src_ranks: int, dst: CacheSpec,
-                 dst_ranks: int) -> TransferPlan:
-    """Move every layer of ``dst`` from the ``src`` layer of the same name; heads are
-    split evenly over each side's ranks (global head ``g`` is head ``g % H`` of rank
-    ``g // H``), so TP 2 -> 1 gathers and 1 -> 2 scatters."""
-    units: dict[tuple[int, int, str], list[tuple]] = {}
-    by_name = {layer.name: layer for layer in src.layers}
-    for d in dst.layers:
-        s = by_name[d.name]
-        hs, hd = s.shape[1], d.shape[1]
-        for g in range(hs * src_ranks):
-            for t in range(d.shape[2]):
-                for p in range(d.shape[3]):
-                    so = s.offset + (g % hs) * s.strides[1] + t * s.strides[2] + p * s.strides[3]
-                    do = d.offset + (g % hd) * d.strides[1] + t * d.strides[2] + p * d.strides[3]
-                    units.setdefault((g // hs, g // hd, d.group), []).append(
-                        (src.region_id(s.region), so, s.strides[0],
-                         dst.region_id(d.region), do, d.strides[0], d.shape[4]))
-    routes = tuple(Route(sr, dr, group, _merged(runs))
-                   for (sr, dr, group), runs in sorted(units.items()))
-    return TransferPlan(_side(src, src_ranks), _side(dst, dst_ranks), routes)
-
-
-def _merged(units: list[tuple]) -> tuple[Run, ...]:
-    out: list[Run] = []
-    for u in sorted(units):
-        run = Run(*u)
-        last = out[-1] if out else None
-        if last and (last.src_region, last.src_stride, last.dst_region, last.dst_stride) == \
-                (run.src_region, run.src_stride, run.dst_region, run.dst_stride) and \
-                last.src_offset + last.length == run.src_offset and \
-                last.dst_offset + last.length == run.dst_offset:
-            out[-1] = last._replace(length=last.length + run.length)
-        else:
-            out.append(run)
-    return tuple(out)
-
-
-def _side(spec: CacheSpec, ranks: int) -> Side:
-    regions = tuple(Region(rank, i, name, size) for rank in range(ranks)
-                    for i, (name, size) in enumerate(spec.regions))
-    return Side(spec.digest, regions, dict(spec.num_blocks))
-
-
-def check_moved(src: CacheSpec, src_bufs: list[dict], dst: CacheSpec, before: dict,
-                after: dict, pairs: dict[str, list[tuple[int, int]]]) -> int:
-    """Every moved block of every destination layer holds its source layer's bytes
-    (heads gathered from each source rank), and no other destination byte changed.
-    ``src_bufs`` are the source ranks' regions, ``before``/``after`` the destination
-    rank's (rank 0 of its side); the number of bytes checked."""
-    import torch  # deferred, as above
-
-    touched = {name: torch.zeros(size, dtype=torch.bool) for name, size in dst.regions}
-    by_name = {layer.name: layer for layer in src.layers}
+    src_art, dst_art = src_caches[0].artifact, dst_caches[0].artifact
     checked = 0
-    for d in dst.layers:
-        s, view = by_name[d.name], layer_view(after[d.region], d)
-        mask = layer_view(touched[d.region], d)
-        hs = s.shape[1]
-        for sb, db in pairs.get(d.group, ()):
-            for r, bufs in enumerate(src_bufs):
-                part = layer_view(bufs[s.region], s)[sb]           # (Hs, N, P, c)
-                got = view[db, r * hs:(r + 1) * hs]
-                assert torch.equal(got, part), f"{d.name} block {sb}->{db}, src rank {r}"
-                checked += part.numel()
-            mask[db] = True
-    for name, _ in dst.regions:
-        keep = ~touched[name]
-        assert torch.equal(after[name][keep], before[name][keep]), \
-            f"bytes outside the moved blocks of {name!r} changed"
+    for rank, cache in enumerate(dst_caches):
+        touched = {k: torch.zeros(v.numel(), dtype=torch.bool) for k, v in regions(cache).items()}
+        desc = cache.descriptor(rank)
+        for x in desc.layers:
+            moved = units.get(x.group, ())
+            if not moved:
+                continue
+            _, tokens = unit_tokens(src_art, dst_art, x.group)
+            block = dst_art.body.groups[x.group].block_size
+            n = 1 if x.kind == "mamba" else tokens * x.states // block  # states a unit holds
+            mine = _parts(cache, x.name)
+            for h in range(x.heads):
+                src_rank, sh = _source_head(src_caches, desc, x, h, heads)
+                theirs = _parts(src_caches[src_rank], x.name)
+                for s, i, d, j in moved:
+                    for a, b in zip(mine, theirs, strict=True):
+                        got, want = a[d, h, j * n:(j + 1) * n], b[s, sh, i * n:(i + 1) * n]
+                        assert torch.equal(got, want), (x.name, (s, i, d, j), h)
+                        checked += got.numel() * got.element_size()
+            for _, _, d, j in moved:  # (H, n, C) bytes of the unit, by the descriptor
+                off = x.offset + d * x.block_stride + j * n * x.state_stride
+                torch.as_strided(touched[desc.regions[x.region].name], (x.heads, n, x.cell_bytes),
+                                 (x.head_stride, x.state_stride, 1), off).fill_(True)
+        for name, buf in regions(cache).items():
+            keep = ~touched[name]
+            assert torch.equal(buf[keep], before[rank][name][keep]), \
+                f"rank {rank}: bytes outside the moved units of {name!r} changed"
     return checked
+
+
+def _parts(cache, name: str) -> list:
+    """K and V of a layer (``(B, H, N, D)`` each), else its whole cells, as bytes (random
+    bytes hold NaNs, which no float comparison finds equal)."""
+    import torch  # deferred, as above
+
+    try:
+        parts = list(cache.kv[name])
+    except KeyError:
+        parts = [cache.views[name]]
+    return [p.view(torch.uint8) for p in parts]
+
+
+def _source_head(src_caches: list, desc, x, h: int, total: int | None) -> tuple[int, int]:
+    """The source rank and local head holding destination head ``h`` of layer ``x``
+    (``total``: the model's KV heads). Heads split over ranks are found by number; a
+    head several source ranks replicate is read from the one a plan reads it from
+    (``t % replicas``: the test's source ranks hold different bytes)."""
+    art = src_caches[0].artifact
+    ts, td = art.body.engine.tensor_parallel_size, desc.parallel.tensor_parallel_size
+    t = desc.parallel.tensor_rank
+    first = art.body.layers[x.name].stage * ts
+    if x.kind == "mamba" or x.replicated or total is None:  # state, latent, or 1 head a rank
+        return first + t % ts, h
+    g = t * x.heads + h if x.heads * td == total else t // (td // total)
+    hs = src_caches[first].descriptor(first).layer(x.name).heads
+    if hs * ts == total:
+        return first + g // hs, g % hs
+    rep = ts // total
+    return first + g * rep + t % rep, 0
