@@ -37,7 +37,7 @@ ALLOWED = {
                 "connectors.descriptor"},
     "compiled": {"model", "artifact", "planner", "passes"},
     "reports": {"model", "artifact", "planner", "source", "passes", "compiler", "compiled",
-                "reports"},
+                "reports", "connectors.descriptor"},
     "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact",
                      "planner", "reports", "integrations", "cli.common"},
     "connectors": {"model", "artifact", "runtime", "connectors"},

@@ -8,10 +8,11 @@ import json
 import pytest
 
 from kvspec.connectors.nixl import Memory, NixlError, _fits
-from kvspec.connectors.plan import (BlockIdError, PlanFormatError, PlanMismatchError, Region,
-                                    Route, Run, RunOutsideRegionError, Side, Span,
-                                    TransferPlan)
-from tests.connectors.caches import CacheSpec, plan_between, stacked
+from kvspec.connectors.plan import (RUN_COLUMNS, BlockIdError, BlockLists, PlanFormatError,
+                                    PlanMismatchError, Region, Route, Run,
+                                    RunOutsideRegionError, Side, Span, TransferPlan)
+from kvspec.connectors.transfer import plan_transfer
+from tests.connectors.caches import compiled
 
 
 def _plan(length: int = 4096, blocks: int = 4, run: Run = Run(0, 0, 1024, 0, 0, 1024, 512)
@@ -23,14 +24,29 @@ def _plan(length: int = 4096, blocks: int = 4, run: Run = Run(0, 0, 1024, 0, 0, 
 
 
 def test_json_round_trip_and_text() -> None:
-    specs = [CacheSpec("x", ((("device", size),)), layers, (("full", 3),)) for layers, size in
-             (stacked("LBNHC", layers=2, heads=h, tokens=4, head_bytes=4, num_blocks=3)
-              for h in (1, 2))]
-    plan = plan_between(specs[0], 2, specs[1], 1)  # TP 2 -> 1
+    plan = plan_transfer(compiled("dense", tensor=2), compiled("dense"), src_blocks=6,
+                         dst_blocks=6).plan  # TP 2 -> 1
     text = plan.to_json()
     assert TransferPlan.from_json(text) == plan
     assert text.count("\n") == len(plan.routes) + 2  # one route per line
-    assert json.loads(text)["run_columns"][6] == "length"
+    assert json.loads(text)["run_columns"] == list(RUN_COLUMNS)
+
+
+def test_units_of_blocks_of_different_sizes() -> None:
+    """A source block of 32 tokens holds two destination blocks of 16: unit ``i`` of a
+    block is ``i * sub_stride`` bytes in."""
+    side = lambda d, n: Side(d, (Region(0, 0, "device", 4096),), {"g": n})  # noqa: E731
+    route = Route(0, 0, "g", (Run(0, 0, 1024, 0, 0, 512, 256, 512, 0),), 2, 1)
+    plan = TransferPlan(side("sha256:s", 4), side("sha256:d", 8), (route,))
+    assert plan.units({"g": BlockLists(src=[3, 1], dst=[5, 6, 0])}) == {
+        "g": [(3, 0, 5, 0), (3, 1, 6, 0), (1, 0, 0, 0)]}
+    assert plan.spans({"g": {"src": [3], "dst": [5, 6]}}) == {(0, 0): [
+        Span(0, 3072, 0, 2560, 256), Span(0, 3584, 0, 3072, 256)]}
+    with pytest.raises(BlockIdError, match="moves blocks of different sizes"):
+        plan.units({"g": [(3, 5)]})
+    wide = Route(0, 0, "g", (Run(0, 0, 1024, 0, 0, 512, 256, 800, 0),), 2, 1)
+    with pytest.raises(RunOutsideRegionError, match="block 3 of group 'g' ends at byte 4128"):
+        TransferPlan(side("sha256:s", 4), side("sha256:d", 8), (wide,))
 
 
 def test_spans_are_affine_in_block_ids_and_merged() -> None:

@@ -14,12 +14,14 @@ from kvspec.reports.schemas import StaleSchemaError, check_schemas, write_schema
 @click.command("schema", short_help="Generate (or --check) the JSON Schemas.")
 @click.option("-o", "--output-dir", "directory", default="schemas", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
-              help="Directory of source.schema.json and artifact.schema.json.")
+              help="Directory of source.schema.json, artifact.schema.json and "
+                   "descriptor.schema.json.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when the schemas there are stale or missing.")
 @quiet_option
 def command(directory: Path, check: bool, quiet: bool) -> None:
-    """Generate the source and artifact JSON Schemas from kvspec's models.
+    """Generate the source, artifact and connector descriptor JSON Schemas from
+    kvspec's models.
 
     "wrote ..." goes to stderr; with --check, the stale files and their diffs go
     to stdout."""

@@ -46,11 +46,6 @@ from kvspec.model.dtypes import dtype_size
 __all__ = ["Base", "default_num_blocks", "describe", "describe_loaded", "head_range",
            "merge_runs", "retention_of"]
 
-#: Kinds whose memory per request stays bounded by a window or chunk.
-_BOUNDED = frozenset({"sliding_window", "sliding_window_mla", "chunked_local", "kpool_tail",
-                      "draft_sliding_window", "circular_buffer"})
-#: Kinds that hold a constant amount per request (a state, the encoder's keys).
-_CONSTANT = frozenset({"mamba", "cross_attention"})
 #: A group's retention: the first of these any of its layers has.
 _RETENTIONS: tuple[Retention, ...] = ("grows_with_tokens", "bounded_window",
                                       "constant_per_request")
@@ -65,15 +60,19 @@ class Base(NamedTuple):
 
 
 def retention_of(kind: str) -> Retention:
-    """How a layer kind's memory grows with a request.
+    """How a layer kind's memory grows with a request: state layers and cross-attention
+    (the encoder's keys) hold a constant amount, kinds that need a window or chunk (and
+    ring buffers) a bounded one, the rest grow with its tokens.
 
     >>> retention_of("sliding_window"), retention_of("mamba"), retention_of("mla")
     ('bounded_window', 'constant_per_request', 'grows_with_tokens')
     """
-    if kind in _BOUNDED:
-        return "bounded_window"
-    if kind in _CONSTANT:
+    k = kinds.by_name(kind)
+    if k.state or k.ref_kind == "cross_attention":
         return "constant_per_request"
+    if {"sliding_window", "attention_chunk_size"} & set(k.required) or \
+            kind == "circular_buffer":
+        return "bounded_window"
     return "grows_with_tokens"
 
 

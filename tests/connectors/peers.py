@@ -4,7 +4,8 @@
 a value, or with the :class:`~kvspec.errors.KvspecError` it raised, which
 :meth:`Peer.call` raises again here. The only thing crossing between the processes
 besides NIXL's own traffic is this pipe: endpoint metadata, plans as JSON, block ids,
-and the region bytes the test checks.
+and the region bytes the test checks. Each process compiles nothing: it loads the
+artifact text it is sent with ``kvspec.load`` on the CPU.
 """
 
 from __future__ import annotations
@@ -43,18 +44,18 @@ def _serve(conn: Any) -> None:
 
 
 def _handle(nixl: Any, plan_type: Any, state: dict, cmd: str, *args: Any) -> Any:
-    from tests.connectors.caches import fill
+    from tests.connectors.caches import load, regions
 
-    if cmd == "setup":            # spec, rank, seed (None: zeros) -> metadata
-        spec, rank, seed = args
+    if cmd == "setup":  # artifact text, num_blocks, rank, seed (caches.load) -> metadata
+        text, num_blocks, rank, seed = args
         if "endpoint" in state:
             state.pop("endpoint").close()
         state.pop("bufs", None)
-        state["bufs"] = fill(spec, seed)
+        cache = load(text, num_blocks, rank, seed)
+        state["bufs"] = regions(cache)
         state["count"] = state.get("count", 0) + 1
-        name = f"{spec.name}-r{rank}-{os.getpid()}-{state['count']}"
-        state["endpoint"] = nixl.NixlEndpoint(state["bufs"], digest=spec.digest, rank=rank,
-                                              name=name)
+        name = f"{cache.artifact.name}-r{rank}-{os.getpid()}-{state['count']}"
+        state["endpoint"] = nixl.NixlEndpoint.for_cache(cache, rank=rank, name=name)
         return state["endpoint"].metadata()
     endpoint = state["endpoint"]
     if cmd == "add_peer":

@@ -40,17 +40,27 @@ from typing import Any
 
 from kvspec.connectors.descriptor import Descriptor, ExportError, Layer
 from kvspec.model import kinds
+from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
 from kvspec.model.dtypes import dtype_size
 
-__all__ = ["VERSION", "export"]
+__all__ = ["VERSION", "export", "layout_type"]
 
 #: ``LayoutDescriptor::CURRENT_VERSION``.
 VERSION = 1
-#: Axis order -> (layout type, KvBlockLayout).
-_ORDERS = {"LBNHC": ("LayerSeparate", "OperationalNHD"),
-           "LBHNC": ("LayerSeparate", "OperationalHND"),
-           "BLNHC": ("FullyContiguous", "OperationalNHD"),
-           "BLHNC": ("FullyContiguous", "OperationalHND")}
+
+
+def layout_type(order: AxisOrder) -> tuple[str, str] | None:
+    """``(layout type, KvBlockLayout)`` of an axis order; None where a layer's page is not
+    one run (``LHBNC``, ``BHLNC``).
+
+    >>> layout_type(AxisOrder.LBNHC), layout_type(AxisOrder.BLHNC)
+    (('LayerSeparate', 'OperationalNHD'), ('FullyContiguous', 'OperationalHND'))
+    """
+    if not order.is_block_compact:  # a layer's page is not one run (LHBNC, BHLNC)
+        return None
+    kind = "FullyContiguous" if order.is_block_outermost else "LayerSeparate"
+    hnd = order.value.index(DIM_H) < order.value.index(DIM_N)
+    return kind, "OperationalHND" if hnd else "OperationalNHD"
 
 
 def _refuse(message: str, path: str, found: object, hint: str) -> ExportError:
@@ -121,9 +131,9 @@ def _location(desc: Descriptor) -> tuple[Any, str, int]:
 def export(desc: Descriptor, *, agent_name: str = "") -> dict[str, Any]:
     """KVBM's ``LayoutDescriptor`` of ``desc``'s cache, or an
     :class:`~kvspec.connectors.descriptor.ExportError` naming what it cannot express."""
-    order = _ORDERS.get(desc.axis_order)
+    order = layout_type(AxisOrder.parse(desc.axis_order))
     if order is None:
-        raise _refuse(f"axis order {desc.axis_order} puts heads outside blocks",
+        raise _refuse(f"axis order {desc.axis_order} splits a layer's page in one run per head",
                       "axis_order", desc.axis_order, "use LBNHC, LBHNC, BLNHC or BLHNC")
     x, block_size = _uniform(desc)
     item = dtype_size(x.dtype)

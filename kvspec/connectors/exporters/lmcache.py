@@ -43,14 +43,27 @@ from typing import Any
 
 from kvspec.connectors.descriptor import Descriptor, ExportError, Layer
 from kvspec.model import kinds
+from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
 from kvspec.model.dtypes import canonical_dtype, dtype_size
 
-__all__ = ["HINTS", "export"]
+__all__ = ["export", "hint"]
 
-#: kvspec axis order -> LMCache 0.5.6's ``LayoutHints`` ``kv_layout``.
-HINTS = {"LBNHC": "NHD", "LBHNC": "HND", "BLHNC": "BLHNC", "BLNHC": "BLNHC"}
-_SLIDING = frozenset({"sliding_window", "sliding_window_mla", "kpool_tail",
-                      "draft_sliding_window"})
+
+
+def hint(order: AxisOrder) -> str | None:
+    """LMCache 0.5.6's ``LayoutHints`` ``kv_layout`` for an axis order: ``NHD`` or
+    ``HND`` for layer-compact ones, the order's own name (``BLHNC``, ``BLNHC``) for
+    block-outermost ones; None where a layer's page is not one run
+    (``LHBNC``, ``BHLNC``).
+
+    >>> [hint(o) for o in AxisOrder]
+    ['NHD', 'HND', None, 'BLHNC', 'BLNHC', None]
+    """
+    if not order.is_block_compact:  # a layer's page is not one run (LHBNC, BHLNC)
+        return None
+    if order.is_block_outermost:
+        return order.name
+    return "HND" if order.value.index(DIM_H) < order.value.index(DIM_N) else "NHD"
 
 
 def _refuse(message: str, path: str, found: str, hint: str) -> ExportError:
@@ -84,9 +97,9 @@ def _format(x: Layer, hnd: bool) -> str:
 def export(desc: Descriptor, *, chunk_size: int = 256) -> dict[str, Any]:
     """What LMCache 0.5.6 derives from ``desc``'s cache (see the module's docstring),
     its attention windows for LMCache chunks of ``chunk_size`` tokens."""
-    hint = HINTS.get(desc.axis_order)
-    if hint is None:
-        raise _refuse(f"axis order {desc.axis_order} puts heads outside blocks, so a block "
+    kv_layout = hint(AxisOrder.parse(desc.axis_order))
+    if kv_layout is None:
+        raise _refuse(f"axis order {desc.axis_order} splits a layer's page in one run per head, so a block "
                       "of a layer is not one strided page", "axis_order", desc.axis_order,
                       "use LBNHC, LBHNC, BLHNC or BLNHC")
     state = next((x for x in desc.layers if kinds.by_name(x.kind).state), None)
@@ -96,7 +109,7 @@ def export(desc: Descriptor, *, chunk_size: int = 256) -> dict[str, Any]:
                       f"layers[{desc.layers.index(state)}].kind", state.kind,
                       "offload the attention groups with LMCache and keep state layers "
                       "in the engine")
-    hnd = hint in ("HND", "BLHNC")
+    hnd = kv_layout in ("HND", "BLHNC")
     groups = {g.id: g for g in desc.groups}
     layers = [dict(name=x.name, index=i, group=x.group, engine_kv_format=_format(x, hnd),
                    **_tensor(x, hnd)) for i, x in enumerate(desc.layers)]
@@ -110,7 +123,7 @@ def export(desc: Descriptor, *, chunk_size: int = 256) -> dict[str, Any]:
         buckets.setdefault(ident, []).append(entry["index"])
     kernel = [_kernel(ident, idx, layers, desc, groups) for ident, idx
               in sorted(buckets.items(), key=lambda kv: kv[1][0])]
-    return {"lmcache": "0.5.6", "layout_hints": {"kv_layout": hint}, "layers": layers,
+    return {"lmcache": "0.5.6", "layout_hints": {"kv_layout": kv_layout}, "layers": layers,
             "engine_group_infos": [{k: g[k] for k in ("engine_group_id", "layer_indices",
                                                       "tokens_per_block", "sw_size_tokens",
                                                       "extra_object_group_tag",
@@ -126,7 +139,9 @@ def _kernel(ident: tuple, indices: list[int], layers: list[dict], desc: Descript
     x = desc.layer(first["name"])
     g = groups[gid]
     dcp = desc.parallel.decode_context_parallel_size
-    window = g.sliding_window if x.kind in _SLIDING and g.sliding_window else -1
+    # vLLM's SlidingWindowSpec family: the kinds that need a window
+    sliding = "sliding_window" in kinds.by_name(x.kind).required
+    window = g.sliding_window if sliding and g.sliding_window else -1
     return {"layer_indices": indices, "engine_group_id": gid, "engine_kv_format": fmt,
             "dtype": dtype, "tokens_per_block": g.block_size * dcp, "sw_size_tokens": window,
             "extra_object_group_tag": 0, "recurrent_state": False,

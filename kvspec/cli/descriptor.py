@@ -1,0 +1,85 @@
+"""``kvspec descriptor ARTIFACT``: one rank's cache as connectors read it (docs/connectors.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from kvspec.cli.common import USAGE, dash_is_stdout, note, quiet_option
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.files import write_atomic
+
+#: ``--as`` targets (kvspec.connectors.exporters.EXPORTERS).
+TARGETS = ("vllm-nixl", "lmcache", "dynamo")
+
+
+@click.command("descriptor", short_help="Print the connector descriptor of an artifact.")
+@click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The rank: pipeline stage x tensor-parallel size + tensor-parallel rank.")
+@click.option("--num-blocks", type=click.IntRange(min=1),
+              help="Blocks of the budget-sized pools (default: the artifact's budget or "
+                   "fixed count, else the fewest one request needs).")
+@click.option("--as", "target", type=click.Choice(TARGETS),
+              help="Print it in a connector's format instead (JSON).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="text: a summary per region and group; json: the "
+                                      "whole descriptor (schemas/descriptor.schema.json).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              callback=dash_is_stdout, help="Write the JSON here instead of stdout.")
+@quiet_option
+def command(artifact: Path, rank: int, num_blocks: int | None, target: str | None, fmt: str,
+            output: Path | None, quiet: bool) -> int:
+    """Print the connector descriptor of ARTIFACT's rank --rank: its regions, and per
+    group and layer where one block's bytes lie (offsets from each region's base, which
+    is 0 here; LoadedCache.descriptor() gives the real addresses). --as prints what
+    vLLM's NIXL connector, LMCache or Dynamo KVBM would read for the same cache."""
+    # deferred: msgspec (the artifact reader, the descriptor, its exporters) loads when it runs
+    from kvspec.artifact import Artifact
+    from kvspec.connectors.describe import describe
+    from kvspec.connectors.exporters import export
+
+    desc = describe(Artifact.read(artifact), rank=rank, num_blocks=num_blocks)
+    if target is not None:
+        text = json.dumps(export(desc, target), indent=1, sort_keys=True) + "\n"
+    elif fmt == "json" or output is not None:
+        text = desc.to_json()
+    else:
+        click.echo(_summary(desc), nl=False)
+        return EXIT_OK
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        write_atomic(output, text)
+        note(f"wrote {output}", quiet=quiet)
+    return EXIT_OK
+
+
+def _summary(desc) -> str:  # type: ignore[no-untyped-def]
+    p = desc.parallel
+    lines = [f"{desc.name}: rank {p.rank} of {p.world_size} (tensor {p.tensor_rank} of "
+             f"{p.tensor_parallel_size}, stage {p.pipeline_stage} of "
+             f"{p.pipeline_parallel_size}), {desc.axis_order}, kv_cache_dtype "
+             f"{desc.kv_cache_dtype}", f"identity {desc.identity}",
+             f"{'region':<12} {'memory':<6} {'bytes':>15}"]
+    lines += [f"{r.id:<3}{r.name:<9} {r.memory:<6} {r.length:>15,}" for r in desc.regions]
+    lines.append(f"{'group':<5} {'kind':<16} {'layers':>6} {'block':>5} {'blocks':>8} "
+                 f"{'bytes/block':>11} {'runs':>5}  retention")
+    for g in desc.groups:
+        lines.append(f"{g.id:<5} {g.kind:<16} {len(g.layers):>6} {g.block_size:>5} "
+                     f"{g.num_blocks:>8,} {g.bytes_per_block:>11,} {len(g.runs):>5}  "
+                     f"{g.retention}")
+    return "\n".join(lines) + "\n"
+
+
+#: ``kvspec descriptor``'s exit codes and what each means (docs/cli.md).
+EXITS = (
+    (EXIT_OK, "the descriptor (or its export) was printed"),
+    (EXIT_INVALID, "the artifact cannot be read, the rank or block count is not one it "
+                   "has, or the --as format cannot express the cache (the field named)"),
+    (EXIT_USAGE, USAGE),
+)
+#: Pages to read next (docs/cli.md).
+SEE_ALSO = ("connectors.md",)
