@@ -22,7 +22,7 @@ from kvspec.connectors.plan import TransferPlan
 DATA = Path(__file__).resolve().parents[1] / "data" / "connectors"
 
 #: What :func:`compiled` changes in a source's text, by keyword.
-_EDITS = {"tensor": ("parallel: {tensor: 1}", "parallel: {{tensor: {}}}"),
+_EDITS = {"tensor": ("tensor: 1,", "tensor: {},"),
           "layout": ("layout: LBNHC", "layout: {}"),
           "block": ("block_size: 16", "block_size: {}"),
           "heads": ("num_kv_heads: 4", "num_kv_heads: {}"),
@@ -30,7 +30,7 @@ _EDITS = {"tensor": ("parallel: {tensor: 1}", "parallel: {{tensor: {}}}"),
           "dtype": ("dtype: bfloat16", "dtype: {}"),
           "window": ("sliding_window: 32", "sliding_window: {}"),
           "layers": ("repeat: 4", "repeat: {}"),
-          "pipeline": ("parallel: {tensor: 1}", "parallel: {{tensor: 1, pipeline: {}}}"),
+          "pipeline": ("pipeline: 1}", "pipeline: {}}}"),
           "model": ("model: synthetic/", "model: {}/"),
           "quantization": ("layer_types:", "quantization: {{kv_cache_dtype: {}}}\nlayer_types:")}
 

@@ -71,8 +71,9 @@ def _refuse(message: str, path: str, found: str, hint: str) -> ExportError:
                        found=found, hint=hint)
 
 
-def _tensor(x: Layer, hnd: bool) -> dict[str, Any]:
-    """The per-layer tensor vLLM hands LMCache: shape, element strides, offset, dtype."""
+def _tensor(x: Layer, hnd: bool, num_blocks: int) -> dict[str, Any]:
+    """The per-layer tensor vLLM hands LMCache: shape, element strides and offset (from
+    its region's start), dtype."""
     item = dtype_size(x.dtype)
     c = x.cell_bytes // item
     if kinds.by_name(x.kind).latent:  # (NB, BS, HS)
@@ -81,8 +82,8 @@ def _tensor(x: Layer, hnd: bool) -> dict[str, Any]:
         shape, stride = [x.heads, x.states, c], [x.head_stride // item, x.state_stride // item, 1]
     else:                             # (NB, BS, NH, CS)
         shape, stride = [x.states, x.heads, c], [x.state_stride // item, x.head_stride // item, 1]
-    return {"shape": shape, "stride": stride, "offset": x.offset // item,
-            "dtype": canonical_dtype(x.dtype), "block_stride": x.block_stride // item}
+    return {"shape": [num_blocks, *shape], "stride": [x.block_stride // item, *stride],
+            "offset": x.offset // item, "dtype": canonical_dtype(x.dtype)}
 
 
 def _format(x: Layer, hnd: bool) -> str:
@@ -99,8 +100,9 @@ def export(desc: Descriptor, *, chunk_size: int = 256) -> dict[str, Any]:
     its attention windows for LMCache chunks of ``chunk_size`` tokens."""
     kv_layout = hint(AxisOrder.parse(desc.axis_order))
     if kv_layout is None:
-        raise _refuse(f"axis order {desc.axis_order} splits a layer's page in one run per head, so a block "
-                      "of a layer is not one strided page", "axis_order", desc.axis_order,
+        raise _refuse(f"axis order {desc.axis_order} splits a layer's page in one run per "
+                      "head, so a block of a layer is not one strided page", "axis_order",
+                      desc.axis_order,
                       "use LBNHC, LBHNC, BLHNC or BLNHC")
     state = next((x for x in desc.layers if kinds.by_name(x.kind).state), None)
     if state is not None:
@@ -111,8 +113,10 @@ def export(desc: Descriptor, *, chunk_size: int = 256) -> dict[str, Any]:
                       "in the engine")
     hnd = kv_layout in ("HND", "BLHNC")
     groups = {g.id: g for g in desc.groups}
-    layers = [dict(name=x.name, index=i, group=x.group, engine_kv_format=_format(x, hnd),
-                   **_tensor(x, hnd)) for i, x in enumerate(desc.layers)]
+    blocks = {p.name: p.num_blocks for p in desc.pools}
+    layers = [dict(name=x.name, index=i, group=x.group, region=x.region,
+                   engine_kv_format=_format(x, hnd), **_tensor(x, hnd, blocks[x.pool]))
+              for i, x in enumerate(desc.layers)]
     buckets: dict[tuple, list[int]] = {}
     for entry, x in zip(layers, desc.layers, strict=True):
         if not groups[x.group].prefix_cacheable:
@@ -145,11 +149,10 @@ def _kernel(ident: tuple, indices: list[int], layers: list[dict], desc: Descript
     return {"layer_indices": indices, "engine_group_id": gid, "engine_kv_format": fmt,
             "dtype": dtype, "tokens_per_block": g.block_size * dcp, "sw_size_tokens": window,
             "extra_object_group_tag": 0, "recurrent_state": False,
-            "shape_desc": {"kv_size": kv_size, "nl": len(indices),
-                           "nb": next(p.num_blocks for p in desc.pools if p.name == x.pool),
+            "shape_desc": {"kv_size": kv_size, "nl": len(indices), "nb": first["shape"][0],
                            "bs": x.states, "nh": heads, "hs": head_size,
                            "element_size": dtype_size(x.dtype),
-                           "block_stride_elems": first["block_stride"]}}
+                           "block_stride_elems": first["stride"][0]}}
 
 
 def _windows(kernel: list[dict], chunk: int, world: int) -> dict[str, Any]:
