@@ -107,6 +107,10 @@ EXIT_CASES = [
     ("init", ["--from-hf", "tests/data/hf/README.md"], 1),
     ("init", ["--from-hf", "tests/data/hf/qwen3-8b.json", "-o", "layouts/qwen3-8b.yaml"], 2),
     ("import", ["tests/data/hf/qwen3-8b.json"], 1),  # a config.json, not a spec dump
+    ("descriptor", ["layouts/llama-3.1-8b.kvlayout.json", "--as", "dynamo"], 0),
+    ("descriptor", ["layouts/gpt-oss-120b.kvlayout.json", "--as", "dynamo"], 1),
+    ("transfer", ["layouts/llama-3.1-8b.kvlayout.json", "layouts/llama-3.1-8b.kvlayout.json"], 0),
+    ("transfer", ["layouts/llama-3.1-8b.kvlayout.json", "layouts/qwen3-8b.kvlayout.json"], 1),
 ]
 
 
@@ -229,7 +233,8 @@ def _setup_cookbook(tmp: Path) -> Path:
     return tmp
 
 
-PAGES = {"getting-started.md": _setup_getting_started, "cookbook.md": _setup_cookbook}
+PAGES = {"getting-started.md": _setup_getting_started, "cookbook.md": _setup_cookbook,
+         "connectors.md": _setup_cookbook}
 
 
 def replay(page: str, tmp: Path) -> list[tuple[Example, list[str]]]:
