@@ -4,17 +4,18 @@ descriptors, and against one memcpy of the same bytes (issue 31's goals).
     python benchmarks/bench_nixl.py [--blocks 1000] [--layers 32] [--heads 8]
         [--head-size 128] [--block-size 16] [--repeat 5]
 
-Two processes (``spawn``), a prefill side and a decode side, each hold one rank's cache
-on the CPU (bf16, so 2 bytes per element) and a NIXL endpoint; the decode side pulls
+Two processes (``spawn``), a prefill side and a decode side, each load one cache
+compiled with kvspec (``--layers`` full-attention layers, ``--heads`` KV heads of
+``--head-size`` bf16, block ``--block-size``, axis order ``BLHNC``: all layers of a block
+contiguous) on the CPU with ``kvspec.load``, and a NIXL endpoint; the decode side pulls
 (``READ``) all ``--blocks`` blocks, mapped by a random permutation (a request's blocks
 are scattered, so no two neighbouring blocks merge on either side). Same bytes, two
-cache layouts and plans:
+plans:
 
-- merged: block-outermost (``BLHNC``: all layers of a block contiguous), one run of
-  ``layers * 2 * block_size * heads * head_size * 2`` bytes per block;
-- per-layer: vLLM's (per layer ``[2, B, N, H, D]``: K and V planes), one descriptor
-  per layer per K/V per block (``layers * 2`` per block), what a per-layer connector
-  posts;
+- merged: ``kvspec transfer``'s plan, one run of ``layers * 2 * block_size * heads *
+  head_size * 2`` bytes per block;
+- per-layer: the same bytes cut in ``layers * 2`` descriptors per block, what a
+  per-layer, per-K/V connector posts;
 - memcpy: ``Tensor.copy_`` of the whole pool into a touched buffer in one process,
   the physical limit here.
 
@@ -37,30 +38,52 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.connectors.caches import CacheSpec, plan_between, stacked  # noqa: E402
+from kvspec.compiler import compile_source  # noqa: E402
+from kvspec.connectors.plan import Route, Run, TransferPlan  # noqa: E402
+from kvspec.connectors.transfer import plan_transfer  # noqa: E402
 from tests.connectors.peers import Peer  # noqa: E402
 
 
-def _spec(name: str, order: str, args: argparse.Namespace) -> CacheSpec:
-    layers, size = stacked(order, layers=args.layers, heads=args.heads,
-                           tokens=args.block_size, head_bytes=2 * args.head_size,
-                           num_blocks=args.blocks)
-    return CacheSpec(name, (("device", size),), layers, (("full", args.blocks),))
+def _artifact(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The benchmark's cache, compiled: block-outermost, ``--layers`` layers."""
+    return compile_source(
+        f"kvspec: 1\nname: bench\nmodel: synthetic/bench\n"
+        f"layer_name: model.layers.{{index}}.self_attn.attn\n"
+        f"engine: {{block_size: {args.block_size}, max_model_len: {2 * args.block_size}, "
+        f"max_num_seqs: 1, max_num_batched_tokens: {2 * args.block_size}, layout: BLHNC}}\n"
+        f"parallel: {{tensor: 1}}\n"
+        f"defaults: {{num_kv_heads: {args.heads}, head_size: {args.head_size}, "
+        f"dtype: bfloat16}}\n"
+        f"layer_types:\n  full: {{kind: full_attention}}\n"
+        f"layers:\n  - {{repeat: {args.layers}, pattern: [full]}}\n", "bench.yaml")
 
 
-def _measure(prefill: Peer, decode: Peer, spec: CacheSpec, args: argparse.Namespace
-             ) -> dict:
-    """Set ``spec`` up on both sides and read every block twice (the first read may
+def _split(plan: TransferPlan, parts: int) -> TransferPlan:
+    """``plan`` with each run cut in ``parts`` equal descriptors (the same bytes)."""
+    routes = []
+    for r in plan.routes:
+        runs = []
+        for run in r.runs:
+            step = run.length // parts
+            runs += [run._replace(src_offset=run.src_offset + i * step,
+                                  dst_offset=run.dst_offset + i * step, length=step)
+                     for i in range(parts)]
+        routes.append(Route(r.src_rank, r.dst_rank, r.group, tuple(Run(*x) for x in runs)))
+    return TransferPlan(plan.source, plan.destination, tuple(routes))
+
+
+def _measure(prefill: Peer, decode: Peer, art_text: str, plan: TransferPlan,
+             args: argparse.Namespace) -> dict:
+    """Load the cache on both sides and read every block twice (the first read may
     also finish connecting); the better read's figures."""
-    meta = prefill.call("setup", spec, 0, None, timeout=600)      # 0x5A everywhere
-    decode_meta = decode.call("setup", spec, 0, -1, timeout=600)  # zeros
+    meta = prefill.call("setup", art_text, args.blocks, 0, None, timeout=600)  # 0x5A everywhere
+    decode_meta = decode.call("setup", art_text, args.blocks, 0, -1, timeout=600)  # zeros
     prefill.call("add_peer", decode_meta)
     decode.call("add_peer", meta)
-    plan = plan_between(spec, 1, spec, 1)
     text = plan.to_json()
     dst = list(range(args.blocks))
     random.Random(0).shuffle(dst)
-    pairs = list(zip(range(args.blocks), dst, strict=True))
+    pairs = {plan.routes[0].group: list(zip(range(args.blocks), dst, strict=True))}
     prepare = decode.call("prepare", text, "READ", timeout=600)
     runs = [decode.call("read", text, pairs, 600.0, b"", timeout=700) for _ in range(2)]
     moved = decode.call("nonzero", timeout=600)
@@ -96,13 +119,15 @@ def main(argv: list[str] | None = None) -> None:
 def _report(args: argparse.Namespace, prefill: Peer, decode: Peer) -> None:
     """``--repeat`` rounds, each measuring merged, memcpy and per-layer back to back,
     so the ratios compare runs made under the same load (this machine is shared)."""
-    specs = {"merged": _spec("merged", "BLHNC", args),
-             "per-layer": _spec("per-layer", "KV-LBNHD", args)}
+    art = _artifact(args)
+    merged = plan_transfer(art, art, src_blocks=args.blocks, dst_blocks=args.blocks).plan
+    plans = {"merged": merged, "per-layer": _split(merged, 2 * args.layers)}
+    text = art.text()
     rounds: list[dict] = []
     for _ in range(args.repeat):
-        row = {"merged": _measure(prefill, decode, specs["merged"], args)}
-        row["memcpy"] = prefill.call("memcpy", 2, timeout=600)  # the merged source pool
-        row["per-layer"] = _measure(prefill, decode, specs["per-layer"], args)
+        row = {"merged": _measure(prefill, decode, text, plans["merged"], args)}
+        row["memcpy"] = prefill.call("memcpy", 2, timeout=600)  # the source pool
+        row["per-layer"] = _measure(prefill, decode, text, plans["per-layer"], args)
         rounds.append(row)
     total = rounds[0]["merged"]["bytes"]
     print(f"# {platform.machine()}, {os.cpu_count()} CPUs, UCX_TLS="
@@ -111,7 +136,7 @@ def _report(args: argparse.Namespace, prefill: Peer, decode: Peer) -> None:
           f"{args.block_size}: {total / 1e9:.3f} GB moved; {args.repeat} rounds")
     print(f"{'plan':<10} {'runs/blk':>8} {'descs':>8} {'prep ms':>8} {'post ms':>8} "
           f"{'best s':>8} {'median s':>8} {'GB/s':>7}")
-    for name in specs:
+    for name in plans:
         r, secs = rounds[0][name], [row[name]["seconds"] for row in rounds]
         prep = statistics.median(row[name]["prepare"] for row in rounds)
         post = statistics.median(row[name]["post"] for row in rounds)

@@ -54,3 +54,11 @@ def test_the_nixl_benchmark_runs() -> None:
     assert (rows["merged"][1], rows["merged"][2]) == ("1", "8")          # one run per block
     assert (rows["per-layer"][1], rows["per-layer"][2]) == ("4", "32")   # layers x K/V
     assert "merged / per-layer:" in out and "merged / memcpy:" in out
+
+
+def test_the_descriptor_benchmark_runs() -> None:
+    out = _run("benchmarks/bench_descriptor.py", "--layers", "20", "--repeat", "1")
+    rows = [line.split() for line in out.splitlines() if line.startswith("llama-3.1-8b BLHNC")]
+    assert rows and rows[0][-5:-2] == ["1", "64", "32"]  # one run per block; 64; vLLM's 32
+    assert "kvspec transfer on two 20-layer artifacts" in out
+    assert sum(line.startswith(("same, LBNHC", "TP2 -> TP1")) for line in out.splitlines()) == 2
