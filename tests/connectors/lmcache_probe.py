@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-from lmcache.utils import EngineType
-from lmcache.v1.distributed.api import AttnWindowDesc
-from lmcache.v1.gpu_connector.utils import normalize_and_discover_per_layer_formats
-from lmcache.v1.kv_layer_groups import KVLayerGroupsManager
-from lmcache.v1.multiprocess.group_view import EngineGroupInfo
+from typing import Any
 
 
-def _tensors(export: dict, sizes: list[int]) -> list[torch.Tensor]:
+def _tensors(export: dict, sizes: list[int]) -> list[Any]:
+    import torch  # in LMCache's environment only (pytest collects this module for doctests)
+
     bufs = [torch.empty(size, dtype=torch.uint8) for size in sizes]  # one per region
     return [torch.as_strided(bufs[layer["region"]].view(getattr(torch, layer["dtype"])),
                              layer["shape"], layer["stride"], layer["offset"])
@@ -27,6 +24,13 @@ def _tensors(export: dict, sizes: list[int]) -> list[torch.Tensor]:
 
 def probe(request: dict) -> dict:
     """What LMCache derives from one export's tensors."""
+    # in LMCache's environment only (pytest collects this module for its doctests)
+    from lmcache.utils import EngineType
+    from lmcache.v1.distributed.api import AttnWindowDesc
+    from lmcache.v1.gpu_connector.utils import normalize_and_discover_per_layer_formats
+    from lmcache.v1.kv_layer_groups import KVLayerGroupsManager
+    from lmcache.v1.multiprocess.group_view import EngineGroupInfo
+
     export = request["export"]
     kv = _tensors(export, request["region_bytes"])  # (NB, ...) views, as vLLM hands them
     groups: dict[int, list[int]] = {}
