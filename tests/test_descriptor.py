@@ -218,6 +218,8 @@ def test_descriptor_command(tmp_path: Path) -> None:
     assert (code, out) == (1, "") and "it has 2 groups" in err
     code, _, err = invoke(["descriptor", str(art), "--rank", "2"])
     assert code == 1 and "not rank 2" in err
+    code, out, err = invoke(["descriptor", str(art), "--as", "dynamo", "--format", "json"])
+    assert (code, err) == (1, "") and json.loads(out)["error"]["path"] == "groups"
     code, out, err = invoke(["descriptor", str(art), "-o", str(tmp_path / "d.json")])
     assert (code, out, err) == (0, "", f"wrote {tmp_path / 'd.json'}\n")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, dash_is_stdout, note, quiet_option
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.cli.common import USAGE, dash_is_stdout, echo_json, note, quiet_option
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 from kvspec.files import write_atomic
 
 #: ``--as`` targets (kvspec.connectors.exporters.EXPORTERS).
@@ -41,9 +41,16 @@ def command(artifact: Path, rank: int, num_blocks: int | None, target: str | Non
     from kvspec.connectors.describe import describe
     from kvspec.connectors.exporters import export
 
-    desc = describe(Artifact.read(artifact), rank=rank, num_blocks=num_blocks)
-    if target is not None:
-        text = json.dumps(export(desc, target), indent=1, sort_keys=True) + "\n"
+    try:
+        desc = describe(Artifact.read(artifact), rank=rank, num_blocks=num_blocks)
+        exported = export(desc, target) if target is not None else None
+    except KvspecError as err:
+        if fmt != "json":
+            raise
+        echo_json({"error": err.as_dict()})
+        return EXIT_INVALID
+    if exported is not None:
+        text = json.dumps(exported, indent=1, sort_keys=True) + "\n"
     elif fmt == "json" or output is not None:
         text = desc.to_json()
     else:
@@ -78,7 +85,8 @@ def _summary(desc) -> str:  # type: ignore[no-untyped-def]
 EXITS = (
     (EXIT_OK, "the descriptor (or its export) was printed"),
     (EXIT_INVALID, "the artifact cannot be read, the rank or block count is not one it "
-                   "has, or the --as format cannot express the cache (the field named)"),
+                   "has, or the `--as` format cannot express the cache (the field named); "
+                   "with `--format json` the error is printed as JSON too"),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).
