@@ -65,6 +65,17 @@ def test_tp1_to_tp2_scatters_heads() -> None:
     assert set(_runs(t)) == {(0, 0, "0"), (0, 1, "0")}
 
 
+def test_mla_latents_are_replicated_so_any_rank_serves() -> None:
+    mla = dict(mla="", heads=1, head_size=72)
+    t, checked = _move(compiled("dense", tensor=2, **mla), compiled("dense", **mla),
+                       {"0": [(1, 2), (3, 4)]}, heads=None)
+    assert _runs(t) == {(0, 0, "0"): 4} and t.counts[0].vllm == 4  # one read, not two
+    assert checked == 2 * 4 * 16 * 144
+    t, _ = _move(compiled("dense", **mla), compiled("dense", tensor=2, **mla),
+                 {"0": [(1, 2)]}, heads=None)
+    assert set(_runs(t)) == {(0, 0, "0"), (0, 1, "0")}  # each decode rank reads it whole
+
+
 def test_token_major_to_head_major_moves_cells() -> None:
     t, _ = _move(compiled("dense"), compiled("dense", layout="LBHNC"),
                  {"0": [(3, 2), (6, 7)]})
