@@ -7,21 +7,37 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, default_artifact_path, note, single_memory, warn
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    default_artifact_path,
+    echo_json,
+    format_option,
+    note,
+    parents_option,
+    progress,
+    single_memory,
+    warn,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 
 
-@click.command("compile", short_help="Compile a source into a frozen layout artifact.")
+@command("compile", short_help="Compile a source into a frozen layout artifact.")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Artifact path (default: SOURCE with .kvlayout.json, or stdout when "
               "SOURCE is -; -: print the artifact on stdout, without the summary).")
-@click.option("--memory", help="Plan the artifact's budget section for this memory per rank.")
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="Plan the artifact's budget section for this memory per rank.")
 @click.option("--force", is_flag=True,
               help="Overwrite an output file that is not a kvspec artifact.")
+@parents_option
+@format_option("text", "json", help="text: the summary; json: the same figures as one "
+               "object (docs/cli.md).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 def command(source: Path, output: Path | None, memory: str | None, force: bool,
-            quiet: bool) -> None:
+            parents: bool, fmt: str, quiet: bool) -> None:
     """Compile SOURCE into a frozen layout artifact and print its summary.
 
     A SOURCE of - is read from stdin, and the artifact then goes to stdout
@@ -32,33 +48,44 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     source itself never is.
     """
     from kvspec.artifact import is_artifact_text
-    from kvspec.compiler import compile_unit
-    from kvspec.files import STDOUT, is_stdin, is_stdout, refuse_overwrite
-    from kvspec.reports.summary import summary, summary_warnings
+    from kvspec.compiler import PASSES, compile_unit
+    from kvspec.files import STDOUT, is_stdin, is_stdout
+    from kvspec.reports.summary import summary, summary_data, summary_warnings
 
     if output is None and is_stdin(source):  # a filter: stdin to stdout
         output = Path(STDOUT)
     out = output or default_artifact_path(source)
-    if not is_stdout(out):
-        refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)
-    try:
-        unit = compile_unit(source, memory=single_memory(memory))
-    except KvspecError as err:
-        if err.path == "memory":  # the budget was --memory's
-            raise err.replace(location=dataclasses.replace(err.location, path="--memory"),
-                              hint="give the KV cache more memory (--memory)") from None
-        raise
-    assert unit.artifact is not None
+    if is_stdout(out) and fmt == "json":
+        raise UsageError("the artifact goes to stdout (-o -), and so would --format json's "
+                         "summary", hint="write the artifact to a file with -o, or leave "
+                         "--format json out")
+    check_output(out, suffixes=(".kvlayout.json", ".json"), force=force, parents=parents, inputs=(source,),
+                 ours=is_artifact_text)
+    with progress(len(PASSES) + 1, label="compile", quiet=quiet) as bar:
+        try:
+            unit = compile_unit(source, memory=single_memory(memory),
+                                passes=tuple(bar.track(p) for p in PASSES))
+        except KvspecError as err:
+            if err.path == "memory":  # the budget was --memory's
+                raise err.replace(location=dataclasses.replace(err.location, path="--memory"),
+                                  hint="give the KV cache more memory (--memory)") from None
+            raise
+        assert unit.artifact is not None
+        if not is_stdout(out):
+            unit.artifact.write(out)
+        bar.advance("write")
     if is_stdout(out):
         click.echo(unit.artifact.text(), nl=not unit.artifact.text().endswith("\n"))
         for w in summary_warnings(unit.artifact):
             warn(w, quiet=quiet)
         return
-    unit.artifact.write(out)
-    if not quiet:
+    if fmt == "json":
+        echo_json({"ok": True, "file": str(out), **summary_data(unit.artifact)})
+    elif not quiet:
         click.echo(summary(unit.artifact, warnings=False))
-    for w in summary_warnings(unit.artifact):
-        warn(w, quiet=quiet)
+    if fmt != "json":
+        for w in summary_warnings(unit.artifact):
+            warn(w, quiet=quiet)
     note(f"wrote {out}", quiet=quiet)
 
 
