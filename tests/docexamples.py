@@ -200,7 +200,8 @@ class Session:
     def run(self, command: str) -> list[str]:
         if command == "echo $?":
             return [str(self.rc)]
-        words = shlex.split(command) if not re.search(r"[|;&<>$`()*?\n\\]", command) else None
+        words = shlex.split(command, comments=True) \
+            if not re.search(r"[|;&<>$`()*?\n\\]", command) else None
         if words and words[0] == "kvspec":
             return self._kvspec(words[1:])
         script = (f'kvspec() {{ "$KVSPEC_PY" -m kvspec.cli "$@"; }}\n{command}\n'

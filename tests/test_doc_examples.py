@@ -9,6 +9,9 @@ lint below fails otherwise).
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -55,6 +58,72 @@ def test_examples_print_exactly_what_the_page_shows(name: str, tmp_path: Path) -
         pytest.skip("the page's Python examples need the runtime extra (torch)")
     problems = dx.run_page(PAGES[name], tmp_path)
     assert not problems, "\n\n".join(map(str, problems))
+
+
+def _kvspec_lines(page: dx.Page) -> list[tuple[str, str]]:
+    """``kvspec ...`` command lines shown (not run) in text blocks, to their first shell
+    operator; usage synopses (``[OPTIONS]``) aside."""
+    out = []
+    for b in page.blocks:
+        if b.lang != "text":
+            continue
+        for line in b.body.splitlines():
+            line = re.split(r"\s(?:;|\||>|&&)\s|\s#\s", line.strip(), maxsplit=1)[0]
+            if line.startswith("kvspec ") and "[OPTIONS]" not in line:
+                out.append((b.where, line))
+    return out
+
+
+@pytest.mark.parametrize("name", _ids())
+def test_a_command_shown_but_not_run_still_parses(name: str) -> None:
+    """A command synopsis in a text block cannot run (it names files a reader has), but
+    its options must be the command's: click parses it."""
+    import click
+
+    from kvspec.cli import cli, common
+
+    problems = []
+    for where, line in _kvspec_lines(dx.parse(PAGES[name])):
+        words = shlex.split(line)[1:]
+        ctx = click.Context(cli, info_name="kvspec")
+        command = cli.get_command(ctx, words[0]) if words else None
+        if command is None:
+            problems.append(f"{where}: {line}: no such command")
+            continue
+        try:
+            command.make_context(words[0], words[1:], parent=ctx)
+        except click.ClickException as exc:
+            problems.append(f"{where}: {line}: {exc.format_message()}")
+        finally:
+            common.reset()
+    assert not problems, "\n".join(problems)
+
+
+# -- the runtime's API, listed in full ---------------------------------------------------
+
+def _listed(page: Path, heading: str) -> set[str]:
+    """The names in the first column of the first table under ``heading``:
+    ``views[layer]`` and ``allocate(n)`` list ``views`` and ``allocate``."""
+    lines = page.read_text(encoding="utf-8").split(heading + "\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[start:]))
+    cells = [line.split("|")[1] for line in table[2:]]
+    return {m for cell in cells for m in re.findall(r"`(\w+)", cell)}
+
+
+def test_the_runtime_docs_list_every_public_attribute_and_method() -> None:
+    pytest.importorskip("torch")
+    import kvspec
+    from kvspec.runtime.block_pool import BlockPool
+
+    cache = kvspec.load(str(ROOT / "layouts" / "llama-3.1-8b.kvlayout.json"), device="meta")
+    page = ROOT / "docs" / "runtime.md"
+    for heading, obj in (("## What you get: `LoadedCache`", cache), ("## Block pool", BlockPool(4))):
+        public = {n for n in dir(obj) if not n.startswith("_")}
+        listed = _listed(page, heading)
+        assert not public - listed, f"{heading}: not documented: {sorted(public - listed)}"
+        assert not listed - public, f"{heading}: documented, no such attribute: " \
+                                    f"{sorted(listed - public)}"
 
 
 # -- the runner can fail ---------------------------------------------------------------
