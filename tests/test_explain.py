@@ -310,7 +310,7 @@ def test_html_is_self_contained_and_escaped(runner, tmp_path) -> None:
     assert res.stdout == ""
     html = out.read_text()
     assert html.startswith("<!DOCTYPE html>")
-    assert html.count("<svg") == 2
+    assert html.count("<svg") == 4   # the block and the chart, each for a laptop and a phone
     # nothing is fetched: the only URL is the SVG namespace
     assert set(re.findall(r"https?://[^\s\"')]+", html)) == {"http://www.w3.org/2000/svg"}
     assert not re.search(r"<(script|link|img|iframe)\b|@import|src=", html)
