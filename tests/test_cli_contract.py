@@ -247,3 +247,17 @@ def test_import_takes_the_contract_too(tmp_path: Path) -> None:
     data = json.loads(out)
     assert code == 0 and data["ok"] is True and data["output"] is None
     assert "\nkvspec: 1\n" in data["source"]
+
+
+def test_load_without_torch_names_the_extra() -> None:
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "import kvspec\n"
+              "try:\n"
+              "    kvspec.load('layouts/llama-3.1-8b.kvlayout.json', device='meta')\n"
+              "except kvspec.KvspecError as err:\n"
+              "    print(err.render())\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    assert out.startswith("kvspec: error: kvspec.load needs the runtime extra, and torch "
+                          "is not installed\n")
+    assert "  hint: pip install 'kvspec[runtime]'" in out
