@@ -69,6 +69,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvspec.cli.common import progress
 from tests.fuzz import artifacts as a
 from tests.fuzz import generators as g
 
@@ -435,12 +436,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t = time.time()
         for i in range(n):
             pool.put(("run", kind, args.seed, i, None))
-        for done, (tag, k, i, payload) in enumerate(
-                pool.results_until(n, args.time_limit + 20), 1):
-            results[(k, i)] = _lost(k, args.seed, i, payload) if tag == "lost" else payload
-            if args.progress and done % args.progress == 0:
-                print(f"  {kind}: {done}/{n} ({time.time() - t:.0f} s)", file=sys.stderr,
-                      flush=True)
+        with progress(n, label=f"fuzz {kind}") as bar:  # a bar on a terminal only
+            for done, (tag, k, i, payload) in enumerate(
+                    pool.results_until(n, args.time_limit + 20), 1):
+                results[(k, i)] = _lost(k, args.seed, i, payload) if tag == "lost" else payload
+                bar.advance()
+                if args.progress and done % args.progress == 0 and not bar.enabled:
+                    print(f"  {kind}: {done}/{n} ({time.time() - t:.0f} s)", file=sys.stderr,
+                          flush=True)
         phase_time[kind] = time.time() - t
     run_time = time.time() - t0
     confirm_timeouts(pool, results, args)

@@ -27,9 +27,22 @@ def compile(path: Any, *, memory: int | str | None = None) -> Artifact:  # noqa:
     return _compile(path, memory=memory)
 
 
+#: What ``kvspec.load`` needs beyond the compiler: the ``runtime`` extra.
+RUNTIME_EXTRA = "pip install 'kvspec[runtime]'"
+
+
 def load(artifact: Any, **kwargs: Any) -> Any:
-    """Map an artifact onto memory: see :func:`kvspec.runtime.loader.load`."""
-    from kvspec.runtime.loader import load as _load  # deferred: torch
+    """Map an artifact onto memory: see :func:`kvspec.runtime.loader.load`. Without
+    the runtime extra (torch), a :class:`KvspecError` says what to install."""
+    try:
+        from kvspec.runtime.loader import load as _load  # deferred: torch
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("torch", "numpy", "cbor2",
+                                                               "xxhash"):
+            raise
+        raise KvspecError(f"kvspec.load needs the runtime extra, and {exc.name} is not "
+                          "installed", found=str(exc), hint=f"{RUNTIME_EXTRA} (with the "
+                          "torch build for your CUDA); compiling needs none of it") from None
     return _load(artifact, **kwargs)
 
 

@@ -27,6 +27,7 @@ file, line and column the pass's input knows (its
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,10 +110,18 @@ def run(start: object, passes: Sequence[Pass] = PASSES) -> Any:
     return value
 
 
-def run_until(start: SourceText, until: type[T]) -> T:
-    """Run the pipeline from ``start`` up to the pass that gives ``until``."""
+#: Wraps each pass's function (a progress bar's ``track``): ``(fn, name) -> fn``.
+Track = Callable[[Callable[[Any], Any], str], Callable[[Any], Any]]
+
+
+def run_until(start: SourceText, until: type[T], track: Track | None = None) -> T:
+    """Run the pipeline from ``start`` up to the pass that gives ``until``, each
+    pass's function wrapped by ``track`` when given."""
     end = next(i for i, p in enumerate(PASSES) if issubclass(p.gives, until))
-    out = run(start, PASSES[:end + 1])
+    passes = PASSES[:end + 1]
+    if track is not None:
+        passes = tuple(dataclasses.replace(p, fn=track(p.fn, p.name)) for p in passes)
+    out = run(start, passes)
     assert isinstance(out, until)
     return out
 
@@ -135,13 +144,13 @@ def read_source(path: str | Path) -> str:
 
 
 def compile_until(path: str | Path, until: type[T], *, memory: int | str | None = None,
-                  memory_name: str = "memory") -> T:
+                  memory_name: str = "memory", track: Track | None = None) -> T:
     """Compile the source file at ``path`` up to ``until`` (``Planned``, ``Sized``,
     ``Artifact``, ...); ``memory`` is the caller's budget per rank, errors about it
     naming it ``memory_name`` (``--memory`` on the command line)."""
     start = SourceText(text=read_source(path), file=shown(path),
                        memory=_given(memory, memory_name))
-    return run_until(start, until)
+    return run_until(start, until, track)
 
 
 def compile(path: str | Path, *, memory: int | str | None = None) -> Artifact:  # noqa: A001

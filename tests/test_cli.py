@@ -125,7 +125,7 @@ def test_plan_without_budget_is_a_usage_hint(tmp_path: Path) -> None:
     assert "no memory budget" in stderr and "hint: e.g. --memory 40GiB" in stderr
 
 
-def test_import_round_trip_and_refuses_overwrite(tmp_path: Path) -> None:
+def test_import_round_trip_and_replaces_only_its_own_output(tmp_path: Path) -> None:
     out = tmp_path / "jamba.yaml"
     dump = str(CONFORMANCE / "cases" / "jamba-v0.1-tp1.json")
     code, _, stderr = invoke(["import", dump, "-o", str(out)])
@@ -133,9 +133,11 @@ def test_import_round_trip_and_refuses_overwrite(tmp_path: Path) -> None:
     text = out.read_text()
     assert text.startswith("# yaml-language-server: $schema=")
     assert "- {repeat: 4, pattern: [mamba, mamba, mamba, mamba, full, mamba, mamba, mamba]}" in text
-    code, _, stderr = invoke(["import", dump, "-o", str(out)])
-    assert code == 2 and "exists" in stderr
+    assert invoke(["import", dump, "-o", str(out)])[0] == 0  # its own output: replaced
     assert invoke(["validate", str(out)])[0] == 0
+    out.write_text("# reviewed by hand\n" + text.split("\nkvspec: 1\n", 1)[1])
+    code, _, stderr = invoke(["import", dump, "-o", str(out)])
+    assert code == 2 and "exists and is not a file kvspec wrote" in stderr
 
 
 def test_import_unsupported_kind(tmp_path: Path) -> None:
@@ -164,7 +166,7 @@ def test_an_argument_with_a_nul_is_a_usage_error(tmp_path: Path) -> None:
     assert "\\x00" in err and "  hint: " in err and list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", ["2**40", "[a].json", "a?.json"])
+@pytest.mark.parametrize("name", ["2**40.txt", "[a].json", "a?.json"])
 def test_an_output_name_with_glob_characters_is_written(tmp_path: Path, name: str) -> None:
     out = tmp_path / name
     code, _, err = invoke(["explain", "-o", str(out), str(ROOT / "layouts" /

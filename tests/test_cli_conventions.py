@@ -72,7 +72,7 @@ def test_plan_reads_artifacts_like_sources() -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--views"], "--views needs --json"),
+    (["--views"], "--views needs --format json"),
     (["--memory", "1GiB", "--num-blocks", "3"], "--memory and --num-blocks exclude each other"),
     (["--num-blocks", "0"], "0 is not in the range x>=1"),
     (["--memory", "1GiB..100GiB:1MiB"], "--memory range has 101,377 points; at most 1,000"),

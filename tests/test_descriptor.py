@@ -219,7 +219,7 @@ def test_descriptor_command(tmp_path: Path) -> None:
     code, _, err = invoke(["descriptor", str(art), "--rank", "2"])
     assert code == 1 and "not rank 2" in err
     code, out, err = invoke(["descriptor", str(art), "--as", "dynamo", "--format", "json"])
-    assert (code, err) == (1, "") and json.loads(out)["error"]["path"] == "groups"
+    assert (code, err) == (1, "") and json.loads(out)["errors"][0]["path"] == "groups"
     code, out, err = invoke(["descriptor", str(art), "-o", str(tmp_path / "d.json")])
     assert (code, out, err) == (0, "", f"wrote {tmp_path / 'd.json'}\n")
 
@@ -240,7 +240,7 @@ def test_transfer_command(tmp_path: Path) -> None:
     llama = ROOT / "layouts" / "llama-3.1-8b.kvlayout.json"
     code, out, err = invoke(["transfer", str(src), str(llama), "--format", "json"])
     assert (code, err) == (1, "")
-    assert json.loads(out)["verdict"] == "refused"
+    assert json.loads(out)["ok"] is False
     code, out, err = invoke(["transfer", str(src), str(llama)])
     assert (code, out) == (1, "")
     assert err.startswith(f"{llama}:") and "different models" in err

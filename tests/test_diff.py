@@ -197,7 +197,7 @@ def test_errors_exit_2() -> None:
     assert (code, out) == (2, "")
     assert err.startswith("no/such/file.yaml: error: no such file")
     code, _, err = invoke(["diff", LLAMA])
-    assert code == 2 and "Missing argument 'B'" in err
+    assert code == 2 and "error: missing argument B" in err
     code, _, err = invoke(["diff", LLAMA, LLAMA_ART, "--memory", "lots"])
     assert code == 2 and "cannot read 'lots' as a size" in err
     code, _, _ = invoke(["diff", LLAMA, LLAMA_ART, "--format", "xml"])

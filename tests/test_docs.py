@@ -33,10 +33,25 @@ def test_example_compiles(name: str, text: str) -> None:
     compile_source(text, name)
 
 
+@pytest.mark.parametrize("name,text", EXAMPLES, ids=[n for n, _ in EXAMPLES])
+def test_an_example_of_a_reviewed_layout_names_its_layers_as_the_layout_does(
+        name: str, text: str) -> None:
+    """A complete example named like a source in layouts/ (format.md's Gemma 3) names
+    its layers as that source does: a layout copied from the docs must run in the
+    engine, not only compile."""
+    example = compile_source(text, name)
+    reviewed = ROOT / "layouts" / f"{example.name}.yaml"
+    if not reviewed.exists():
+        pytest.skip(f"no layouts/{example.name}.yaml")
+    layout = compile_source(reviewed.read_text(), str(reviewed))
+    assert sorted(example.layout.layers) == sorted(layout.layout.layers)
+
+
 def test_readme_quick_start_matches_ci() -> None:
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    test_cmd = [line for line in readme.splitlines() if "python -m pytest" in line]
+    test_cmd = [line.removeprefix("$ ") for line in readme.splitlines()
+                if "python -m pytest" in line]
     assert len(test_cmd) == 1
     assert test_cmd[0].strip() in ci
 

@@ -34,7 +34,7 @@ def test_missing_file_is_a_clear_error() -> None:
 def test_usage_error_exits_2() -> None:
     code, out, err = invoke(["compile"])
     assert code == 2
-    assert "Missing argument" in err
+    assert "error: missing argument SOURCE" in err and "hint:" in err
     code, out, err = invoke(["plan", "layouts/llama-3.1-8b.yaml", "--memory", "lots"])
     assert code == 2
     assert "--memory: cannot read 'lots' as a size" in err

@@ -1,6 +1,7 @@
 """The reports at real widths. The HTML report: every layout's report (every ``layouts/*.yaml``)
-rendered in headless Chromium at 1280 and 800 px, checked by measuring the boxes
-the browser laid out (``getBoundingClientRect``, ``scrollWidth``), never pixels.
+rendered in headless Chromium at 1280, 800 and 390 px (a phone), checked by measuring
+the boxes the browser laid out (``getBoundingClientRect``, ``scrollWidth``), never
+pixels; screenshots at each width are taken too (``KVSPEC_SCREENSHOTS=DIR`` keeps them).
 
 What a good report does, and what is tested:
 
@@ -9,7 +10,9 @@ What a good report does, and what is tested:
   parent's box, except directly inside a box made to scroll (``overflow-x: auto``,
   the ``.scroll`` box around each table), and nothing is clipped by ``overflow: hidden``;
 * at 1280 px (a laptop window) nothing scrolls at all; at 800 px a wide table may
-  scroll inside its own box, never the page;
+  scroll inside its own box, never the page; at 390 px (a phone) nothing scrolls: the
+  tables are one card per row, every layer name on screen, and the block picture and
+  the chart are the ones drawn for a phone, at their own size;
 * the block picture's ruler labels do not overlap, its legend entries do not
   overlap, its row labels stay left of the bar, a layer's number fits its page,
   and every SVG text lies inside its picture.
@@ -38,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import REGEN, ROOT
 
 CHROMIUM = next((p for p in (os.environ.get("CHROMIUM"), shutil.which("chromium"),
                              shutil.which("chromium-browser"), "/usr/bin/chromium")
@@ -47,10 +50,15 @@ needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="headless Chromium is not installed "
     "(apt-get install -y chromium; CI's .ci/run installs it)")
 
+#: The phone-width screenshot docs/reports.md shows.
+PHONE_SHOT = ROOT / "docs" / "screenshots" / "explain-gemma-2-9b-it-390.png"
 LAYOUTS = sorted(p.name.removesuffix(".yaml") for p in (ROOT / "layouts").glob("*.yaml"))
-WIDTHS = (1280, 800)
-#: The width at which nothing may scroll, not even a table inside its own box.
-DESKTOP = 1280
+WIDTHS = (1280, 800, 390)
+#: The widths at which nothing may scroll, not even a table inside its own box: a
+#: laptop's window, and a phone's, where tables become one card per row.
+NO_SCROLL = (1280, 390)
+#: A phone's width (an iPhone's 390 CSS px): the narrow pictures, at their own size.
+PHONE = 390
 #: Sub-pixel slack for box comparisons.
 EPS = 0.5
 
@@ -103,12 +111,19 @@ MEASURE = r"""
         out.svg.push({text: t.textContent, box: box(b), svg: box(s)});
     }
   }
-  const block = document.querySelector("svg");
+  const shown = (sel) => [...document.querySelectorAll(sel)].filter(
+    (s) => s.getBoundingClientRect().width > 0);
+  out.pictures = shown("svg").map((s) => ({cls: s.getAttribute("class"),
+    scale: s.getBoundingClientRect().width / s.viewBox.baseVal.width}));
+  const block = shown("svg.block")[0];
   const bar = block.querySelector("rect.bar").getBoundingClientRect();
   out.bar = box(bar);
   out.ruler = texts_of(block, ".ruler text");
   out.legend = texts_of(block, ".legend text");
   out.rows = texts_of(block, ".rows text");
+  out.pages = [...block.querySelectorAll("rect.pg")].map((r) => box(r.getBoundingClientRect()));
+  out.members = [...document.querySelectorAll("td.members div")].filter(
+    (d) => d.getBoundingClientRect().width > 0).map((d) => box(d.getBoundingClientRect()));
   out.nums = [...block.querySelectorAll("text.num")].map((t) => ({text: t.textContent,
     box: box(t.getBoundingClientRect()), page: box(t.previousElementSibling.getBoundingClientRect())}));
   return out;
@@ -221,8 +236,8 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], 
         boxes = {}
         for width in WIDTHS:
             browser.call("Emulation.setDeviceMetricsOverride", {
-                "width": width, "height": 900, "deviceScaleFactor": 1, "mobile": False},
-                session=sid)
+                "width": width, "height": 900, "deviceScaleFactor": 1,
+                "mobile": width == PHONE}, session=sid)
             for name, page in pages.items():
                 browser.call("Page.navigate", {"url": page.as_uri()}, session=sid)
                 browser.wait("Page.loadEventFired", sid)
@@ -260,7 +275,7 @@ def test_nothing_overflows(measured, layout: str, width: int) -> None:
     assert doc_width <= viewport, f"the page scrolls sideways: {doc_width} px in {viewport} px"
     assert not m["over"], f"boxes overflow their parent:\n  {_show(m['over'])}"
     assert not m["clipped"], f"content is clipped:\n  {_show(m['clipped'])}"
-    if width >= DESKTOP:
+    if width in NO_SCROLL:
         assert not m["scrolled"], f"at {width} px nothing should scroll:\n  {_show(m['scrolled'])}"
     assert all(s["what"].startswith("div.scroll") for s in m["scrolled"]), m["scrolled"]
 
@@ -288,11 +303,82 @@ def test_block_picture_text_stays_in_place(measured, layout: str, width: int) ->
     clashes = [(a["text"], b["text"]) for i, a in enumerate(legend) for b in legend[i + 1:]
                if overlaps(a["box"], b["box"])]
     assert not clashes, f"legend entries overlap: {clashes}"
-    into_bar = [r for r in m["rows"] if r["box"][1] > m["bar"][0] + EPS]
-    assert not into_bar, f"row labels run into the bar at x={m['bar'][0]}: {into_bar}"
+    into_bar = [r for r in m["rows"] if any(overlaps(r["box"], p) for p in m["pages"])]
+    assert not into_bar, f"row labels run into the pages: {into_bar}"
     wide = [n for n in m["nums"] if n["box"][0] < n["page"][0] - EPS
             or n["box"][1] > n["page"][1] + EPS]
     assert not wide, f"layer numbers wider than their page: {wide}"
+
+
+@needs_chromium
+@params
+def test_a_phone_gets_the_narrow_pictures_at_their_own_size(measured, layout: str) -> None:
+    """At 390 px the block and the chart are the ones drawn for a phone, shown at (at
+    least nearly) their own size, so their 11-12 px text reads as such; a laptop gets
+    the wide ones."""
+    phone = measured[PHONE, layout]["pictures"]
+    assert sorted(p["cls"] for p in phone) == ["block narrow", "chart narrow"]
+    assert all(p["scale"] >= 0.9 for p in phone), phone
+    laptop = measured[1280, layout]["pictures"]
+    assert sorted(p["cls"] for p in laptop) == ["block wide", "chart wide"]
+
+
+@needs_chromium
+@params
+def test_layer_names_are_on_screen_at_phone_width(measured, layout: str) -> None:
+    """The groups table is one card per group at 390 px: every layer name is inside
+    the viewport (nothing scrolls, no box leaves its parent: test_nothing_overflows)."""
+    m = measured[PHONE, layout]
+    assert m["members"] and all(0 <= b[0] and b[1] <= PHONE for b in m["members"]), \
+        m["members"]
+
+
+@needs_chromium
+def test_screenshots_at_every_width(tmp_path: Path) -> None:
+    """Full-page screenshots of the hybrid reports at 390, 800 and 1280 px: each as
+    wide as its viewport (the page never scrolls sideways). ``KVSPEC_SCREENSHOTS=DIR``
+    keeps them there to look at; ``KVSPEC_REGEN=1`` rewrites the phone screenshot in
+    docs/screenshots."""
+    import base64
+
+    from kvspec.reports.explain import explain, render
+
+    keep = Path(os.environ["KVSPEC_SCREENSHOTS"]) if os.environ.get("KVSPEC_SCREENSHOTS") \
+        else tmp_path
+    keep.mkdir(parents=True, exist_ok=True)
+    browser = DevTools(CHROMIUM, tmp_path / "profile", tmp_path / "chromium.log")  # type: ignore[arg-type]
+    try:
+        target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sid = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True}
+                           )["sessionId"]
+        browser.call("Page.enable", session=sid)
+        for name in ("gemma-2-9b-it", "example-glm5-next-drafter"):
+            page = tmp_path / f"{name}.html"
+            page.write_text(render(explain(f"layouts/{name}.yaml"), "html"), "utf-8")
+            for width in WIDTHS:
+                browser.call("Emulation.setDeviceMetricsOverride", {
+                    "width": width, "height": 900, "deviceScaleFactor": 1,
+                    "mobile": width == PHONE}, session=sid)
+                browser.call("Page.navigate", {"url": page.as_uri()}, session=sid)
+                browser.wait("Page.loadEventFired", sid)
+                size = browser.call("Page.getLayoutMetrics", session=sid)["cssContentSize"]
+                assert size["width"] <= width, (name, width, size)
+                shot = browser.call("Page.captureScreenshot", {
+                    "format": "png", "captureBeyondViewport": True, "clip": {
+                        "x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1}},
+                    session=sid)
+                png = base64.b64decode(shot["data"])
+                assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+                (keep / f"{name}-{width}.png").write_bytes(png)
+                if REGEN and name == "gemma-2-9b-it" and width == PHONE:
+                    PHONE_SHOT.write_bytes(png)
+    finally:
+        browser.close()
+
+
+def test_the_committed_phone_screenshot_exists() -> None:
+    data = PHONE_SHOT.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(data[16:20], "big") == PHONE
 
 
 # ---------------------------------------------------------------------------

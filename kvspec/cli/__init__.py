@@ -2,10 +2,12 @@
 
 One module per command, each exporting ``command``. Exit codes (documented in
 docs/cli.md): 0 ok, 1 invalid input (a :class:`~kvspec.errors.KvspecError`),
-2 usage error; a command may return its own code (``diff``: 1 when the plans
-differ). :func:`kvspec.cli.app.run` is the one place that turns exceptions and
-codes into exits; :mod:`kvspec.cli.app` builds the click group, importing each
-command's module only when it runs.
+2 usage error, 130 interrupted; a command may return its own code (``diff``: 1
+when the plans differ). :func:`kvspec.cli.app.run` is the one place that turns
+exceptions and codes into exits (and, under ``--format json``, errors into JSON
+on stdout); :mod:`kvspec.cli.app` builds the click group, importing each
+command's module only when it runs. What every command shares -- formats,
+errors, colour, output files, progress -- is :mod:`kvspec.cli.common`.
 """
 
 from __future__ import annotations

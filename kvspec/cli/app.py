@@ -15,7 +15,8 @@ import click
 from kvspec._version import __version__
 from kvspec.cli import common
 from kvspec.cli.commands import COMMANDS
-from kvspec.errors import EXIT_INVALID, EXIT_USAGE, KvspecError, UsageError
+from kvspec.cli.usage import as_usage_error
+from kvspec.errors import KvspecError, UsageError
 
 #: Command name -> module (``import`` lives in ``import_``, ``engine-args`` in ``engine_args``).
 MODULES = {m.rstrip("_").replace("_", "-"): m for m in COMMANDS}
@@ -39,27 +40,58 @@ class _Commands(click.Group):
               help="No colour in messages (also: the NO_COLOR environment variable).")
 def cli(no_color: bool) -> None:
     """Declare, review and load KV-cache memory layouts."""
-    common.COLOR = False if no_color else None
+    if no_color:  # (run() has already seen it anywhere on the line)
+        common.COLOR = False
 
 
 def run(argv: list[str] | None) -> None:
-    """Run the CLI, turn errors into messages and exit codes."""
+    """Run the CLI, turn errors into messages (or JSON documents) and exit codes."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    common.reset()
+    if "--no-color" in args[: args.index("--")] if "--" in args else "--no-color" in args:
+        common.COLOR = False   # before parsing: a usage error is plain too
     try:
-        if argv is not None and any("\x00" in a for a in argv):   # only from Python: argv has none
-            raise UsageError("an argument holds a NUL character",
-                             found=ascii(next(a for a in argv if "\x00" in a)),
-                             hint="no path or value can hold one; check how the "
-                             "arguments were built")
-        code = cli.main(args=argv, prog_name="kvspec", standalone_mode=False)
+        try:
+            if any("\x00" in a for a in args):   # only from Python: argv has none
+                raise UsageError("an argument holds a NUL character",
+                                 found=ascii(next(a for a in args if "\x00" in a)),
+                                 hint="no path or value can hold one; check how the "
+                                 "arguments were built")
+            code = cli.main(args=args, prog_name="kvspec", standalone_mode=False)
+        except click.exceptions.Abort:   # click's name for Ctrl-C (and EOF at a prompt)
+            raise KeyboardInterrupt from None
+        except click.exceptions.Exit as exc:   # --help, --version
+            code = exc.exit_code
+        except click.ClickException as exc:
+            raise as_usage_error(exc, args) from None
     except KvspecError as err:
-        common.error(err)
+        _fail(err, args)
         sys.exit(err.exit_code)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(EXIT_INVALID)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(EXIT_USAGE if isinstance(exc, click.UsageError) else exc.exit_code)
+    except common.ExitWith as exc:
+        _fail(exc.error, args)
+        sys.exit(exc.code)
+    except KeyboardInterrupt:
+        _fail(Interrupted("interrupted", hint="run the command again; nothing "
+                          "half-written was left behind"), args)
+        sys.exit(common.EXIT_INTERRUPTED)
     except BrokenPipeError:
         sys.exit(0)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+class Interrupted(KvspecError):
+    """The user pressed Ctrl-C (exit 130)."""
+
+    exit_code = common.EXIT_INTERRUPTED
+
+
+def _fail(err: KvspecError, args: list[str]) -> None:
+    """Say what went wrong: JSON on stdout when the command line asked for JSON, the
+    message on stderr otherwise."""
+    if common.FORMAT == "json" or (common.FORMAT is None and common.wants_json(args)):
+        try:
+            common.echo_json(common.error_document(err))
+            return
+        except BrokenPipeError:
+            return
+    common.error(err)

@@ -29,7 +29,7 @@ import click
 
 from kvspec._version import __version__
 from kvspec.artifact.text import sha256_of as sha256_text
-from kvspec.cli.common import USAGE, echo_json, quiet_option
+from kvspec.cli.common import USAGE, command, echo_json, format_option, quiet_option
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -199,17 +199,16 @@ def fix(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-@click.command("check", short_help="Check that committed artifacts are current.")
+@command("check", short_help="Check that committed artifacts are current.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--fix", "do_fix", is_flag=True,
               help="Rewrite stale artifacts and write missing ones.")
 @click.option("-v", "--verbose", is_flag=True, help="List current artifacts too.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: every finding as an object on stdout "
-              "(docs/cli.md).")
+@format_option("text", "json", help="json: every finding as an object on stdout "
+               "(docs/cli.md).")
 @quiet_option
 def command(paths: tuple[Path, ...], do_fix: bool, verbose: bool, fmt: str,
-            quiet: bool) -> None:
+            quiet: bool) -> int:
     """Check that each committed artifact is what its source compiles to.
 
     PATHS are sources, artifacts or directories (default: layouts/). Exit 0
@@ -236,7 +235,9 @@ def command(paths: tuple[Path, ...], do_fix: bool, verbose: bool, fmt: str,
         if fmt == "text" and not quiet:
             click.echo(f"{len(findings)} artifact(s) checked: all current"
                        + (f" ({fixed} rewritten)" if fixed else ""))
-        return
+        return EXIT_OK
+    if fmt == "json":  # the findings say it, in the one document stdout holds
+        return EXIT_INVALID
     raise _not_current(bad, findings, paths)
 
 

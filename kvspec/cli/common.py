@@ -1,31 +1,91 @@
-"""What the commands share: reading sizes and ranges, output streams and colour, paths.
+"""What the commands share: output formats, errors, colour, sizes, paths, progress.
 
-Results go to stdout; progress, warnings and "wrote ..." go to stderr, so a
-command's stdout can be piped. ``--quiet`` silences stderr's notes and
-warnings (errors are always printed). Colour is used on a terminal only, and
-never with ``NO_COLOR`` set or ``--no-color``.
+The contract every command keeps (docs/cli.md, "Conventions"):
+
+* **Streams.** Results go to stdout; progress, warnings and "wrote ..." go to
+  stderr, so a command's stdout can be piped. ``--quiet`` silences stderr's
+  notes and warnings (errors are always printed).
+* **Formats.** ``--format text|json`` on every command (:func:`format_option`;
+  ``--json`` is an alias where it was one). Under ``--format json`` stdout is one
+  JSON document, also when the command fails: an error is
+  ``{"ok": false, "errors": [...]}``, each error with the fields the text
+  message shows (:func:`error_document`), usage errors and missing files
+  included.
+* **Exit codes.** 0 ok, 1 the input is wrong, 2 usage, 130 interrupted
+  (:data:`EXIT_CODES`); ``diff``, ``verify`` and ``check`` say what 1 means
+  for them.
+* **Colour** on a terminal only; never with ``--no-color`` (anywhere on the
+  line: every command takes it), ``NO_COLOR`` set, or ``TERM=dumb``.
+* **Progress** bars for long work on a terminal (:func:`progress`).
+* **Output files** (:mod:`kvspec.cli.outputs`): the suffixes a command writes,
+  ``--parents``, its own earlier output replaced without ``--force``.
+
+A new command gets all of this by being declared with :func:`command` and
+:func:`format_option`, raising :class:`~kvspec.errors.KvspecError` for what goes
+wrong, and printing its result through :func:`echo_json` under ``json``.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kvspec.errors import KvspecError, UsageError
-from kvspec.files import is_stdin, is_stdout, parse_size
+from kvspec.cli.outputs import check_output, parents_option
+from kvspec.cli.progress import progress
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
+from kvspec.files import emit, is_stdin, is_stdout, parse_size
 
-#: ``--no-color`` sets this to False; None: colour on a terminal unless NO_COLOR.
+__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "write_result", "written_by", "check_output", "command", "echo_json",
+           "error", "error_document", "format_option", "note", "parents_option", "progress",
+           "quiet_option", "style", "use_color", "warn", "wants_json"]
+
+#: ``--no-color`` sets this to False; None: colour on a terminal unless NO_COLOR or TERM=dumb.
 COLOR: bool | None = None
+#: The output format the running command was asked for (``--format``/``--json``), once
+#: its options are read; ``kvspec.cli.app.run`` resets it for every command line.
+FORMAT: str | None = None
+
+#: Ctrl-C: the shell's convention, 128 + SIGINT.
+EXIT_INTERRUPTED = 130
+#: What every exit code means, for every command (docs/cli.md); a command's own table
+#: may narrow 1 (``diff``: the plans differ).
+EXIT_CODES = (
+    (EXIT_OK, "success"),
+    (EXIT_INVALID, "the input is wrong: a file is missing, unreadable or invalid, or cannot "
+                   "be planned (the message names the file, line and column, the YAML path, "
+                   "what was expected and found, and a hint)"),
+    (EXIT_USAGE, "a usage error: an unknown option, a missing argument, a bad value or a "
+                 "refused output path (the message has the same parts)"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C); nothing half-written is left behind"),
+)
+
+
+class ExitWith(Exception):  # noqa: N818 - not an error of its own: an exit code for one
+    """``error``, exiting with ``code`` instead of its own: ``diff`` and ``verify`` exit 2
+    when a side does not load, since 1 means "the plans differ" there. The message is
+    the error's, whole."""
+
+    def __init__(self, error: KvspecError, code: int) -> None:
+        super().__init__(error.message)
+        self.error, self.code = error, code
+
+
+def reset() -> None:
+    """Forget the last command line's colour and format (``app.run`` calls it)."""
+    global COLOR, FORMAT
+    COLOR, FORMAT = None, None
 
 
 def use_color() -> bool | None:
     """``click.echo``'s ``color``: False when asked for none, else click decides (a tty)."""
-    if COLOR is False or os.environ.get("NO_COLOR"):
+    if COLOR is False or os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
     return COLOR
 
@@ -36,7 +96,7 @@ def style(text: str, **kw: Any) -> str:
 
 
 def note(text: str, *, quiet: bool = False) -> None:
-    """A note for the user on stderr (``wrote ...``, progress)."""
+    """A note for the user on stderr (``wrote ...``)."""
     if not quiet:
         click.echo(text, err=True, color=use_color())
 
@@ -57,6 +117,138 @@ def error(err: KvspecError) -> None:
         message = head + style("error:", fg="red", bold=True) + rest
     message = message.replace("\n  hint:", "\n  " + style("hint:", fg="cyan"), 1)
     click.echo(message, err=True, color=use_color())
+
+
+def error_document(err: KvspecError) -> dict[str, Any]:
+    """An error as ``--format json`` prints it: ``{"ok": false, "errors": [...]}``, one
+    object per problem with the fields of the text message (type, message, file, line,
+    column, path, expected, found, hint)."""
+    data = err.as_dict()
+    problems = data["errors"] if "errors" in data else [data]
+    return {"ok": False, "errors": problems}
+
+
+def echo_json(obj: Any) -> None:
+    """A command's JSON result on stdout: one document, sorted keys."""
+    click.echo(json.dumps(obj, indent=1, sort_keys=True))
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for JSON (read before click parses it, so an error
+    in parsing is printed as JSON too)."""
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--json" or arg == "--format=json" or (
+                arg == "--format" and i + 1 < len(argv) and argv[i + 1] == "json"):
+            return True
+    return False
+
+
+# -- declaring commands ------------------------------------------------------------------
+
+def _no_color(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    global COLOR
+    if value:
+        COLOR = False
+
+
+def _no_color_option() -> click.Option:
+    return click.Option(["--no-color"], is_flag=True, expose_value=False, is_eager=True,
+                        callback=_no_color,
+                        help="No colour in messages (also: NO_COLOR, or TERM=dumb).")
+
+
+class Command(click.Command):
+    """A kvspec command: it takes ``--no-color`` wherever it stands on the line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.append(_no_color_option())
+
+
+def command(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Command]:
+    """``@click.command(name, ...)`` for a kvspec command (:class:`Command`)."""
+    return click.command(name, cls=Command, **kwargs)
+
+
+def _remember_format(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    global FORMAT
+    if value is not None:
+        FORMAT = value
+    return value
+
+
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    global FORMAT
+    if value:
+        FORMAT = "json"
+    return value
+
+
+def format_option(*choices: str, default: str | None = "text", json_alias: bool = False,
+                  help: str = "Output format.") -> Callable[[Callable[..., Any]], Any]:
+    """``--format`` (``fmt`` in the command) with ``choices``; ``json_alias``: ``--json``
+    too, the same as ``--format json``."""
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        if json_alias:
+            inner = f
+
+            @functools.wraps(inner)
+            def f(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN202 - the command itself
+                if kwargs.pop("as_json"):
+                    if kwargs["fmt"] not in (None, default, "json"):
+                        raise UsageError(f"--json and --format {kwargs['fmt']} disagree",
+                                         hint="--json is --format json; give one of them")
+                    kwargs["fmt"] = "json"
+                return inner(*args, **kwargs)
+
+            f = click.option("--json", "as_json", is_flag=True, is_eager=True,
+                             callback=_remember_json, help="Same as --format json.")(f)
+        return click.option("--format", "fmt", type=click.Choice(list(choices)),
+                            default=default, show_default=default is not None,
+                            is_eager=True, callback=_remember_format, help=help)(f)
+    return decorate
+
+
+def written_by(command: str) -> Callable[[str], bool]:
+    """Whether a source's text is ``kvspec COMMAND``'s output, not yet reviewed, so the
+    command may replace it without ``--force``. Its header says so: ``init`` writes
+    ``# Generated by:`` with its command line and a "Review it before use" sentence
+    (a reviewer replaces that, as the sources in layouts/ do); ``import`` writes two
+    comment lines, and a reviewer adds to them.
+
+    >>> ours = written_by("init")
+    >>> ours("# Generated by:\\n#   kvspec init --from-hf c.json\\n# Review it before use: ...\\n")
+    True
+    >>> ours("# Generated by:\\n#   kvspec init --from-hf c.json\\n# Reviewed: fine.\\n")
+    False
+    """
+    def header(text: str) -> list[str]:
+        return list(itertools.takewhile(lambda line: line.startswith("#"),
+                                        text[:16384].splitlines()))
+
+    def init(text: str) -> bool:
+        lines = header(text)
+        return any(line.startswith("#   kvspec init ") for line in lines) \
+            and any("Review it before use" in line for line in lines)
+
+    def import_(text: str) -> bool:
+        lines = header(text)
+        return len(lines) == 2 and lines[0].startswith("# yaml-language-server: ") \
+            and lines[1].startswith("# Imported by `kvspec import`")
+    return {"init": init, "import": import_}[command]
+
+
+def write_result(text: str, output: Path | None, fmt: str, *, quiet: bool) -> None:
+    """A written source (``init``, ``import``): to ``output`` or stdout; under
+    ``--format json``, ``{"ok", "output", "source"}`` on stdout (the file is written too)."""
+    if fmt == "json":
+        if output is not None:
+            emit(text, output, quiet=True)
+        echo_json({"ok": True, "output": str(output) if output else None, "source": text})
+        return
+    emit(text, output, quiet=quiet)
 
 
 def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -92,6 +284,8 @@ EXIT_DIFFER = 1
 
 #: What exit code 2 means for every command.
 USAGE = "a usage error: an unknown option, a missing argument, a bad value"
+#: What exit code 130 means for every command.
+INTERRUPTED = "interrupted (Ctrl-C)"
 
 #: Most points a ``--memory A..B:STEP`` sweep may have.
 MAX_SWEEP = 1000
@@ -124,10 +318,6 @@ def parse_memory_range(text: str) -> list[int]:
         return [lo + i * inc for i in range(points)]
     n = 7
     return sorted({lo + (hi - lo) * i // (n - 1) for i in range(n)})
-
-
-def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(obj, indent=1, sort_keys=True))
 
 
 def default_artifact_path(source: Path) -> Path:

@@ -6,21 +6,37 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, default_artifact_path, note, single_memory, warn
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    default_artifact_path,
+    echo_json,
+    format_option,
+    note,
+    parents_option,
+    progress,
+    single_memory,
+    warn,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 
 
-@click.command("compile", short_help="Compile a source into a frozen layout artifact.")
+@command("compile", short_help="Compile a source into a frozen layout artifact.")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Artifact path (default: SOURCE with .kvlayout.json, or stdout when "
               "SOURCE is -; -: print the artifact on stdout, without the summary).")
-@click.option("--memory", help="Plan the artifact's budget section for this memory per rank.")
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="Plan the artifact's budget section for this memory per rank.")
 @click.option("--force", is_flag=True,
               help="Overwrite an output file that is not a kvspec artifact.")
+@parents_option
+@format_option("text", "json", help="text: the summary; json: the same figures as one "
+               "object (docs/cli.md).")
 @click.option("--quiet", "-q", is_flag=True, help="Print nothing but errors.")
 def command(source: Path, output: Path | None, memory: str | None, force: bool,
-            quiet: bool) -> None:
+            parents: bool, fmt: str, quiet: bool) -> None:
     """Compile SOURCE into a frozen layout artifact and print its summary.
 
     A SOURCE of - is read from stdin, and the artifact then goes to stdout
@@ -32,27 +48,37 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     """
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.artifact import Artifact, is_artifact_text
-    from kvspec.compiler import compile_until
-    from kvspec.files import STDOUT, is_stdin, is_stdout, refuse_overwrite
-    from kvspec.reports.summary import summary, summary_warnings
+    from kvspec.compiler import PASSES, compile_until
+    from kvspec.files import STDOUT, is_stdin, is_stdout
+    from kvspec.reports.summary import summary, summary_data, summary_warnings
 
     if output is None and is_stdin(source):  # a filter: stdin to stdout
         output = Path(STDOUT)
     out = output or default_artifact_path(source)
-    if not is_stdout(out):
-        refuse_overwrite(out, force, inputs=(source,), ours=is_artifact_text)
-    artifact = compile_until(source, Artifact, memory=single_memory(memory),
-                             memory_name="--memory")
+    if is_stdout(out) and fmt == "json":
+        raise UsageError("the artifact goes to stdout (-o -), and so would --format json's "
+                         "summary", hint="write the artifact to a file with -o, or leave "
+                         "--format json out")
+    check_output(out, suffixes=(".kvlayout.json", ".json"), force=force, parents=parents,
+                 inputs=(source,), ours=is_artifact_text)
+    with progress(len(PASSES) + 1, label="compile", quiet=quiet) as bar:
+        artifact = compile_until(source, Artifact, memory=single_memory(memory),
+                                 memory_name="--memory", track=bar.track)
+        if not is_stdout(out):
+            artifact.write(out)
+        bar.advance("write")
     if is_stdout(out):
         click.echo(artifact.text(), nl=not artifact.text().endswith("\n"))
         for w in summary_warnings(artifact):
             warn(w, quiet=quiet)
         return
-    artifact.write(out)
-    if not quiet:
+    if fmt == "json":
+        echo_json({"ok": True, "file": str(out), **summary_data(artifact)})
+    elif not quiet:
         click.echo(summary(artifact, warnings=False))
-    for w in summary_warnings(artifact):
-        warn(w, quiet=quiet)
+    if fmt != "json":
+        for w in summary_warnings(artifact):
+            warn(w, quiet=quiet)
     note(f"wrote {out}", quiet=quiet)
 
 

@@ -4,18 +4,35 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
-from kvspec.cli.common import USAGE, dash_is_stdout, echo_json, note, quiet_option
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
-from kvspec.files import write_atomic
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    dash_is_stdout,
+    format_option,
+    parents_option,
+    quiet_option,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.files import emit
 
 #: ``--as`` targets (kvspec.connectors.exporters.EXPORTERS).
 TARGETS = ("vllm-nixl", "lmcache", "dynamo")
 
 
-@click.command("descriptor", short_help="Print the connector descriptor of an artifact.")
+def _ours(text: str) -> bool:
+    """Whether a file is this command's earlier output (replaced without --force)."""
+    head = text[:4096]
+    return head.startswith("{") and ('"descriptor": "kvspec.descriptor/' in head or
+                                     '"kv_caches_base_addr"' in text or
+                                     '"engine_group_infos"' in text or '"layout_config"' in head)
+
+
+@command("descriptor", short_help="Print the connector descriptor of an artifact.")
 @click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True,
               help="The rank: pipeline stage x tensor-parallel size + tensor-parallel rank.")
@@ -24,47 +41,40 @@ TARGETS = ("vllm-nixl", "lmcache", "dynamo")
                    "fixed count, else the fewest one request needs).")
 @click.option("--as", "target", type=click.Choice(TARGETS),
               help="Print it in a connector's format instead (JSON).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="text: a summary per region and group; json: the "
-                                      "whole descriptor (schemas/descriptor.schema.json).")
+@format_option("text", "json", help="text: a summary per region and group; json: the whole "
+               "descriptor (schemas/descriptor.schema.json), or the --as format.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               callback=dash_is_stdout, help="Write the JSON here instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace an existing file that is not this "
+              "command's output.")
+@parents_option
 @quiet_option
 def command(artifact: Path, rank: int, num_blocks: int | None, target: str | None, fmt: str,
-            output: Path | None, quiet: bool) -> int:
+            output: Path | None, force: bool, parents: bool, quiet: bool) -> int:
     """Print the connector descriptor of ARTIFACT's rank --rank: its regions, and per
     group and layer where one block's bytes lie (offsets from each region's base, which
     is 0 here; LoadedCache.descriptor() gives the real addresses). --as prints what
-    vLLM's NIXL connector, LMCache or Dynamo KVBM would read for the same cache."""
+    vLLM's NIXL connector, LMCache or Dynamo KVBM would read for the same cache, or
+    names what that format cannot express."""
     # deferred: msgspec (the artifact reader, the descriptor, its exporters) loads when it runs
     from kvspec.artifact import Artifact
     from kvspec.connectors.describe import describe
     from kvspec.connectors.exporters import export
 
-    try:
-        desc = describe(Artifact.read(artifact), rank=rank, num_blocks=num_blocks)
-        exported = export(desc, target) if target is not None else None
-    except KvspecError as err:
-        if fmt != "json":
-            raise
-        echo_json({"error": err.as_dict()})
-        return EXIT_INVALID
-    if exported is not None:
-        text = json.dumps(exported, indent=1, sort_keys=True) + "\n"
+    check_output(output, suffixes=(".json",), force=force, parents=parents,
+                 inputs=(artifact,), ours=_ours)
+    desc = describe(Artifact.read(artifact), rank=rank, num_blocks=num_blocks)
+    if target is not None:
+        text = json.dumps(export(desc, target), indent=1, sort_keys=True) + "\n"
     elif fmt == "json" or output is not None:
         text = desc.to_json()
     else:
-        click.echo(_summary(desc), nl=False)
-        return EXIT_OK
-    if output is None:
-        click.echo(text, nl=False)
-    else:
-        write_atomic(output, text)
-        note(f"wrote {output}", quiet=quiet)
+        text = _summary(desc)
+    emit(text, output, quiet=quiet)
     return EXIT_OK
 
 
-def _summary(desc) -> str:  # type: ignore[no-untyped-def]
+def _summary(desc: Any) -> str:
     p = desc.parallel
     lines = [f"{desc.name}: rank {p.rank} of {p.world_size} (tensor {p.tensor_rank} of "
              f"{p.tensor_parallel_size}, stage {p.pipeline_stage} of "
@@ -85,8 +95,7 @@ def _summary(desc) -> str:  # type: ignore[no-untyped-def]
 EXITS = (
     (EXIT_OK, "the descriptor (or its export) was printed"),
     (EXIT_INVALID, "the artifact cannot be read, the rank or block count is not one it "
-                   "has, or the `--as` format cannot express the cache (the field named); "
-                   "with `--format json` the error is printed as JSON too"),
+                   "has, or the `--as` format cannot express the cache (the field named)"),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

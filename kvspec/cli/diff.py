@@ -11,23 +11,24 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import EXIT_DIFFER, single_memory, stdin_once
+from kvspec.cli.common import (
+    EXIT_DIFFER,
+    ExitWith,
+    command,
+    format_option,
+    single_memory,
+    stdin_once,
+)
 from kvspec.errors import EXIT_OK, EXIT_USAGE, KvspecError
 
 
-class DiffInputError(KvspecError):
-    """A side of a diff that does not load or compile (exit 2: 1 means "differ")."""
-
-    exit_code = EXIT_USAGE
-
-
-@click.command("diff", short_help="Compare two layouts: groups, pages, capacity.")
+@command("diff", short_help="Compare two layouts: groups, pages, capacity.")
 @click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--memory", help="Compare capacity at this memory per rank (40GiB). "
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="Compare capacity at this memory per rank (40GiB). "
               "Default: A's budget (its engine.memory, or the artifact's).")
-@click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text",
-              show_default=True, help="Output format.")
+@format_option("text", "md", "json")
 @click.option("--quiet", "-q", is_flag=True,
               help="Print nothing; only the exit status says whether the plans differ.")
 def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
@@ -43,7 +44,7 @@ def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
     try:
         result = diff(a, b, memory=budget)
     except KvspecError as err:
-        raise err.as_type(DiffInputError) from None  # 1 means "the plans differ" here
+        raise ExitWith(err, EXIT_USAGE) from None  # 1 means "the plans differ" here
     if not quiet:
         click.echo(render_diff(result, fmt), nl=False)
     return 0 if result.identical else EXIT_DIFFER

@@ -14,7 +14,7 @@ definitions, not on the click version or the terminal width.
 >>> page = render()
 >>> page.splitlines()[0]
 '# Command-line reference'
->>> "## `kvspec compile`" in page and "| `--memory` |" in page
+>>> "## `kvspec compile`" in page and "| `--memory`, `--kv-cache-memory-bytes` |" in page
 True
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import click
 
 from kvspec.cli.app import cli as kvspec_cli
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import EXIT_CODES, EXIT_INTERRUPTED, INTERRUPTED, USAGE
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 #: The order commands appear in: the order a new user meets them. Commands not
@@ -66,28 +66,57 @@ walk through the commands, see [getting-started.md](getting-started.md).
 
 ## Conventions
 
-* **Exit codes.** 0 ok, 1 invalid input, 2 usage error, unless a command's table below
-  says otherwise (`kvspec diff`: 1 means "the plans differ"; `kvspec check`: 1 means an
-  artifact is stale).
+Every command keeps these (a new command gets them from `kvspec.cli.common`).
+
+**Exit codes**, the same for every command:
+
+| exit | meaning |
+| ---: | --- |
+{exits}
+
+`diff` and `verify` exit 1 when the plans differ, so a side that does not load exits 2
+there (CI never reads a broken layout as a change); `check` exits 1 when an artifact is
+stale. Each command's table below says what its codes mean for it.
+
 * **Streams.** Results go to stdout, so they can be piped; errors, warnings and notes
   such as `wrote X` go to stderr. `--quiet` (`-q`) drops the warnings and notes (errors
   are always printed); on `diff` and `verify` it drops the report too, leaving the exit
-  status. Colour is used on a terminal only, never with `--no-color` or `NO_COLOR` set.
-* **JSON.** `--format json` (`validate`, `check`, `explain`, `diff`, `verify`) and
-  `plan --json` print one JSON document on stdout, with sorted keys. `validate`: a list
-  with one object per source, `{{"file", "ok", "errors": [...], "warnings": [...]}}`,
-  each error `{{"type", "message", "file", "line", "column", "path", "expected", "found",
-  "hint"}}`; `check`: `{{"ok", "findings": [{{"source", "artifact", "status",
-  "detail"}}]}}`;
-  `explain`: the report's data ([reports.md](reports.md#json)).
+  status.
+* **Formats.** Every command takes `--format text|json` (some also `md`, `html` or
+  `shell`); `plan --json` is `plan --format json`. Under `--format json` stdout holds
+  one JSON document with sorted keys, also when the command fails: the error (a bad
+  option, a missing file, an invalid source alike) is
+  `{{"ok": false, "errors": [{{"type", "message", "file", "line", "column", "path",
+  "expected", "found", "hint"}}]}}`, the parts of the text message, with the same exit code.
+  The results: `validate`, a list with one object per source, `{{"file", "ok",
+  "errors": [...], "warnings": [...]}}`; `check`, `{{"ok", "findings": [{{"source",
+  "artifact", "status", "detail"}}]}}`; `compile`, the summary's figures with `"ok"` and
+  `"file"`; `init` and `import`, `{{"ok", "output", "source"}}` (the source's text);
+  `schema`, `{{"ok", "directory", "files": [{{"path", "status"}}]}}`; `plan`, the
+  reference view (a budget that cannot serve one request: the view with `"ok": false`,
+  `"error"` and `"errors"`); `explain`, the report's data ([reports.md](reports.md#json)).
 * **Error messages** name the file, line and column, the path into the YAML, what was
-  expected, what was found and a hint:
+  expected, what was found and a hint; a usage error reads the same way:
 
       layouts/m.yaml:6:3: error: unknown field 'max_num_seq'
         at: engine.max_num_seq
         expected: one of async_scheduling, block_size, ...
         hint: did you mean 'max_num_seqs'?
 
+      kvspec: error: no such option: --memroy
+        found: --memroy
+        hint: did you mean --memory? (kvspec plan --help lists the options)
+
+* **vLLM's flag names** work as well as kvspec's: `--tensor-parallel-size` and `-tp`
+  for `--tp`, `--pipeline-parallel-size` and `-pp` for `--pp`,
+  `--decode-context-parallel-size` and `-dcp` for `--dcp`, `--kv-cache-memory-bytes` for
+  `--memory`, `--num-gpu-blocks-override` for `--num-blocks`; `--max-model-len`,
+  `--block-size` and `--kv-cache-dtype` are vLLM's own names.
+* **Colour** is used on a terminal only, never with `--no-color` (anywhere on the
+  command line), `NO_COLOR` set or `TERM=dumb`.
+* **Progress.** Work that takes more than about a second (`compile` and `explain` of a
+  large model) draws a progress bar on stderr when stderr is a terminal; never into a
+  pipe or a file, and never with `--quiet`.
 * **Sizes** (`--memory`): bytes (`42949672960`) or a size with a unit: `40GiB`,
   `512MiB` (powers of two), `80GB` (powers of ten). `kvspec plan` also takes a sweep,
   `20GiB..80GiB` (seven budgets) or `20GiB..80GiB:10GiB` (a step).
@@ -100,10 +129,14 @@ walk through the commands, see [getting-started.md](getting-started.md).
   command line; `compile -` writes the artifact to stdout unless `-o` names a file.
   `check` needs files: it compares each source with the artifact beside it.
 * **Files** written with `-o` are written atomically: a reader never sees half a file.
-  A command never writes over its own input, and replaces an existing file only with
-  `--force` (`compile` also replaces its own earlier artifact). `-o -` writes to stdout;
-  a device or pipe (`/dev/null`, `/dev/stdout`, a FIFO) is written in place, never
-  replaced; a symbolic link stays a link (its target is written).
+  The name's suffix must be one the command writes (`compile`: `.kvlayout.json` or
+  `.json`; `explain`: `.txt`, `.md`, `.html`, `.json`, which also pick the format;
+  `init` and `import`: `.yaml`), and its directory must exist, unless `--parents` asks to
+  create it. A command never writes over its own input, and replaces an existing file
+  only when it is the command's own earlier output (an artifact, a report, a source whose
+  header says `kvspec init` or `kvspec import` wrote it), or with `--force`. `-o -`
+  writes to stdout; a device or pipe (`/dev/null`, `/dev/stdout`, a FIFO) is written in
+  place, never replaced; a symbolic link stays a link (its target is written).
 """
 
 
@@ -166,12 +199,17 @@ def _default(param: click.Option, ctx: click.Context) -> str:
     return f"`{value}`"
 
 
+def _short(option: str) -> bool:
+    """``-o``, not ``--output`` or vLLM's ``-tp``."""
+    return len(option) == 2 and option.startswith("-") and option != "--"
+
+
 def _option_rows(command: click.Command, ctx: click.Context) -> list[_Row]:
     rows = []
     for param in command.get_params(ctx):
         if not isinstance(param, click.Option) or param.hidden:
             continue
-        names = sorted(param.opts, key=lambda o: (o.startswith("--"), o))
+        names = sorted(param.opts, key=lambda o: (not _short(o), param.opts.index(o)))
         names += param.secondary_opts
         help_text = param.help or ""
         if param.required:
@@ -229,8 +267,11 @@ def commands(group: click.Group | None = None) -> list[tuple[str, click.Command]
 
 def exit_codes(name: str) -> tuple[tuple[int, str], ...]:
     """The exit codes of ``kvspec NAME`` and what each means (the command module's
-    ``EXITS``)."""
-    return getattr(_module(name), "EXITS", DEFAULT_EXITS)
+    ``EXITS``, and 130 for an interrupt, which every command shares)."""
+    codes = tuple(getattr(_module(name), "EXITS", DEFAULT_EXITS))
+    if EXIT_INTERRUPTED not in {c for c, _ in codes}:
+        codes += ((EXIT_INTERRUPTED, INTERRUPTED),)
+    return codes
 
 
 def _command_section(name: str, command: click.Command, group: click.Group) -> list[str]:
@@ -260,7 +301,8 @@ def render(group: click.Group | None = None) -> str:
     cmds = commands(group)
     summary = "\n".join(f"| [`{n}`](#kvspec-{n}) | {_cell(_first_sentence(c))} |"
                         for n, c in cmds)
-    lines = [_PREAMBLE.format(summary=summary)]
+    exits = "\n".join(f"| {code} | {_cell(text)} |" for code, text in EXIT_CODES)
+    lines = [_PREAMBLE.format(summary=summary, exits=exits)]
     for name, command in cmds:
         lines += _command_section(name, command, group)
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE
+from kvspec.cli.common import USAGE, command, format_option
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 
-@click.command("engine-args")
+@command("engine-args", short_help="Print the vllm serve flags that reproduce a plan.")
 @click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--engine", type=click.Choice(["vllm"]), required=True,
               help="The serving engine to print flags for.")
@@ -20,8 +20,8 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
               show_default=True, help="The plugin's KVSPEC_MODE in the environment line.")
 @click.option("--pin-blocks", is_flag=True, help="Fix the block count "
               "(--num-gpu-blocks-override) instead of the memory budget.")
-@click.option("--format", "fmt", type=click.Choice(["shell", "json"]), default="shell",
-              show_default=True, help="Output format.")
+@format_option("text", "json", "shell", help="text (or shell): the command line; json: the "
+               "flags as data.")
 def command(artifact: Path, engine: str, model: str | None, mode: str, pin_blocks: bool,
             fmt: str) -> None:
     """Print the vllm serve flags that reproduce a plan.

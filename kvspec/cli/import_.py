@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    dash_is_stdout,
+    format_option,
+    parents_option,
+    quiet_option,
+    write_result,
+    written_by,
+)
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -16,17 +26,23 @@ from kvspec.errors import (
 )
 
 
-@click.command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
+@command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              callback=dash_is_stdout, help="Where to write the source (default, or -: stdout).")
-@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+              callback=dash_is_stdout, help="Where to write the source, a .yaml file "
+              "(default, or -: stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing file that `kvspec "
+              "import` did not write.")
+@parents_option
+@format_option("text", "json", help="json: the source and where it went, as one object "
+               "(docs/cli.md).")
 @quiet_option
-def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
+def command(dump: Path, output: Path | None, force: bool, parents: bool, fmt: str,
+            quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""
     # deferred: the dump reader and the compiler (pydantic, PyYAML) load when it runs
     from kvspec.compiler import compile_source
-    from kvspec.files import emit, refuse_overwrite, shown
+    from kvspec.files import shown, write_atomic
     from kvspec.integrations.dump.importer import import_source
     from kvspec.integrations.dump.locate import in_dump
     from kvspec.integrations.dump.read import read_dump_file
@@ -44,8 +60,13 @@ def command(dump: Path, output: Path | None, force: bool, quiet: bool) -> None:
         problem = in_dump(err, **where)
     except KvspecError as err:
         raise in_dump(err, **where) from None
-    refuse_overwrite(output, force, inputs=(dump,))
-    emit(text, output, quiet=quiet)
+    check_output(output, suffixes=(".yaml", ".yml"), force=force, parents=parents,
+                 inputs=(dump,), ours=written_by("import"))
+    if problem is not None and fmt == "json":  # one document: the error
+        if output is not None:
+            write_atomic(output, text)
+        raise problem
+    write_result(text, output, fmt, quiet=quiet)
     if problem is not None:
         raise problem
 
@@ -55,7 +76,8 @@ EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
     (EXIT_INVALID, "the dump cannot be read, is not a per-layer spec dump, or does "
                    "not plan"),
-    (EXIT_USAGE, USAGE + "; the output file exists and `--force` was not given"),
+    (EXIT_USAGE, USAGE + "; the output file exists, `kvspec import` did not write it and "
+                 "`--force` was not given"),
 )
 #: Pages to read next (docs/cli.md).
 SEE_ALSO = ("format.md", "cookbook.md")

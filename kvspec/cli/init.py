@@ -6,10 +6,22 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, dash_is_stdout, quiet_option, single_memory
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    dash_is_stdout,
+    format_option,
+    parents_option,
+    quiet_option,
+    single_memory,
+    write_result,
+    written_by,
+)
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
-from kvspec.files import emit, is_stdin, refuse_overwrite, shown
-from kvspec.integrations.rules import target as parse_target
+from kvspec.files import is_stdin, shown
+from kvspec.integrations.rules import GDN_PREFILL_BACKENDS, GPU_TARGETS
+from kvspec.model.quant import KV_CACHE_DTYPES
 
 
 def _max_model_len(text: str | None) -> int | str | None:
@@ -37,31 +49,37 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
     return name.lower() or str(config.get("model_type") or "model")
 
 
-@click.command("init", short_help="Write a layout source from a Hugging Face config.json.")
+@command("init", short_help="Write a layout source from a Hugging Face config.json.")
 @click.option("--from-hf", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="The model's Hugging Face config.json (-: read it from stdin).")
 @click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),
               help="A model directory holding config.json (or the file): build it with "
               "vLLM's own model code on the meta device (needs kvspec[vllm]).")
-@click.option("--target", help="Where the deployment runs, where an engine setting depends "
-              "on it: a GPU class (volta, turing, ampere, ada, hopper, blackwell) or a "
-              "Gated-DeltaNet prefill backend (flashinfer, triton, cutedsl); see "
+@click.option("--target", type=click.Choice([*GPU_TARGETS, *GDN_PREFILL_BACKENDS],
+                                            case_sensitive=False),
+              help="Where the deployment runs, where an engine setting depends "
+              "on it: a GPU class or a Gated-DeltaNet prefill backend; see "
               "docs/engine-rules.md (default: Ampere or newer, no FlashInfer GDN prefill).")
-@click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--tp", "-tp", "--tensor-parallel-size", "tp", default=1, show_default=True,
+              type=click.IntRange(min=1),
               help="Tensor-parallel size (splits KV heads; state shapes are per rank).")
-@click.option("--pp", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Pipeline-parallel size.")
+@click.option("--pp", "-pp", "--pipeline-parallel-size", "pp", default=1, show_default=True,
+              type=click.IntRange(min=1), help="Pipeline-parallel size.")
+@click.option("--dcp", "-dcp", "--decode-context-parallel-size", "dcp", default=1,
+              show_default=True, type=click.IntRange(min=1),
+              help="Decode-context-parallel size (shards each request's tokens).")
 @click.option("--max-model-len", "max_model_len",
               help="Longest request in tokens, or auto to fit it to --memory "
               "(default: the model's max_position_embeddings).")
-@click.option("--memory", help="KV cache memory per rank, e.g. 40GiB (default: none; "
-              "the loader decides).")
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="KV cache memory per rank, e.g. 40GiB (default: none; the loader decides).")
 @click.option("--kv-cache-dtype", default="auto", show_default=True,
-              help="KV cache quantization: auto, fp8, fp8_e5m2, ...")
+              type=click.Choice(KV_CACHE_DTYPES), help="KV cache storage format.")
 @click.option("--dtype", help="Model dtype (default: the config's torch_dtype as vLLM serves "
               "it: float32 in bf16, or fp16 before Ampere).")
-@click.option("--block-size", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Attention block size (models with state layers may need more).")
+@click.option("--block-size", type=click.IntRange(min=1),
+              help="Attention block size (default: vLLM's, 16; for MLA models the one its "
+              "attention backend on --target takes; models with state layers may need more).")
 @click.option("--no-prefix-caching", "no_prefix_caching", is_flag=True,
               help="Serve without prefix caching (vLLM's --no-enable-prefix-caching): "
               "hybrids keep one state per request (mamba_cache_mode none).")
@@ -72,14 +90,20 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 @click.option("--name", help="The layout's name (default: from -o or the config file).")
 @click.option("--model", "model_id", help="The model's id, e.g. meta-llama/Llama-3.1-8B.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              callback=dash_is_stdout, help="Where to write the source (default, or -: stdout).")
-@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+              callback=dash_is_stdout, help="Where to write the source, a .yaml file "
+              "(default, or -: stdout).")
+@click.option("--force", is_flag=True, help="Overwrite an existing file that `kvspec init` "
+              "did not write.")
+@parents_option
+@format_option("text", "json", help="json: the source and where it went, as one object "
+               "(docs/cli.md).")
 @quiet_option
 def command(config_path: Path | None, vllm_model: Path | None, target: str | None, tp: int,
-            pp: int, max_model_len: str | None, memory: str | None, kv_cache_dtype: str,
-            dtype: str | None, block_size: int, no_prefix_caching: bool,
-            mamba_cache_dtype: str, mamba_ssm_cache_dtype: str, name: str | None,
-            model_id: str | None, output: Path | None, force: bool, quiet: bool) -> None:
+            pp: int, dcp: int, max_model_len: str | None, memory: str | None,
+            kv_cache_dtype: str, dtype: str | None, block_size: int | None,
+            no_prefix_caching: bool, mamba_cache_dtype: str, mamba_ssm_cache_dtype: str,
+            name: str | None, model_id: str | None, output: Path | None, force: bool,
+            parents: bool, fmt: str, quiet: bool) -> None:
     """Write a layout source for a model: from its Hugging Face config.json, or
     from vLLM's own model code.
 
@@ -87,38 +111,33 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
     Phi-3/Phi-4, Gemma 2, Gemma 3, gpt-oss, Llama 4, DeepSeek V2/V3, GLM-4.5,
     MiniMax-M2, Jamba, Qwen3-Next, Qwen3.5, Qwen3.5-MoE, Nemotron-H. The
     source carries what vLLM 0.33.0 will run with (served dtype, hybrid block
-    size and mamba_cache_mode; docs/engine-rules.md). It compiles; review it
-    before committing it.
+    size and mamba_cache_mode, the MLA backend's block size; docs/engine-rules.md).
+    It compiles; review it before committing it.
     """
     from kvspec.integrations.options import InitOptions  # deferred: PyYAML
 
     if (config_path is None) == (vllm_model is None):
         raise UsageError("give one of --from-hf config.json and --from-vllm MODEL",
                          hint="e.g. kvspec init --from-hf config.json -o layouts/m.yaml")
-    if target is not None:
-        try:
-            parse_target(target)
-        except ValueError as exc:
-            raise UsageError(f"--target: {exc}", found=target,
-                             hint="see docs/engine-rules.md") from None
     source = config_path if config_path is not None else vllm_model
     assert source is not None
     if is_stdin(vllm_model):
         raise UsageError("--from-vllm takes a model directory, not stdin",
                          hint="pipe a config.json in with --from-hf -, or give the "
                          "directory holding it")
-    refuse_overwrite(output, force, inputs=(source,))
+    check_output(output, suffixes=(".yaml", ".yml"), force=force, parents=parents,
+                 inputs=(source,), ours=written_by("init"))
     config, config_text = {}, None
     if config_path is not None:
         from kvspec.integrations.hf.config import read_config  # deferred: PyYAML
         config, config_text = read_config(config_path)
     options = InitOptions(
         name=name or _default_name(source, output, config),
-        model=model_id, tp=tp, pp=pp, max_model_len=_max_model_len(max_model_len),
+        model=model_id, tp=tp, pp=pp, dcp=dcp, max_model_len=_max_model_len(max_model_len),
         memory=single_memory(memory), kv_cache_dtype=kv_cache_dtype,
         dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
-        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=shown(source), target=target,
-        prefix_caching=not no_prefix_caching)
+        mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=shown(source),
+        target=target.lower() if target else None, prefix_caching=not no_prefix_caching)
     if vllm_model is not None:
         # deferred: the vLLM bridge (it imports vLLM when it runs)
         from kvspec.integrations.vllm.init import init_source as from_vllm
@@ -127,7 +146,7 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         # deferred: the compiler (pydantic, PyYAML)
         from kvspec.integrations.hf.init import init_source
         text = init_source(config, options, text=config_text)
-    emit(text, output, quiet=quiet)
+    write_result(text, output, fmt, quiet=quiet)
 
 
 #: ``kvspec init``'s exit codes and what each means (docs/cli.md).
@@ -137,7 +156,8 @@ EXITS = (
                    "or not what it should be (the message gives its line and column), its "
                    "architecture is not a supported family (the message lists them), or "
                    "vLLM 0.33.0 refuses the config (the message gives vLLM's reason)"),
-    (EXIT_USAGE, USAGE + "; the output file exists and `--force` was not given"),
+    (EXIT_USAGE, USAGE + "; the output file exists, `kvspec init` did not write it and "
+                 "`--force` was not given"),
 )
 #: Pages to read next (docs/cli.md).
 SEE_ALSO = ("getting-started.md", "format.md")

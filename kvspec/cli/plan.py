@@ -10,7 +10,9 @@ import click
 
 from kvspec.cli.common import (
     USAGE,
+    command,
     echo_json,
+    format_option,
     parse_bytes,
     parse_memory_range,
     quiet_option,
@@ -23,16 +25,19 @@ if TYPE_CHECKING:
     from kvspec.source.where import SourceMap
 
 
-@click.command("plan", short_help="Print the plan of a layout for a memory budget.")
+@command("plan", short_help="Print the plan of a layout for a memory budget.")
 @click.argument("layout", type=click.Path(path_type=Path))
-@click.option("--memory", help="Memory per rank (40GiB, 42949672960), or a sweep "
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="Memory per rank (40GiB, 42949672960), or a sweep "
               "20GiB..80GiB[:10GiB]. Default: the layout's own budget.")
-@click.option("--num-blocks", type=click.IntRange(min=1), help="Plan for this many blocks "
+@click.option("--num-blocks", "--num-gpu-blocks-override", "num_blocks",
+              type=click.IntRange(min=1), help="Plan for this many blocks "
               "instead of a memory budget.")
-@click.option("--json", "as_json", is_flag=True, help="Print the reference view as JSON.")
-@click.option("--views", is_flag=True, help="With --json: include every layer's view.")
+@format_option("text", "json", json_alias=True, help="text: a table; json: the reference "
+               "view, field by field comparable with vLLM's planner (docs/cli.md).")
+@click.option("--views", is_flag=True, help="With --format json: include every layer's view.")
 @quiet_option
-def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: bool,
+def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
             views: bool, quiet: bool) -> int:
     """Print the plan of LAYOUT (a source, or a .kvlayout.json artifact) for a memory
     budget. An artifact keeps the max_model_len it was compiled for."""
@@ -42,8 +47,10 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, as_json: b
     from kvspec.reports.summary import plan_table, plan_warnings, sweep_table
     from kvspec.source.where import GivenMemory
 
+    as_json = fmt == "json"
     if views and not as_json:
-        raise UsageError("--views needs --json", hint="kvspec plan SOURCE --json --views")
+        raise UsageError("--views needs --format json",
+                         hint="kvspec plan SOURCE --format json --views")
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
@@ -108,7 +115,8 @@ EXITS = (
               "cannot serve one request: those rows say so)"),
     (EXIT_INVALID, "the source is invalid, there is no budget (no `--memory`, "
                    "`--num-blocks` or `engine.memory`), or the budget cannot serve "
-                   "one request; with `--json` the error is printed as JSON too"),
+                   "one request (with `--format json`: the reference view with `ok: false` and "
+                   "the error)"),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -9,26 +9,43 @@ from typing import Any
 
 import click
 
-from kvspec.cli.common import USAGE, dash_is_stdout, echo_json, note, quiet_option
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    dash_is_stdout,
+    echo_json,
+    format_option,
+    note,
+    parents_option,
+    quiet_option,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 from kvspec.files import shown, write_atomic
 
 
-@click.command("transfer", short_help="Decide and plan block transfers between two artifacts.")
+def _ours(text: str) -> bool:
+    """Whether a file is this command's earlier plan (replaced without --force)."""
+    return text.startswith('{"destination":') and '"kvspec_transfer_plan":' in text[:100_000]
+
+
+@command("transfer", short_help="Decide and plan block transfers between two artifacts.")
 @click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("dst", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--src-num-blocks", type=click.IntRange(min=1),
               help="Blocks of SRC's budget-sized pools (default: its budget or fixed count, "
                    "else the fewest one request needs).")
 @click.option("--dst-num-blocks", type=click.IntRange(min=1), help="The same for DST.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="text: the verdict and descriptor counts; json: "
-                                      "those and the plan (a refusal too, as JSON).")
+@format_option("text", "json", help="text: the verdict and descriptor counts; json: those "
+               "and the plan.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               callback=dash_is_stdout, help="Write the transfer plan (JSON) here.")
+@click.option("--force", is_flag=True, help="Replace an existing file that is not a plan "
+              "this command wrote.")
+@parents_option
 @quiet_option
 def command(src: Path, dst: Path, src_num_blocks: int | None, dst_num_blocks: int | None,
-            fmt: str, output: Path | None, quiet: bool) -> int:
+            fmt: str, output: Path | None, force: bool, parents: bool, quiet: bool) -> int:
     """Decide whether blocks of SRC's KV cache can move to DST's (both compiled
     artifacts), and plan it: compatible (the same geometry), re-mappable (another
     tensor-parallel size, axis order, block size that divides, pipeline split or block
@@ -39,15 +56,11 @@ def command(src: Path, dst: Path, src_num_blocks: int | None, dst_num_blocks: in
     from kvspec.artifact import Artifact
     from kvspec.connectors.transfer import plan_transfer
 
-    try:
-        t = plan_transfer(Artifact.read(src), Artifact.read(dst), src_file=shown(src),
-                          dst_file=shown(dst), src_blocks=src_num_blocks,
-                          dst_blocks=dst_num_blocks)
-    except KvspecError as err:
-        if fmt != "json":
-            raise
-        echo_json({"verdict": "refused", "error": err.as_dict()})
-        return EXIT_INVALID
+    check_output(output, suffixes=(".json",), force=force, parents=parents,
+                 inputs=(src, dst), ours=_ours)
+    t = plan_transfer(Artifact.read(src), Artifact.read(dst), src_file=shown(src),
+                      dst_file=shown(dst), src_blocks=src_num_blocks,
+                      dst_blocks=dst_num_blocks)
     if output is not None:
         write_atomic(output, t.plan.to_json())
     if fmt == "json":
@@ -69,7 +82,8 @@ def _side(side: Any) -> dict[str, Any]:
 
 def _as_json(t: Any) -> dict[str, Any]:
     groups = [{f: getattr(c, f) for f in c.__slots__} for c in t.counts]
-    return {"verdict": t.verdict, "reasons": list(t.reasons), "source": _side(t.source),
+    return {"ok": True, "verdict": t.verdict, "reasons": list(t.reasons),
+            "source": _side(t.source),
             "destination": _side(t.destination), "groups": groups,
             "plan": json.loads(t.plan.to_json())}
 
@@ -103,8 +117,7 @@ def _text(t: Any) -> str:
 EXITS = (
     (EXIT_OK, "blocks can move: compatible or re-mappable (the plan is written with `-o`)"),
     (EXIT_INVALID, "refused (the message names the field and where it differs), or an "
-                   "artifact cannot be read; with `--format json` the refusal is printed "
-                   "as JSON too"),
+                   "artifact cannot be read"),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

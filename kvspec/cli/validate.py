@@ -6,15 +6,25 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, echo_json, error, note, quiet_option, stdin_once, warn
+from kvspec.cli.common import (
+    USAGE,
+    command,
+    echo_json,
+    error,
+    error_document,
+    format_option,
+    note,
+    quiet_option,
+    stdin_once,
+    warn,
+)
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@click.command("validate", short_help="Check sources without writing anything.")
+@command("validate", short_help="Check sources without writing anything.")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="text: one line per source (problems on stderr); "
-              "json: one object per source on stdout (docs/cli.md).")
+@format_option("text", "json", help="text: one line per source (problems on stderr); "
+               "json: one object per source on stdout (docs/cli.md).")
 @quiet_option
 def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     """Check SOURCES without writing anything: every source, every problem.
@@ -37,8 +47,8 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
             warnings = summary_warnings(compile_until(source, Sized).layout)
             results.append({"file": name, "ok": True, "errors": [], "warnings": warnings})
         except KvspecError as err:
-            results.append({"file": name, "ok": False, "errors": _errors(err),
-                            "warnings": []})
+            results.append({"file": name, "ok": False,
+                            "errors": error_document(err)["errors"], "warnings": []})
             if fmt == "text":
                 error(err)
             continue
@@ -52,11 +62,6 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     if fmt == "text" and bad and len(results) > 1:
         note(f"{bad} of {len(results)} sources have problems", quiet=quiet)
     return EXIT_OK if all(r["ok"] for r in results) else EXIT_INVALID
-
-
-def _errors(err: KvspecError) -> list[dict[str, object]]:
-    data = err.as_dict()
-    return list(data["errors"]) if "errors" in data else [data]  # type: ignore[arg-type]
 
 
 #: ``kvspec validate``'s exit codes and what each means (docs/cli.md).

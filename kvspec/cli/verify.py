@@ -11,26 +11,20 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import single_memory
+from kvspec.cli.common import ExitWith, command, format_option, single_memory
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-class VerifyInputError(KvspecError):
-    """A layout that does not load, or a check that cannot run (exit 2: 1 is "differ")."""
-
-    exit_code = EXIT_USAGE
-
-
-@click.command("verify", short_help="Check a plan against the installed vLLM's own planner.")
+@command("verify", short_help="Check a plan against the installed vLLM's own planner.")
 @click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--against", type=click.Choice(["vllm"]), required=True,
               help="The engine whose own planner checks the plan (the installed vLLM).")
-@click.option("--memory", help="KV cache memory per rank to compare at (40GiB). Default: "
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="KV cache memory per rank to compare at (40GiB). Default: "
               "the layout's budget, else twice what one request needs.")
 @click.option("--allow-by-design", is_flag=True, help="Exit 0 when every difference is "
               "one the by-design table explains (docs/vllm.md).")
-@click.option("--format", "fmt", type=click.Choice(["text", "md", "json"]), default="text",
-              show_default=True, help="Output format.")
+@format_option("text", "md", "json")
 @click.option("--quiet", "-q", is_flag=True,
               help="Print nothing; only the exit status says whether the plans agree.")
 def command(layout: Path, against: str, memory: str | None, allow_by_design: bool,
@@ -49,11 +43,11 @@ def command(layout: Path, against: str, memory: str | None, allow_by_design: boo
     from kvspec.integrations.vllm.verify import verify_path
 
     mem = single_memory(memory)
-    adapter = bridge.adapter()
     try:
+        adapter = bridge.adapter()
         verdict = verify_path(layout, memory=mem, adapter=adapter)
     except KvspecError as err:
-        raise err.as_type(VerifyInputError) from None
+        raise ExitWith(err, EXIT_USAGE) from None  # 1 means "the plans differ" here
     if not quiet:
         click.echo(render(verdict, fmt), nl=False)
     if verdict.agrees or (allow_by_design and verdict.by_design_only):

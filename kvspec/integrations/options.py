@@ -19,13 +19,17 @@ class InitOptions:
     model: str | None = None
     tp: int = 1
     pp: int = 1
+    #: vLLM's ``--decode-context-parallel-size``.
+    dcp: int = 1
     #: None: the model's ``max_position_embeddings``; "auto": fit to ``memory``.
     max_model_len: int | Literal["auto"] | None = None
     memory: int | None = None
     kv_cache_dtype: str = "auto"
     #: The model dtype; None: the config's ``torch_dtype`` (bfloat16 if it names none).
     dtype: str | None = None
-    block_size: int = 16
+    #: The attention block size; None: the engine's choice (vLLM's default 16, or for an
+    #: MLA model the block its attention backend on ``target`` takes).
+    block_size: int | None = None
     mamba_cache_dtype: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     #: The config file as the user named it (for the header).
@@ -49,9 +53,10 @@ class InitOptions:
         memory = exact_size(self.memory) if self.memory is not None else None
         flags: list[tuple[str, Any, Any]] = [
             ("--target", self.target, None), ("--tp", self.tp, 1), ("--pp", self.pp, 1),
+            ("--dcp", self.dcp, 1),
             ("--max-model-len", self.max_model_len, None), ("--memory", memory, None),
             ("--kv-cache-dtype", self.kv_cache_dtype, "auto"), ("--dtype", self.dtype, None),
-            ("--block-size", self.block_size, 16),
+            ("--block-size", self.block_size, None),
             ("--mamba-cache-dtype", self.mamba_cache_dtype, "auto"),
             ("--mamba-ssm-cache-dtype", self.mamba_ssm_cache_dtype, "auto"),
             ("--model", self.model, None)]

@@ -11,24 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvspec.compiled import CompiledArtifact, read
+from kvspec.compiled import CompiledArtifact
 from kvspec.errors import KvspecError
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Layout, Plan
 from kvspec.planner import Sizing
 from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request
-from kvspec.reports.format import human_bytes, layers_brief, table
+from kvspec.reports.format import compact_layers, human_bytes, layers_brief, table
 
-__all__ = ["human_bytes", "plan_table", "plan_warnings", "summary", "summary_warnings",
-           "sweep_table"]
+__all__ = ["human_bytes", "plan_table", "plan_warnings", "summary", "summary_data",
+           "summary_warnings", "sweep_table"]
+
+
+def _page_sizes(group: Group) -> list[int]:
+    """The distinct per-layer page sizes of a group, in bytes."""
+    return sorted({group.layer_spec(n).page_size_bytes for n in group.layer_names}) \
+        or [group.spec.page_size_bytes]
 
 
 def _pages(group: Group) -> str:
     """The distinct per-layer page sizes of a group."""
-    pages = sorted({group.layer_spec(n).page_size_bytes for n in group.layer_names}) \
-        or [group.spec.page_size_bytes]
-    return " / ".join(human_bytes(p) for p in pages)
+    return " / ".join(human_bytes(p) for p in _page_sizes(group))
 
 
 def summary_warnings(artifact: CompiledArtifact | Layout) -> list[str]:
@@ -67,6 +71,35 @@ def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
     if warnings:
         out += [f"warning: {w}" for w in summary_warnings(artifact)]
     return "\n".join(out)
+
+
+def summary_data(artifact: CompiledArtifact) -> dict[str, object]:
+    """The summary as data (``kvspec compile --format json``): the same figures.
+
+    >>> from kvspec.compiler import compile
+    >>> d = summary_data(compile("layouts/llama-3.1-8b.yaml"))
+    >>> d["layers"], d["bytes_per_block"], d["budget"]["num_blocks"], d["groups"][0]["members"]
+    (32, 2097152, 20480, ['model.layers.{0..31}.self_attn.attn'])
+    """
+    layout = artifact.layout
+    eng, st0, b = layout.engine, layout.stage(0), layout.budget
+    return {
+        "name": layout.name, "model": layout.model, "sha256": artifact.sha256,
+        "layers": len(layout.layers), "axis_order": eng.axis_order.name,
+        "block_size": eng.block_size, "max_model_len": eng.max_model_len,
+        "groups": [{"kind": ref_kind_name(g.spec), "layers": len(g.layer_names),
+                    "block_size": g.spec.block_size, "page_sizes": _page_sizes(g),
+                    "padding_slots": g.padding_slots,
+                    "members": list(compact_layers(g.layer_names))}
+                   for g in layout.groups],
+        "bytes_per_block": st0.bytes_per_block, "fixed_bytes": st0.fixed_bytes,
+        "memory_per_request": layout.stage_figures[0].memory_per_request,
+        "min_num_blocks": layout.min_num_blocks(),
+        "budget": None if b is None else {
+            "memory": b.memory, "num_blocks": b.num_blocks,
+            "kv_cache_size_tokens": b.kv_cache_size_tokens,
+            "max_concurrency": b.max_concurrency, "max_model_len": b.max_model_len},
+        "warnings": summary_warnings(artifact)}
 
 
 def plan_warnings(plan: Plan, sizing: Sizing) -> list[str]:

@@ -9,6 +9,7 @@ entry; the layers of one type share one fields mapping.
 from __future__ import annotations
 
 import difflib
+import re
 import string
 from typing import Any, NamedTuple
 
@@ -23,6 +24,10 @@ MAX_LAYERS = 100_000
 SKIP = "-"
 
 _ENTRY_ONLY = ("type", "name", "index", "repeat")
+
+#: What a layer name may not hold: control characters (an escape sequence would
+#: rewrite the terminal a report is shown on), and invisible or bidirectional marks.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 
 
 Path = tuple[str | int, ...]
@@ -77,6 +82,24 @@ def template_problem(template: str) -> str | None:
     return None
 
 
+def control_problem(doc: Document, path: tuple, name: str, what: str) -> KvspecError | None:
+    """An error at ``path`` when the layer name (or template) ``name`` holds a control
+    character, or None.
+
+    >>> control_problem(None, (), "model.layers.{index}.attn", "layer_name") is None
+    True
+    """
+    m = _CONTROL.search(name)
+    if m is None:
+        return None
+    char = m.group().encode("unicode_escape").decode("ascii")
+    return doc.error(f"{what} holds a control character ({char}) at character "
+                     f"{m.start() + 1}", path, expected="printable characters",
+                     found=repr(name), hint="layer names are the engine's module names; "
+                     "remove it (an escape sequence would rewrite the terminal a report "
+                     "is printed on)")
+
+
 def unknown_type(doc: Document, path: tuple, name: str, source: Source) -> KvspecError:
     known = sorted(source.layer_types)
     close = difflib.get_close_matches(name, known, n=1)
@@ -110,6 +133,7 @@ class _Expander:
     def render(self, template: str, path: tuple) -> str:
         if template not in self._templates:
             self._templates[template] = template_problem(template)
+            self._control(template, path)
         problem = self._templates[template]
         if problem is not None:
             self.errors.append(self.doc.error(f"bad layer_name template {template!r}: {problem}",
@@ -120,6 +144,12 @@ class _Expander:
                                               "model.layers.{index}.self_attn.attn"))
             return f"{template}\0{self.index}"  # unique: no second error for a repeated name
         return template.format(index=self.index)
+
+    def _control(self, template: str, path: tuple) -> None:
+        """A control character in a template is an error (once per template)."""
+        problem = control_problem(self.doc, path, template, "layer_name template")
+        if problem is not None:
+            self.errors.append(problem)
 
     def pattern(self, entry: PatternEntry, base: tuple) -> None:
         plan = self._pattern_plan(entry, base)
@@ -148,6 +178,7 @@ class _Expander:
                     template = fields.get("layer_name") or self.source.layer_name
                     if template not in self._templates:
                         self._templates[template] = template_problem(template)
+                        self._control(template, origins.get("layer_name", ("layer_name",)))
                     if self._templates[template] is not None:
                         return None
                     members.append((type_name, fields, origins, template))
@@ -184,6 +215,9 @@ class _Expander:
         own, own_origins = merge_fields((entry, base))
         fields, origins = {**typed, **own}, {**typed_origins, **own_origins}
         if entry.name is not None:
+            control = control_problem(self.doc, base + ("name",), entry.name, "layer name")
+            if control is not None:
+                self.errors.append(control)
             if entry.repeat > 1:
                 self.errors.append(self.doc.error(
                     "an entry with an explicit name cannot repeat", base + ("repeat",),

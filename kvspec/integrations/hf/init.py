@@ -33,6 +33,7 @@ layers:
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -50,11 +51,13 @@ from kvspec.integrations.hf.families import (
     family_title,
 )
 from kvspec.integrations.hf.families.facts import (
+    LATENT,
     STATE,
     ConfigError,
     cfg_opt_int,
     text_config,
 )
+from kvspec.integrations.mla_backend import DEFAULT_BLOCK_SIZE, mla_backend, mla_block_note
 from kvspec.integrations.options import InitOptions, header
 from kvspec.model import kinds
 from kvspec.model.specs import Attention, MambaState
@@ -160,6 +163,8 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     if any(SKIP in e["pattern"] for e in section["layers"] if "pattern" in e):
         notes.append("'-' pattern items are decoder layers without a KV cache (MLP/MoE only).")
     parallel: dict[str, Any] = {"tensor": options.tp, "pipeline": options.pp}
+    if options.dcp > 1:
+        parallel["decode_context"] = options.dcp
     if max(layer.index for layer in facts.layers) + 1 != facts.num_layers:
         parallel["num_hidden_layers"] = facts.num_layers
     text = text_config(config)
@@ -216,6 +221,10 @@ def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     """The reviewed-to-be source text for ``facts``, after the engine's
     config-stage rules (:mod:`kvspec.integrations.rules`); it compiles."""
     target = _target(options)
+    asked, block_notes = options, []
+    if options.block_size is None:  # the engine's choice: vLLM's default, or the MLA backend's
+        block, block_notes = _engine_block_size(facts, config, options, target)
+        options = dataclasses.replace(options, block_size=block)
     hyb = None
     if any(layer.kind == STATE for layer in facts.layers):
         draft, _ = source_data(facts, config, options)
@@ -223,9 +232,23 @@ def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
         pages = _compiling(lambda: state_pages(draft, options), options)
         hyb = hybrid(facts, pages, options, target, head_k)
     source, notes = source_data(facts, config, options, hyb)
-    text = _header(facts, options, notes) + _dump(source)
+    text = _header(facts, asked, block_notes + notes) + _dump(source)
     _compiling(lambda: compile_source(text, f"<init {options.config_name}>"), options)
     return text
+
+
+def _engine_block_size(facts: ModelFacts, config: Mapping[str, Any], options: InitOptions,
+                       target: rules.Target) -> tuple[int, list[str]]:
+    """The block size vLLM sets when none is given, and the note that says why: 16, or
+    for an MLA model what its attention backend on ``target`` takes
+    (:mod:`kvspec.integrations.mla_backend`)."""
+    if not any(layer.kind == LATENT for layer in facts.layers):
+        return DEFAULT_BLOCK_SIZE, []
+    nope = text_config(config).get("qk_nope_head_dim")
+    nope = nope if isinstance(nope, int) and not isinstance(nope, bool) else None
+    chosen = mla_backend(target, options.kv_cache_dtype, nope)
+    block = chosen[1] if chosen is not None else DEFAULT_BLOCK_SIZE
+    return block, [mla_block_note(target, options.kv_cache_dtype, nope, block)]
 
 
 def _compiling(step: Callable[[], T], options: InitOptions) -> T:

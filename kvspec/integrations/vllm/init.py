@@ -89,8 +89,9 @@ def target_choices(options: InitOptions, config: dict[str, Any]) -> dict[str, An
 
 def settings(options: InitOptions) -> dict[str, Any]:
     """The engine settings vLLM builds the model for."""
-    return {"block_size": options.block_size, "tensor_parallel_size": options.tp,
-            "pipeline_parallel_size": options.pp, "decode_context_parallel_size": 1,
+    return {"block_size": options.block_size or 16, "tensor_parallel_size": options.tp,
+            "pipeline_parallel_size": options.pp,
+            "decode_context_parallel_size": options.dcp,
             "enable_prefix_caching": options.prefix_caching,
             "kv_cache_dtype": options.kv_cache_dtype,
             "max_model_len": options.max_model_len
@@ -151,7 +152,7 @@ def to_dump(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
         "enable_prefix_caching": engine["enable_prefix_caching"],
         "disable_hybrid_kv_cache_manager": engine["disable_hybrid_kv_cache_manager"],
         "tensor_parallel_size": options.tp, "pipeline_parallel_size": options.pp,
-        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
+        "decode_context_parallel_size": options.dcp, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
         "num_hidden_layers": facts["num_hidden_layers"]}
     if engine["mamba_cache_mode"] not in (None, "none"):
         config["mamba_cache_mode"] = engine["mamba_cache_mode"]
@@ -192,6 +193,8 @@ def source_data(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
     engine.setdefault("prefix_caching", cfg.enable_prefix_caching is not False)
     source["engine"] = engine
     parallel: dict[str, Any] = {"tensor": options.tp, "pipeline": options.pp}
+    if options.dcp > 1:
+        parallel["decode_context"] = options.dcp
     if max((r.index or 0) for r in recs) + 1 != facts["num_hidden_layers"]:
         parallel["num_hidden_layers"] = facts["num_hidden_layers"]
     source["parallel"] = flow(parallel)

@@ -11,7 +11,9 @@ re-planned for ``--memory``); an artifact is read, verified and re-sized for
 * :mod:`.capacity` -- what a budget holds, and the sweep over budgets;
 * :mod:`.blockmap` -- where each layer sits inside one block, waste by cause;
 * :mod:`.report` -- the report's rows and warnings;
-* :mod:`.pictures` -- the block as text, the HTML report's SVG geometry;
+* :mod:`.pictures` -- the block as text, the HTML report's block picture (for a
+  laptop's width and a phone's);
+* :mod:`.chart` -- the HTML report's capacity chart;
 * :mod:`.render` -- the Jinja2 environment and its filters.
 
 One block of the main pool, as the report draws it: every group's layers sit

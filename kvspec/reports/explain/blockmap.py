@@ -10,6 +10,7 @@ no layer of a group uses, by cause.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from kvspec.model.plan import Layout, Stage, Tensor
 from kvspec.model.specs.base import LayerSpec
@@ -70,7 +71,15 @@ class BlockMap:
     used: int
 
     def of(self, group: int) -> tuple[Segment, ...]:
-        return tuple(s for s in self.segments if s.group == group)
+        """The segments of ``group``, in block order."""
+        return self._by_group.get(group, ())
+
+    @cached_property
+    def _by_group(self) -> dict[int, tuple[Segment, ...]]:
+        out: dict[int, list[Segment]] = {}
+        for s in self.segments:
+            out.setdefault(s.group, []).append(s)
+        return {g: tuple(segs) for g, segs in out.items()}
 
     def waste(self, group: int) -> Waste:
         mine = self.of(group)

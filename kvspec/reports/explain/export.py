@@ -41,5 +41,40 @@ def report_data(report: Any) -> dict[str, Any]:
     return _plain(report)
 
 
+#: The keys of a report's JSON (the Report's fields): what marks a file as one.
+_REPORT_KEYS = frozenset({"name", "path", "kind", "engine", "groups", "pools", "block",
+                          "capacity", "waste", "warnings"})
+
+
+def is_report_text(text: str) -> bool:
+    r"""Whether ``text`` is a report ``kvspec explain`` wrote, in any of its formats
+    (so ``explain -o`` replaces its own earlier output without ``--force``).
+
+    >>> from kvspec.reports.explain import explain, render
+    >>> rep = explain("layouts/llama-3.1-8b.yaml")
+    >>> all(is_report_text(render(rep, f)) for f in ("text", "md", "html"))
+    True
+    >>> is_report_text(report_json(rep)), is_report_text("# my notes\n")
+    (True, False)
+    """
+    head = text[:4096]
+    lines = head.splitlines()
+    if head.startswith("<!DOCTYPE html>"):
+        return '<meta name="generator" content="kvspec ' in head \
+            and "KV-cache layout report</title>" in head
+    if lines and lines[0].startswith("### KV-cache layout: "):
+        return True
+    if len(lines) >= 2 and lines[0].endswith(": KV-cache layout report") \
+            and lines[1].split(" ", 1)[0] in ("source", "artifact") and ", kvspec " in lines[1]:
+        return True
+    if head.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):
+            return False
+        return isinstance(data, dict) and _REPORT_KEYS <= data.keys()
+    return False
+
+
 def report_json(report: Any) -> str:
     return json.dumps(report_data(report), indent=1, sort_keys=True) + "\n"

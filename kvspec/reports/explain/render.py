@@ -112,6 +112,10 @@ def environment():
     return env
 
 
+#: The width (px) of the narrow pictures: a 390 px phone less the page's margins.
+NARROW = 340
+
+
 def render(report: Report, fmt: str = "text") -> str:
     """The report as ``text`` (for an 80-column terminal: only the title and layer
     names may run longer), ``md`` or self-contained ``html``."""
@@ -121,4 +125,7 @@ def render(report: Report, fmt: str = "text") -> str:
     if fmt == "html":
         ctx["block"] = block_picture(report)
         ctx["chart"] = capacity_chart(report)
+        # a phone's: drawn at its own width, not the laptop's scaled down (CSS picks one)
+        ctx["block_narrow"] = block_picture(report, NARROW, narrow=True, prefix="n-")
+        ctx["chart_narrow"] = capacity_chart(report, NARROW, 250)
     return environment().get_template(f"explain.{fmt}.j2").render(**ctx)

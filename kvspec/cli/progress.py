@@ -1,0 +1,123 @@
+"""Progress bars for work that can take more than about a second.
+
+A command wraps its long work in :func:`progress` and advances the bar as steps
+finish. The bar is click's, drawn on stderr, and only
+
+* when stderr is a terminal (never into a pipe, a file or a CI log), not a dumb
+  one (``TERM=dumb``), and the command was not given ``--quiet``;
+* once the work has run for :data:`DELAY` seconds, so a quick command draws
+  nothing at all (``KVSPEC_PROGRESS_DELAY`` sets it; 0 draws at once).
+
+Nothing else changes: stdout, the exit status and every message are the same
+with or without a bar.
+
+>>> import io
+>>> with progress(3, label="work", stream=io.StringIO()) as bar:   # not a terminal
+...     for step in ("read", "plan", "write"):
+...         bar.advance(step)
+>>> bar.shown
+False
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import IO, Any, TypeVar
+
+import click
+
+__all__ = ["DELAY", "Progress", "progress"]
+
+#: Seconds of work before a bar appears.
+DELAY = 1.0
+T = TypeVar("T")
+
+
+def _delay() -> float:
+    try:
+        return max(0.0, float(os.environ.get("KVSPEC_PROGRESS_DELAY", DELAY)))
+    except ValueError:
+        return DELAY
+
+
+def on_terminal(stream: IO[str]) -> bool:
+    """Whether a bar may be drawn on ``stream``: a terminal that is not dumb."""
+    isatty = getattr(stream, "isatty", None)
+    try:
+        tty = bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+    return tty and os.environ.get("TERM") != "dumb"
+
+
+class Progress:
+    """A bar over ``length`` steps that appears only after ``delay`` seconds (and
+    only on a terminal); :meth:`advance` marks a step done."""
+
+    def __init__(self, length: int | None, label: str, stream: IO[str], enabled: bool,
+                 delay: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.length, self.label, self.stream = length, label, stream
+        self.enabled, self.delay, self.clock = enabled, delay, clock
+        self.start, self.done, self.step = clock(), 0, ""
+        self._bar: Any = None
+
+    @property
+    def shown(self) -> bool:
+        """Whether the bar has been drawn."""
+        return self._bar is not None
+
+    def advance(self, step: str = "", n: int = 1) -> None:
+        """``n`` more steps done; ``step`` names the one now running."""
+        self.done += n
+        self.step = step or self.step
+        if not self.enabled:
+            return
+        if self._bar is None:
+            if self.clock() - self.start < self.delay:
+                return
+            self._bar = click.progressbar(
+                length=self.length, label=self.label, file=self.stream, show_pos=True,
+                item_show_func=lambda _: self.step or None, width=24)
+            self._bar.__enter__()
+            self._bar.update(self.done)
+            return
+        self._bar.update(n, self.step)
+
+    def track(self, fn: Callable[..., T], step: str = "") -> Callable[..., T]:
+        """``fn``, named as the running step while it runs, advancing the bar by one
+        each time it returns."""
+        def tracked(*args: Any, **kwargs: Any) -> T:
+            self.step = step or getattr(fn, "__name__", "")
+            out = fn(*args, **kwargs)
+            self.advance()
+            return out
+        return tracked
+
+    def iter(self, items: Iterable[T], step: str = "") -> Iterator[T]:
+        """``items``, advancing the bar by one after each."""
+        for item in items:
+            yield item
+            self.advance(step)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+            self._bar = None
+
+
+@contextmanager
+def progress(length: int | None, *, label: str, quiet: bool = False,
+             stream: IO[str] | None = None, delay: float | None = None) -> Iterator[Progress]:
+    """A :class:`Progress` for ``length`` steps (None: unknown) labelled ``label``,
+    drawn on ``stream`` (stderr) when it is a terminal, after ``delay`` seconds."""
+    out = stream if stream is not None else sys.stderr
+    bar = Progress(length, label, out, enabled=not quiet and on_terminal(out),
+                   delay=_delay() if delay is None else delay)
+    try:
+        yield bar
+    finally:
+        bar.close()
