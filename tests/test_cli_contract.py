@@ -63,6 +63,8 @@ FAILING = [
     (["init", "--from-hf", "missing.json"], 1),
     (["import", "missing.json"], 1),
     (["engine-args", "missing.kvlayout.json", "--engine", "vllm"], 1),
+    (["descriptor", "missing.kvlayout.json"], 1),
+    (["transfer", LLAMA_ART, "missing.kvlayout.json"], 1),
     (["verify", "missing.yaml", "--against", "vllm"], 2),
     (["plan", LLAMA, "--memroy", "1GiB"], 2),
     (["explain", LLAMA, "--memory", "lots"], 2),
