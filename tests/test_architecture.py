@@ -25,8 +25,9 @@ ALLOWED = {
     "artifact": {"model", "artifact", "planner", "source.schema"},
     "runtime": {"model", "artifact", "runtime"},
     "reports": {"model", "artifact", "planner", "source", "compiler", "reports"},
+    "sim": {"model", "artifact", "runtime.manager", "sim"},
     "integrations": {"model", "source", "compiler", "artifact", "planner", "reports",
-                     "integrations", "cli.common"},
+                     "integrations", "cli.common", "sim"},
     "cli": {"*"},
 }
 #: Third-party packages no compiler module may import.
