@@ -242,17 +242,17 @@ class BlockPool(PrefixCachePool):
         first: list[Block] = []
         last: list[Block] = []
         caching = self.enable_caching
-        done: list[Block] = []
-        for block in ordered:
+        blocks = ordered if ordered.__class__ is list else list(ordered)
+        for i, block in enumerate(blocks):
             ref = block.ref_count
             if ref <= 0 or block.pool is not self:
                 if block.is_null:
                     continue
-                for held in done:  # a refusal changes nothing
-                    held.ref_count += 1
+                for held in blocks[:i]:  # a refusal changes nothing
+                    if not held.is_null:
+                        held.ref_count += 1
                 self._refuse_free([block], 0, self.null_block, self.null_block)
             block.ref_count = ref - 1
-            done.append(block)
             if ref == 1:
                 (last if caching and block._hash is not None else first).append(block)
         queue = self.free_block_queue

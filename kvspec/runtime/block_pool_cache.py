@@ -235,6 +235,41 @@ class PrefixCachePool:
         else:
             entry[block.block_id] = block
 
+    def cache_run(self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash],
+                  group_id: int, num_tokens: int, block_size: int) -> None:
+        """:meth:`cache_block` for a request's run of full blocks: ``blocks[k]`` under
+        ``block_hashes[k]``, the prefix of ``num_tokens + k * block_size`` tokens
+        (null blocks are passed over).
+
+        >>> from kvspec.runtime.block_pool import BlockPool
+        >>> pool = BlockPool(4)
+        >>> blocks = pool.allocate(2)
+        >>> pool.cache_run(blocks, [b"a", b"b"], 0, 16, 16)
+        >>> [b.block_hash_num_tokens for b in blocks]
+        [16, 32]
+        """
+        if not self.enable_caching:
+            return
+        group_map = self._cached.get(group_id)
+        if group_map is None:
+            group_map = self._cached[group_id] = {}
+        get = group_map.get
+        for block, block_hash in zip(blocks, block_hashes):
+            if block._hash is not None or block.is_null:
+                self.cache_block(block, block_hash, group_id, num_tokens)
+            else:
+                block._hash = block_hash
+                block._group = group_id
+                block._block_hash_num_tokens = num_tokens
+                entry = get(block_hash)
+                if entry is None:
+                    group_map[block_hash] = block
+                elif entry.__class__ is Block:
+                    group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
+                else:
+                    entry[block.block_id] = block
+            num_tokens += block_size
+
     def evict(self, block_ids: Iterable[int]) -> list[int]:
         """Drop the cached hash of the given blocks (held or free); returns the ids
         that were cached. A held block stays held.

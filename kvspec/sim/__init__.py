@@ -63,21 +63,23 @@ def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_se
 def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
         async_scheduling: bool = True, pipeline_parallel_size: int = 1,
-        progress: Progress | None = None, log_blocks: bool = False
+        progress: Progress | None = None, log_blocks: bool = False, lazy: bool = True
         ) -> tuple[SimResult, KvspecEngine]:
     """:func:`simulate`, and the engine it ran (its scheduler, manager and, with
-    ``log_blocks``, every step's block tables and free queue)."""
+    ``log_blocks``, every step's block tables and free queue); ``lazy=False`` steps
+    every decoding request one by one (slower, the same result)."""
     if max_model_len is not None:
         layout = replace(layout, max_model_len=max_model_len)
     admitted, numbers = admit(trace, layout.max_model_len)
     manager = KVCacheManager(layout)
-    scheduler = Scheduler(manager, layout, max_num_seqs=max_num_seqs,
+    live = LiveBytes(layout)
+    depth = batch_depth(async_scheduling, pipeline_parallel_size)
+    scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,
-                          async_scheduling=async_scheduling)
-    engine = KvspecEngine(scheduler, LiveBytes(layout), admitted, log_blocks=log_blocks,
-                          numbers=numbers)
-    records, steps = drive(engine, admitted, batch_depth(async_scheduling,
-                                                         pipeline_parallel_size), progress)
+                          async_scheduling=async_scheduling,
+                          lazy=lazy and depth == (2 if async_scheduling else 1))
+    engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers)
+    records, steps = drive(engine, admitted, depth, progress)
     result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
                        scheduler.hit_tokens, len(admitted), len(trace) - len(admitted))
     return result, engine

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from kvspec.errors import KvspecError
 from kvspec.sim.metrics import LiveBytes, StepRecord
-from kvspec.sim.schedule import Batch, Scheduler, SimRequest
+from kvspec.sim.request import Batch, SimRequest
+from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceRequest, prefix_codes
 
 __all__ = ["KvspecEngine", "Progress", "SimulationError", "StepEngine", "drive"]
@@ -127,8 +128,7 @@ class KvspecEngine:
 
     def record(self, step: int, batch: Batch) -> StepRecord:
         s = self.scheduler
-        of = self.live.of
-        live = sum(of(r.num_computed_tokens, r.num_prompt_tokens) for r in s.running)
+        live = s.live_bytes()
         if self.block_log is not None:
             self.block_log.append(({r.index: tuple(tuple(b.block_id for b in t)
                                                    for t in r.tables) for r in s.running},
@@ -140,8 +140,8 @@ class KvspecEngine:
     def stuck(self) -> str | None:
         """Why nothing can run, or None when nothing waits (the engine only flushes)."""
         s = self.scheduler
-        if s.running:
-            r = s.running[0]
+        r = s.first_running()
+        if r is not None:
             return (f"running request #{self.numbers[r.index]} ({r.num_computed_tokens} of "
                     f"{r.num_tokens} tokens computed) gets no tokens")
         if s.waiting:

@@ -13,8 +13,9 @@ and the null block count as not used.
 ...                             sliding_window=8, useful_bytes_per_block=400),),
 ...                        (ManagedPool("p", 11, hash_block_size=4, bytes_per_block=500),),
 ...                        scheduler_block_size=4, max_model_len=64)
->>> LiveBytes(layout).of(20, 20)          # 8 tokens in the window, 100 bytes each
-800.0
+>>> live = LiveBytes(layout)
+>>> live.utilization(live.of(20, 20))    # 8 tokens of 100 bytes in the window, of 5500
+0.14545454545454545
 """
 
 from __future__ import annotations
@@ -46,33 +47,33 @@ class StepRecord(NamedTuple):
 
 
 class LiveBytes:
-    """Bytes a running request needs, by its computed and prompt tokens."""
+    """Bytes a running request needs, by its computed and prompt tokens, in units of
+    1 / ``scale`` byte (integers: sums are exact in any order)."""
 
     def __init__(self, layout: ManagedLayout) -> None:
-        self.full = 0.0
-        self.state = 0.0
-        self.windows: list[tuple[int, float]] = []
-        self.chunks: list[tuple[int, float]] = []
-        self.rswa: list[tuple[int, float]] = []
+        scale = math.lcm(*(g.block_size for g in layout.groups)) if layout.groups else 1
+        self.scale = scale
+        self.full = self.state = 0
+        self.windows: list[tuple[int, int]] = []
+        self.chunks: list[tuple[int, int]] = []
+        self.rswa: list[tuple[int, int]] = []
         for g in layout.groups:
-            per_token = g.useful_bytes_per_block / g.block_size
+            per_token = g.useful_bytes_per_block * (scale // g.block_size)
             if g.kind == "full":
                 self.full += per_token
             elif g.kind == "state":
-                self.state += g.useful_bytes_per_block
-            elif g.kind == "sliding":
-                self.windows.append((g.sliding_window or 0, per_token))
+                self.state += g.useful_bytes_per_block * scale
+            elif g.kind in ("sliding", "ring"):
+                self.windows.append((g.sliding_window or g.block_size, per_token))
             elif g.kind == "local":
                 self.chunks.append((g.attention_chunk_size or 1, per_token))
             elif g.kind == "rswa":
                 self.rswa.append((g.rswa_window or 0, per_token))
-            elif g.kind == "ring":
-                self.windows.append((g.block_size, per_token))
         self.pool_bytes = sum(p.num_blocks * p.bytes_per_block for p in layout.pools)
 
-    def of(self, computed: int, prompt: int) -> float:
+    def of(self, computed: int, prompt: int) -> int:
         if computed <= 0:
-            return 0.0
+            return 0
         live = self.full * computed + self.state
         for window, per_token in self.windows:
             live += per_token * (computed if computed < window else window)
@@ -82,8 +83,9 @@ class LiveBytes:
             live += per_token * (min(computed, prompt) + min(max(computed - prompt, 0), window))
         return live
 
-    def utilization(self, live: float) -> float:
-        return live / self.pool_bytes if self.pool_bytes else 0.0
+    def utilization(self, live: int) -> float:
+        """``live`` (from :meth:`of`) over the pools' bytes."""
+        return live / (self.scale * self.pool_bytes) if self.pool_bytes else 0.0
 
 
 @dataclass(frozen=True)

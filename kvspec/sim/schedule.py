@@ -16,8 +16,8 @@ One :meth:`Scheduler.schedule` call is one engine step:
 :meth:`Scheduler.update` applies a step's output: one sampled token per
 request whose prompt is done; a request ends at its output length or at
 ``max_model_len``, and its blocks are freed. Layouts with Mamba ``align``
-groups end prefill chunks on block boundaries, as vLLM's
-``_mamba_block_aligned_split`` does.
+groups end prefill chunks on block boundaries (:mod:`.chunks`). Decoding
+requests between events are counted, not stepped (:mod:`.lazy`).
 
 Not modelled (refused where they would matter): speculative decoding, KV
 connectors, encoder inputs, LoRA, priorities, ``long_prefill_token_threshold``.
@@ -25,74 +25,47 @@ connectors, encoder inputs, LoRA, priorities, ``long_prefill_token_threshold``.
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
-from kvspec.model.specs.state import (
-    mamba_prefill_checkpoint_position,
-    mamba_prefill_checkpoint_valid,
-)
-from kvspec.runtime.manager import KVCacheManager, ManagedLayout, RequestState
+from operator import attrgetter
 
-__all__ = ["FINISHED", "PREEMPTED", "RUNNING", "WAITING", "Batch", "Scheduler", "SimRequest"]
+from kvspec.runtime.manager import KVCacheManager, ManagedLayout
+from kvspec.sim.chunks import ChunkSplit
+from kvspec.sim.lazy import LazySet, Quiet
+from kvspec.sim.metrics import LiveBytes
+from kvspec.sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Batch, SimRequest
 
-WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+__all__ = ["Scheduler"]
 
-
-class SimRequest(RequestState):
-    """A trace request in the scheduler: the manager's state plus scheduling state."""
-
-    __slots__ = ("max_tokens", "num_output_tokens", "placeholders", "stale", "status",
-                 "is_prefill_chunk", "num_preemptions", "arrival")
-
-    def __init__(self, index: int, prompt: int, output: int, *, prefix: int = 0,
-                 prefix_tokens: int = 0, arrival: int = 0) -> None:
-        super().__init__(index, prompt, prefix=prefix, prefix_tokens=prefix_tokens)
-        self.max_tokens = output
-        self.num_output_tokens = 0
-        #: Tokens a step in flight will sample (async scheduling).
-        self.placeholders = 0
-        #: Tokens in flight when the request was preempted (their output still comes).
-        self.stale = 0
-        self.status = WAITING
-        self.is_prefill_chunk = False
-        self.num_preemptions = 0
-        self.arrival = arrival
-
-
-class Batch:
-    """One step's schedule: (request, tokens, samples a token) in scheduling order."""
-
-    __slots__ = ("items", "total", "preempted", "hits")
-
-    def __init__(self) -> None:
-        self.items: list[tuple[SimRequest, int, bool]] = []
-        self.total = 0
-        self.preempted = 0
-        self.hits = 0
+_SEQ = attrgetter("seq")
 
 
 class Scheduler:
-    """The scheduler model over a :class:`KVCacheManager` (see the module docstring)."""
+    """The scheduler model over a :class:`KVCacheManager` (see the module docstring);
+    ``lazy``: count steady decode steps instead of stepping them."""
 
-    def __init__(self, manager: KVCacheManager, layout: ManagedLayout, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, async_scheduling: bool) -> None:
+    def __init__(self, manager: KVCacheManager, layout: ManagedLayout, live: LiveBytes, *,
+                 max_num_seqs: int, max_num_batched_tokens: int, async_scheduling: bool,
+                 lazy: bool = True) -> None:
         self.manager = manager
         self.max_model_len = layout.max_model_len
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.async_scheduling = async_scheduling
-        self.split = layout.has_align_state
-        self.split_block = layout.split_block_size
-        self.scheduler_block = layout.scheduler_block_size
-        states = [i for i, g in enumerate(layout.groups) if g.kind == "state"]
-        #: Every state group exports a prefill checkpoint (vLLM's
-        #: ``mamba_has_prefill_checkpoint_blocks``), at this alignment.
-        self.checkpoints = bool(states) and all(layout.groups[i].checkpoint_blocks > 0
-                                                for i in states)
-        self.checkpoint_alignment = layout.groups[states[0]].checkpoint_alignment \
-            if states else None
-        self.hash_block = layout.pool_of(states[0]).hash_block_size if states else 1
+        self.split = ChunkSplit(layout, max_num_batched_tokens) if layout.has_align_state \
+            else None
+        self.live = live
+        self.lazy = LazySet(live, async_scheduling=async_scheduling)
+        self.quiet = Quiet(layout, layout.max_model_len,
+                           async_scheduling=async_scheduling) if lazy else None
         self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
+        #: Running requests in admission order (a dict: O(1) removal, order kept).
+        self.running: dict[SimRequest, None] = {}
+        #: The running requests scheduled one by one (not lazy), in admission order.
+        self.explicit: list[SimRequest] = []
+        self.seq = 0
+        #: Scheduled steps whose output is not applied yet, by step.
+        self.in_flight: dict[int, Batch] = {}
         #: Requests finished since the last step (the engine reports them in the next).
         self.finished_pending = False
         self.preemptions = 0
@@ -109,42 +82,128 @@ class Scheduler:
 
     # -- one step -----------------------------------------------------------
     def schedule(self) -> Batch:
-        batch = Batch()
+        lazy = self.lazy
+        step = lazy.scheduled
+        batch = self.in_flight[step] = Batch(step)
         self.manager.new_step_starts()
+        for r in lazy.due(step):
+            self._catch_up(r)
+            insort(self.explicit, r, key=_SEQ)
+        if self.quiet is not None:
+            self._promote(step)
         scheduled: list[tuple[SimRequest, int]] = []
-        budget = self._schedule_running(self.budget, scheduled, batch)
+        budget = self._schedule_running(self.budget, scheduled, batch, step)
         if not batch.preempted:
             self._schedule_waiting(budget, scheduled, batch)
         self._after_schedule(scheduled, batch)
+        batch.lazy = len(lazy)
+        batch.total += batch.lazy
+        lazy.scheduled += 1
         return batch
 
-    def _schedule_running(self, budget: int, out: list[tuple[SimRequest, int]],
-                          batch: Batch) -> int:
-        running, allocate = self.running, self.manager.allocate_slots
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            ph = r.placeholders
-            if ph > 0 and r.num_computed_tokens + 2 - ph >= r.num_prompt_tokens + r.max_tokens:
-                i += 1  # the step in flight samples its last token
+    def _promote(self, step: int) -> None:
+        """Steady decoding requests at a quiet count become lazy from ``step``."""
+        lazy, quiet = self.lazy, self.quiet
+        keep = []
+        for r in self.explicit:
+            if r.lazy_from >= 0:
+                lazy.materialize(r)
+            if r.lazy_from < 0 and self._steady(r, step):
+                last = quiet.until(r, r.num_computed_tokens)  # type: ignore[union-attr]
+                if last >= 0:
+                    lazy.enter(r, step, last)
+                    continue
+            keep.append(r)
+        self.explicit = keep
+
+    def _steady(self, r: SimRequest, step: int) -> bool:
+        """A decoding request whose step is one token and whose output is one token,
+        and whose last step was one such, one by one (so the manager has caught up:
+        freed what left its windows, cached its full blocks)."""
+        return r.decoded == step - 1 and self._steady_counts(r)
+
+    def _steady_counts(self, r: SimRequest) -> bool:
+        """One token to schedule and one output in flight per step, nothing stale."""
+        if r.status != RUNNING or r.stale:
+            return False
+        c = r.num_computed_tokens
+        if self.async_scheduling:
+            return r.placeholders == 1 and r.num_in_flight_tokens == 1 and r.num_tokens == c
+        return r.placeholders == 0 and r.num_in_flight_tokens == 0 and r.num_tokens == c + 1
+
+    def _schedule_running(self, budget: int, out: list[tuple[SimRequest, int]], batch: Batch,
+                          step: int) -> int:
+        """The running requests' tokens, in admission order; lazy ones take one
+        token each where they stand. Returns the budget left."""
+        lazy = self.lazy
+        done = 0  # lazy requests before the current one, counted
+        for r in list(self.explicit):
+            if r.status != RUNNING:
                 continue
-            n = min(r.num_tokens + ph - r.num_computed_tokens, budget,
-                    self.max_model_len - r.num_computed_tokens - 1)
-            if self.split:
-                n = self._split(r, n, 0)
+            ahead = lazy.before(r.seq) - done
+            if ahead >= budget:  # the budget runs out among lazy requests
+                self._unschedule(done + budget, step)
+                return 0
+            budget -= ahead
+            done += ahead
+            n = self._tokens(r, budget, step)
             if n <= 0:
-                i += 1
                 continue
-            while not allocate(r, n):
-                victim = running.pop()
-                self._preempt(victim)
-                batch.preempted += 1
-                if victim is r:  # nothing left to preempt: stop scheduling running ones
-                    return budget
+            if not self._allocate(r, n, batch, step):
+                return budget  # r preempted itself: nobody runs after it
             out.append((r, n))
             budget -= n
-            i += 1
-        return budget
+            if budget == 0:
+                self._unschedule(done, step)
+                return 0
+        rest = len(lazy) - done
+        if rest > budget:
+            self._unschedule(done + budget, step)
+            return 0
+        return budget - rest
+
+    def _unschedule(self, index: int, step: int) -> None:
+        """Lazy requests from the ``index``-th on get no token this step."""
+        for r in self.lazy.cut(index, step):
+            self._catch_up(r)
+            insort(self.explicit, r, key=_SEQ)
+
+    def _catch_up(self, r: SimRequest) -> None:
+        """Cache what ``r``'s lazy steps would have cached (they leave it to here): up
+        to its computed tokens, or one fewer under async scheduling, where a step
+        caches what the step before it computed."""
+        self.manager.cache_blocks(r, r.num_computed_tokens - self.async_scheduling)
+
+    def _tokens(self, r: SimRequest, budget: int, step: int) -> int:
+        if r.lazy_from >= 0:
+            self.lazy.materialize(r)
+        r.decoded = step if self._steady_counts(r) else -1
+        ph = r.placeholders
+        c = r.num_computed_tokens
+        if ph > 0 and c + 2 - ph >= r.num_prompt_tokens + r.max_tokens:
+            return 0  # the step in flight samples its last token
+        n = min(r.num_tokens + ph - c, budget, self.max_model_len - c - 1)
+        if self.split is not None:
+            n = self.split(r, n, 0)
+        return n
+
+    def _allocate(self, r: SimRequest, n: int, batch: Batch, step: int) -> bool:
+        """Slots for ``n`` tokens, preempting from the last admitted; False if ``r``
+        was preempted itself."""
+        allocate, running, lazy = self.manager.allocate_slots, self.running, self.lazy
+        while not allocate(r, n):
+            victim = next(reversed(running))
+            if lazy.is_lazy(victim):
+                lazy.leave(victim, step)
+                self._catch_up(victim)
+            else:
+                self.explicit.remove(victim)
+            del running[victim]
+            self._preempt(victim)
+            batch.preempted += 1
+            if victim is r:
+                return False
+        return True
 
     def _schedule_waiting(self, budget: int, out: list[tuple[SimRequest, int]],
                           batch: Batch) -> None:
@@ -157,14 +216,17 @@ class Scheduler:
                 continue
             hits, hit, r.shared_prefix_boundary = manager.get_computed_blocks(r)
             n = min(r.num_tokens - hit, budget)
-            if self.split:
-                n = self._split(r, n, hit)
+            if self.split is not None:
+                n = self.split(r, n, hit)
                 if n == 0:
                     break
             if not manager.allocate_slots(r, n, hit, hits, full_sequence_must_fit=True):
                 break
             waiting.popleft()
-            running.append(r)
+            self.seq += 1
+            r.seq = self.seq
+            running[r] = None
+            self.explicit.append(r)
             r.status = RUNNING
             r.num_computed_tokens = hit
             batch.hits += hit
@@ -181,14 +243,18 @@ class Scheduler:
             r.num_in_flight_tokens += n
             chunk = r.num_computed_tokens < r.num_tokens + r.placeholders
             r.is_prefill_chunk = chunk
-            if placeholders and not chunk:
+            if not chunk and placeholders:
                 r.placeholders += 1
+            if chunk or n != 1:
+                r.decoded = -1
             items.append((r, n, not chunk))
             total += n
         batch.total = total
         self.finished_pending = False
 
     def _preempt(self, r: SimRequest) -> None:
+        for step in self.lazy.detach(r):  # its outputs in flight come one by one now
+            self.in_flight[step].items.append((r, 1, True))
         self.manager.free(r)
         r.status = PREEMPTED
         r.num_computed_tokens = 0
@@ -198,60 +264,34 @@ class Scheduler:
         self.preemptions += 1
         self.waiting.appendleft(r)
 
-    def _split(self, r: SimRequest, n: int, hit: int) -> int:
-        """End a prefill chunk where a Mamba state must be cached (vLLM's
-        ``_mamba_block_aligned_split`` without checkpoint blocks or EAGLE)."""
-        start = r.num_computed_tokens + hit
-        prefill_end = max(r.num_prompt_tokens, r.num_tokens - 1)
-        if start >= prefill_end:
-            return n
-        bs = self.split_block
-        end = start + n
-        last_cache = mamba_prefill_checkpoint_position(r.num_tokens, bs, False)
-        internal = self.checkpoints and end >= prefill_end and mamba_prefill_checkpoint_valid(
-            start, end, mamba_prefill_checkpoint_position(prefill_end, self.scheduler_block,
-                                                          False),
-            self.hash_block, bs, self.checkpoint_alignment)
-        if internal:  # the chunk exports the checkpoint itself: no stop for it
-            last_cache = 0
-        if end < prefill_end:
-            aligned = end // bs * bs
-            if aligned > start or bs <= self.budget:
-                end = aligned
-        junction = r.shared_prefix_boundary
-        stops = ((start // bs + 1) * bs if start % bs and not internal else 0, last_cache,
-                 start + (junction - start) // bs * bs if start < junction < end else 0)
-        inside = [s for s in stops if start < s < end]
-        if inside:
-            end = min(inside)
-        return max(end - start, 0)
-
     # -- a step's output ------------------------------------------------------
     def update(self, batch: Batch) -> None:
         """One sampled token per request whose prompt the step finished."""
-        stopped_running = stopped_waiting = False
+        stopped_waiting = False
+        materialize = self.lazy.materialize
         for r, n, sampled in batch.items:
             if r.status == FINISHED:
                 continue
+            if r.lazy_from >= 0:
+                materialize(r)
             r.num_in_flight_tokens -= n
             stale = r.stale > 0
             if stale:
                 r.stale -= n
-            if sampled:
-                before = r.status
-                if self._sample(r, stale):
-                    r.status = FINISHED
-                    self.manager.free(r)
-                    self.finished_pending = True
-                    self.finished_count += 1
-                    if before == RUNNING:
-                        stopped_running = True
-                    else:
-                        stopped_waiting = True
-        if stopped_running:
-            self.running = [r for r in self.running if r.status != FINISHED]
+            if sampled and self._sample(r, stale):
+                if r.status == RUNNING:
+                    del self.running[r]
+                    self.explicit.remove(r)
+                else:
+                    stopped_waiting = True
+                r.status = FINISHED
+                self.manager.free(r)
+                self.finished_pending = True
+                self.finished_count += 1
         if stopped_waiting:
             self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
+        self.lazy.updated += 1
+        del self.in_flight[batch.step]
 
     def _sample(self, r: SimRequest, stale: bool) -> bool:
         """Append the sampled token; True when the request stops."""
@@ -266,3 +306,17 @@ class Scheduler:
                     self.manager.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
         return stop
 
+    # -- what a step record reads ---------------------------------------------------
+    def live_bytes(self) -> int:
+        """Live bytes of the running requests after the last step was scheduled."""
+        of = self.live.of
+        total = self.lazy.live_bytes(self.lazy.scheduled - 1)
+        for r in self.explicit:
+            total += of(r.num_computed_tokens, r.num_prompt_tokens)
+        return total
+
+    def first_running(self) -> SimRequest | None:
+        for r in self.running:
+            self.lazy.materialize(r)
+            return r
+        return None

@@ -24,7 +24,7 @@ from kvspec.sim.engine import Progress, drive
 from kvspec.sim.metrics import LiveBytes
 from kvspec.sim.setup import layout_of
 
-__all__ = ["replay"]
+__all__ = ["replay", "run_engine", "vllm_engine"]
 
 
 def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
@@ -32,6 +32,16 @@ def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None 
            log_blocks: bool = False) -> tuple[SimResult, Any]:
     """(the result, vLLM's engine wrapper) of ``trace`` through vLLM's scheduler for
     ``artifact``'s plan with ``num_blocks`` blocks (default: its own)."""
+    engine, layout, admitted = vllm_engine(artifact, trace, num_blocks, hash_fn=hash_fn,
+                                           log_blocks=log_blocks)
+    return run_engine(engine, layout, admitted, len(trace), progress), engine
+
+
+def vllm_engine(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
+                *, hash_fn: str = "sha256", log_blocks: bool = False
+                ) -> tuple[Any, Any, list[TraceRequest]]:
+    """vLLM's scheduler for ``artifact``'s plan, as a step engine, ready to run the
+    requests of ``trace`` it accepts: (engine, the manager's layout, those requests)."""
     module = vllm_adapter()
     layout = layout_of(artifact, num_blocks)
     plan = artifact.layout.plan
@@ -42,8 +52,13 @@ def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None 
     engine = module.replay_engine(engine_settings(plan.engine), stages, memory,
                                   layout.pools[0].num_blocks, LiveBytes(layout), admitted,
                                   hash_fn=hash_fn, log_blocks=log_blocks)
+    return engine, layout, admitted
+
+
+def run_engine(engine: Any, layout: Any, admitted: list[TraceRequest], num_trace: int,
+               progress: Progress | None = None) -> SimResult:
+    """Drive a :func:`vllm_engine` through its requests."""
     depth = engine.s.vllm_config.max_concurrent_batches
     records, steps = drive(engine, admitted, depth, progress)
-    result = SimResult(layout.name, steps, tuple(records), engine.preemptions,
-                       engine.hit_tokens, len(admitted), len(trace) - len(admitted))
-    return result, engine
+    return SimResult(layout.name, steps, tuple(records), engine.preemptions,
+                     engine.hit_tokens, len(admitted), num_trace - len(admitted))

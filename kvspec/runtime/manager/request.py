@@ -60,6 +60,23 @@ class RequestState:
             return self._shared_base + j
         return self._own_base + j
 
+    def block_keys(self, first: int, last: int, block_size: int, hash_block_size: int
+                   ) -> list[int]:
+        """The keys of blocks ``first`` to ``last - 1`` at ``block_size`` (each block's
+        key is its last hash block's).
+
+        >>> r = RequestState(0, 64, prefix=1, prefix_tokens=32)
+        >>> r.block_keys(0, 4, 16, 8) == [r.key(j, 8) for j in (1, 3, 5, 7)]
+        True
+        """
+        scale = block_size // hash_block_size
+        split = min(max(self._shared_limit // block_size, first), last)
+        keys = list(range(self._shared_base + (first + 1) * scale - 1,
+                          self._shared_base + (split + 1) * scale - 1, scale))
+        keys += range(self._own_base + (split + 1) * scale - 1,
+                      self._own_base + (last + 1) * scale - 1, scale)
+        return keys
+
     def num_hashed_tokens(self, hash_block_size: int) -> int:
         """Tokens covered by block hashes: the full hash blocks of the known tokens."""
         return self.num_tokens // hash_block_size * hash_block_size

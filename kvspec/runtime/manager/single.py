@@ -151,12 +151,16 @@ class GroupManager:
             return
         mask = self.mask(r, done, full)
         table = r.tables[gid]
-        cache, bs = self.pool.cache_block, self.bs
-        for i in range(done, full):
-            block = table[i]
-            if block.is_null or (mask is not None and not mask[i - done]):
-                continue
-            cache(block, self.block_key(r, i), gid, (i + 1) * bs)
+        bs = self.bs
+        keys = r.block_keys(done, full, bs, self.hbs)
+        if mask is None:
+            self.pool.cache_run(table[done:full], keys, gid, (done + 1) * bs, bs)
+        else:
+            cache = self.pool.cache_block
+            for i in range(done, full):
+                block = table[i]
+                if mask[i - done] and not block.is_null:
+                    cache(block, keys[i - done], gid, (i + 1) * bs)
         r.num_cached[gid] = full
 
     def _cache_prompt_tail(self, r: RequestState, num_tokens: int) -> None:

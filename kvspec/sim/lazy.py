@@ -1,0 +1,207 @@
+"""Decoding requests between their events, counted instead of stepped.
+
+Most steps of a long trace are decode steps, and a decoding request's step
+usually changes nothing but counters: one more token computed, one more
+sampled. The manager acts only near a block boundary (a block to allocate, one
+to cache, a window's block to free), when a window or chunk boundary changes
+what the request needs, and when the request ends. :class:`Quiet` finds, for a
+request's computed-token count, how many steps are free of all of these; for
+those steps :class:`LazySet` holds the request out of the
+per-step loop and adds the steps' effects when anything looks at it again
+(:meth:`LazySet.materialize`), at the step its calendar names, or earlier when
+the scheduler must see it (preemption, a token budget that runs out before it).
+
+A lazy request takes one token in every step it is lazy in; the steps before
+and after it are the same as if it had been scheduled one by one (the
+simulator's tests run both ways and compare every step and every block id).
+Only synchronous scheduling and async scheduling with one pipeline stage (the
+steady decode pattern is one token per step) use it.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import TYPE_CHECKING
+
+from kvspec.runtime.manager import ManagedLayout
+from kvspec.sim.metrics import LiveBytes
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvspec.sim.schedule import SimRequest
+
+__all__ = ["NEVER", "LazySet", "Quiet"]
+
+#: ``lazy_end`` of a request that is lazy now.
+NEVER = 1 << 62
+
+class Quiet:
+    """The computed-token counts ``c`` (at a step's start) at which a steady decode
+    step changes only counters, by the steps' pattern (synchronous: the output
+    comes before the next step; async: one step later).
+
+    An *event* is a count at which the manager acts on the pool: a block to
+    allocate (the slot for token ``c + 1`` opens a block), a block that leaves a
+    window or a chunk, a state block to free (Mamba ``align``); or a change in how
+    live bytes grow (a window filled, a chunk started), or the request's end. Each
+    is a residue modulo a block, window or chunk size, or a fixed count. Caching a
+    full block is not one: nothing reads a decode block's hash before the request
+    itself is scheduled again or freed, and the scheduler caches what the lazy
+    steps would have cached first (:meth:`Scheduler._catch_up`).
+    """
+
+    def __init__(self, layout: ManagedLayout, max_model_len: int, *,
+                 async_scheduling: bool) -> None:
+        late = 1 if async_scheduling else 0  # frees read c - 1 under async scheduling
+        events: set[tuple[int, int]] = set()
+        points: set[int] = set()
+        self.rswa: list[int] = []
+        for g in layout.groups:
+            bs = g.block_size
+            events.add((bs, 0))
+            if g.kind == "sliding":
+                window = g.sliding_window or 0
+                events.add((bs, (window - 1 + g.extra_retained_tokens + late) % bs))
+                points |= {window - 1, window}
+            elif g.kind == "local":
+                chunk = g.attention_chunk_size or 1
+                events |= {(chunk, 0), (chunk, late % chunk)}
+            elif g.kind == "rswa":
+                events.add((bs, ((g.rswa_window or 0) + late) % bs))
+                self.rswa.append(g.rswa_window or 0)
+            elif g.kind == "state":
+                events.add((bs, (1 + late) % bs))
+        self.events = sorted(events)
+        self.points = sorted(points)
+        self.max_model_len = max_model_len
+
+    def until(self, r: SimRequest, c: int) -> int:
+        """The last count ``q >= c`` such that no count from ``c`` to ``q`` is an
+        event for ``r``, or -1 when ``c`` is one."""
+        last = min(r.num_prompt_tokens + r.max_tokens, self.max_model_len) - 3
+        if c > last:
+            return -1
+        for m, r0 in self.events:
+            ahead = (r0 - c) % m
+            if ahead == 0:
+                return -1
+            if c + ahead - 1 < last:
+                last = c + ahead - 1
+        for p in self._points(r):
+            if p == c:
+                return -1
+            if c < p <= last:
+                last = p - 1
+        return last
+
+    def _points(self, r: SimRequest) -> list[int]:
+        if not self.rswa:
+            return self.points
+        return self.points + [r.num_prompt_tokens + w - 1 for w in self.rswa]
+
+
+class LazySet:
+    """Running requests scheduled by count (see the module docstring).
+
+    ``scheduled`` and ``updated`` count the steps scheduled and those whose output
+    was applied; a lazy request takes part in steps ``lazy_from`` up to (not
+    including) ``lazy_end``. Its live bytes grow by ``rate`` per step, so the sum
+    over lazy requests is ``value + rate * step - offset``.
+    """
+
+    def __init__(self, live: LiveBytes, *, async_scheduling: bool) -> None:
+        self.live = live
+        self.async_scheduling = async_scheduling
+        self.scheduled = 0
+        self.updated = 0
+        self.seqs: list[int] = []
+        self.by_seq: dict[int, SimRequest] = {}
+        self.calendar: dict[int, list[SimRequest]] = {}
+        self.value = self.rate = self.offset = 0
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def materialize(self, r: SimRequest) -> None:
+        """Apply the steps ``r`` took part in lazily and were not applied yet."""
+        if r.lazy_from < 0:
+            return
+        end = r.lazy_end
+        steps = (self.scheduled if self.scheduled < end else end) - r.lazy_from
+        outputs = (self.updated if self.updated < end else end) - r.lazy_from
+        if outputs < 0:
+            outputs = 0
+        ds, du = steps - r.lazy_steps, outputs - r.lazy_outputs
+        if ds or du:
+            r.num_computed_tokens += ds
+            r.num_in_flight_tokens += ds - du
+            if self.async_scheduling:
+                r.placeholders += ds - du
+            r.num_tokens += du
+            r.num_output_tokens += du
+            r.lazy_steps, r.lazy_outputs = steps, outputs
+        if end != NEVER and outputs == end - r.lazy_from:
+            r.lazy_from = -1  # every lazy step applied
+
+    def enter(self, r: SimRequest, step: int, last: int) -> None:
+        """``r`` (computed ``c`` now, quiet up to ``last``) is lazy from ``step`` on."""
+        c = r.num_computed_tokens
+        r.lazy_from, r.lazy_end, r.lazy_steps, r.lazy_outputs = step, NEVER, 0, 0
+        due = step + last - c + 1
+        r.lazy_due = due
+        self.calendar.setdefault(due, []).append(r)
+        insort(self.seqs, r.seq)
+        self.by_seq[r.seq] = r
+        of = self.live.of
+        r.lazy_value = of(c, r.num_prompt_tokens)
+        r.lazy_rate = of(c + 1, r.num_prompt_tokens) - r.lazy_value
+        self.value += r.lazy_value
+        self.rate += r.lazy_rate
+        self.offset += r.lazy_rate * (step - 1)
+
+    def leave(self, r: SimRequest, step: int) -> None:
+        """``r`` takes no part in step ``step`` or later as a lazy request."""
+        self.value -= r.lazy_value
+        self.rate -= r.lazy_rate
+        self.offset -= r.lazy_rate * (r.lazy_from - 1)
+        del self.seqs[bisect_left(self.seqs, r.seq)]
+        del self.by_seq[r.seq]
+        r.lazy_end = step
+        self.materialize(r)
+
+    def detach(self, r: SimRequest) -> range:
+        """The steps whose output ``r`` (no longer lazy) still awaits as a lazy
+        request; from now on the caller applies them one by one."""
+        self.materialize(r)
+        if r.lazy_from < 0:
+            return range(0)
+        pending = range(self.updated if self.updated > r.lazy_from else r.lazy_from,
+                        r.lazy_end)
+        r.lazy_from = -1
+        return pending
+
+    def due(self, step: int) -> list[SimRequest]:
+        """Requests whose quiet steps end before ``step``, taken out of the set."""
+        out = []
+        for r in self.calendar.pop(step, ()):
+            if r.lazy_end == NEVER and r.lazy_due == step:
+                self.leave(r, step)
+                out.append(r)
+        return out
+
+    def before(self, seq: int) -> int:
+        """Lazy requests admitted before the request of admission number ``seq``."""
+        return bisect_left(self.seqs, seq)
+
+    def cut(self, index: int, step: int) -> list[SimRequest]:
+        """The lazy requests from the ``index``-th on take no part in ``step``."""
+        out = [self.by_seq[seq] for seq in self.seqs[index:]]
+        for r in out:
+            self.leave(r, step)
+        return out
+
+    def live_bytes(self, step: int) -> int:
+        """Live bytes of the lazy requests once step ``step`` is scheduled."""
+        return self.value + self.rate * step - self.offset
+
+    def is_lazy(self, r: SimRequest) -> bool:
+        return r.lazy_end == NEVER and r.lazy_from >= 0
