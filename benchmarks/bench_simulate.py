@@ -79,7 +79,7 @@ def against_vllm(art: Any, requests: list, args: argparse.Namespace) -> dict[str
     (engine, layout, admitted), t_setup = timed(lambda: vllm_engine(art, requests))
     theirs, t_theirs = timed(lambda: run_engine(engine, layout, admitted, len(requests)))
     row.update(vllm_setup_s=round(t_setup, 3), vllm_s=round(t_theirs, 3),
-               vllm=theirs.as_dict(), same=theirs.records == ours.records,
+               vllm=theirs.as_dict(), same=theirs.steps == ours.steps,
                ratio=round(t_theirs / t_ours, 2))
     return row
 
@@ -91,9 +91,9 @@ def big(art: Any, requests: list) -> dict[str, Any]:
     tenth = requests[: max(1, len(requests) // 10)]
     counted, t_counted = timed(lambda: run_artifact(art, tenth)[0])
     stepped, t_stepped = timed(lambda: run_artifact(art, tenth, lazy=False)[0])
-    assert counted.records == stepped.records, "lazy decoding changed the result"
+    assert counted.steps == stepped.steps, "lazy decoding changed the result"
     return {"requests": len(requests), "seconds": round(seconds, 2),
-            "steps": result.steps, "summary": result.as_dict(),
+            "steps": result.num_steps, "summary": result.as_dict(),
             "tenth_counted_s": round(t_counted, 2), "tenth_stepped_s": round(t_stepped, 2),
             "lazy_gain": round(t_stepped / t_counted, 2)}
 

@@ -36,3 +36,11 @@ def test_the_load_benchmark_runs() -> None:
     rows = [line.split() for line in out.splitlines() if line.startswith(("uniform", "hybrid"))]
     assert [(r[0], r[1]) for r in rows] == [("uniform", "4"), ("hybrid", "4")]
     assert all(len(r) == 15 for r in rows)
+
+
+def test_the_simulation_benchmark_runs_without_vllm() -> None:
+    out = _run("benchmarks/bench_simulate.py", "--requests", "60", "--vs-vllm", "20",
+               "--prompt-mean", "300", "--output-mean", "20", "--vllm", "off")
+    assert "the comparison was skipped" in out
+    assert "60 requests through kvspec's simulator" in out
+    assert out.count("summary {") == 2

@@ -35,19 +35,19 @@ def test_one_request_step_by_step_synchronous() -> None:
     result = simulate(tiny(), [TraceRequest(0, 20, 3)], async_scheduling=False)
     # prefill 20 tokens (5 blocks), two decode steps (a 6th block), then a step that
     # reports the finished request to the workers
-    assert counts(result.records) == [(0, 1, 0, (4,), 20), (1, 1, 0, (3,), 1),
+    assert counts(result.steps) == [(0, 1, 0, (4,), 20), (1, 1, 0, (3,), 1),
                                       (2, 1, 0, (3,), 1), (3, 0, 0, (9,), 0)]
-    assert result.steps == 4
+    assert result.num_steps == 4
 
 
 def test_one_request_step_by_step_async() -> None:
     """With async scheduling a step is scheduled before the last one's token is
     known, and no step is scheduled past the request's last token."""
     result = simulate(tiny(), [TraceRequest(0, 20, 3)], async_scheduling=True)
-    assert counts(result.records) == [(0, 1, 0, (4,), 20), (1, 1, 0, (3,), 1),
+    assert counts(result.steps) == [(0, 1, 0, (4,), 20), (1, 1, 0, (3,), 1),
                                       (2, 1, 0, (3,), 1), (3, 1, 0, (3,), 0),
                                       (4, 0, 0, (9,), 0)]
-    assert result.steps == 6
+    assert result.num_steps == 6
 
 
 def test_the_summary_has_exactly_its_keys() -> None:
@@ -68,7 +68,7 @@ def test_blocks_running_out_preempt_the_last_admitted() -> None:
     trace = [TraceRequest(0, 14, 12), TraceRequest(0, 14, 12)]
     result = simulate(tiny(9), trace, async_scheduling=False)
     assert result.preemptions >= 1
-    assert any(r.preempted for r in result.records)
+    assert any(r.preempted for r in result.steps)
     assert result.as_dict()["utilization_while_waiting"] is not None
 
 
@@ -87,7 +87,7 @@ def test_a_request_that_never_fits_is_an_error_not_a_hang() -> None:
 def test_an_idle_engine_jumps_to_the_next_arrival() -> None:
     result = simulate(tiny(), [TraceRequest(0, 4, 1), TraceRequest(100, 4, 1)],
                       async_scheduling=False)
-    assert [r.step for r in result.records] == [0, 1, 100, 101]
+    assert [r.step for r in result.steps] == [0, 1, 100, 101]
 
 
 def test_progress_is_reported_until_every_request_is_done() -> None:
@@ -101,7 +101,7 @@ def test_a_layout_with_a_drafter_pool_simulates_both_pools() -> None:
     art = Artifact.read("layouts/example-glm5-next-drafter.kvlayout.json")
     trace = generate_trace(20, seed=4, prompt_mean=3000, output_mean=40, rate=0.5)
     result = run_artifact(art, trace, 400)[0]
-    assert len(result.records[0].free) == 2 and result.as_dict()["steps"] > 0
+    assert len(result.steps[0].free) == 2 and result.as_dict()["steps"] > 0
 
 
 # -- lazy decoding gives the same steps and blocks as stepping ------------------------
@@ -125,6 +125,6 @@ def test_lazy_decoding_matches_stepping(name: str, prompt: int, asynchronous: bo
     kw = dict(async_scheduling=asynchronous, log_blocks=True)
     stepped, a = run(layout_of(art, int(need * 1.6)), trace, lazy=False, **kw)
     counted, b = run(layout_of(art, int(need * 1.6)), trace, lazy=True, **kw)
-    assert counted.records == stepped.records
+    assert counted.steps == stepped.steps
     assert b.block_log == a.block_log, "the same block ids and free queue at every step"
     assert counted.as_dict() == stepped.as_dict()

@@ -3,7 +3,7 @@ model of vLLM v1's scheduler (no torch).
 
 * :func:`simulate` -- a :class:`~kvspec.runtime.manager.ManagedLayout` and a trace in,
   a :class:`~kvspec.sim.metrics.SimResult` out (``.as_dict()``: the summary;
-  ``.records``: every step);
+  ``.steps``: every step's record);
 * :func:`simulate_artifact` -- the same for a compiled layout, with its engine's
   settings;
 * :mod:`.trace` -- the JSONL trace format (:func:`read_trace`) and :mod:`.generate`
@@ -16,11 +16,10 @@ scheduler, with the same loop and the same records.
 
 >>> from kvspec.artifact import Artifact
 >>> art = Artifact.read("layouts/llama-3.1-8b.kvlayout.json")
->>> trace = generate_trace(40, seed=3, prompt_mean=300, output_mean=20)
->>> result = simulate_artifact(art, trace, num_blocks=200)
->>> summary = result.as_dict()
->>> summary["steps"], summary["peak_running"], summary["preemptions"] > 0
-(96, 10, True)
+>>> trace = generate_trace(40, seed=3, prompt_mean=300, output_mean=60)
+>>> summary = simulate_artifact(art, trace, num_blocks=120).as_dict()
+>>> summary["steps"], summary["peak_running"], summary["preemptions"]
+(626, 7, 8)
 """
 
 from __future__ import annotations

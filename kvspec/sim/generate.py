@@ -9,7 +9,7 @@ capped by the prompt).
 
 >>> trace = generate_trace(3, seed=1, prompt_mean=100, output_mean=10, rate=0.5)
 >>> [(r.arrival, r.prompt_tokens, r.output_tokens) for r in trace]
-[(3, 125, 6), (5, 81, 15), (5, 40, 13)]
+[(0, 58, 8), (3, 147, 7), (3, 158, 8)]
 >>> generate_trace(3, seed=1, prompt_mean=100, output_mean=10, rate=0.5) == trace
 True
 """

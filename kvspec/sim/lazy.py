@@ -21,6 +21,7 @@ steady decode pattern is one token per step) use it.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from kvspec.runtime.manager import ManagedLayout
@@ -30,6 +31,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvspec.sim.schedule import SimRequest
 
 __all__ = ["NEVER", "LazySet", "Quiet"]
+
+_SEQ = attrgetter("seq")
 
 #: ``lazy_end`` of a request that is lazy now.
 NEVER = 1 << 62
@@ -74,24 +77,25 @@ class Quiet:
         self.points = sorted(points)
         self.max_model_len = max_model_len
 
-    def until(self, r: SimRequest, c: int) -> int:
-        """The last count ``q >= c`` such that no count from ``c`` to ``q`` is an
-        event for ``r``, or -1 when ``c`` is one."""
+    def stop(self, r: SimRequest, c: int) -> int:
+        """The last count ``q >= c`` up to which ``r`` may stay lazy (before a change in
+        how its live bytes grow, or its end), or -1 when ``c`` is past it."""
         last = min(r.num_prompt_tokens + r.max_tokens, self.max_model_len) - 3
-        if c > last:
-            return -1
-        for m, r0 in self.events:
-            ahead = (r0 - c) % m
-            if ahead == 0:
-                return -1
-            if c + ahead - 1 < last:
-                last = c + ahead - 1
         for p in self._points(r):
             if p == c:
                 return -1
             if c < p <= last:
                 last = p - 1
-        return last
+        return last if c <= last else -1
+
+    def next_event(self, c: int) -> int:
+        """The first count ``>= c`` at which the manager acts on the pool."""
+        nearest = 1 << 62
+        for m, r0 in self.events:
+            at = c + (r0 - c) % m
+            if at < nearest:
+                nearest = at
+        return nearest
 
     def _points(self, r: SimRequest) -> list[int]:
         if not self.rswa:
@@ -142,13 +146,13 @@ class LazySet:
         if end != NEVER and outputs == end - r.lazy_from:
             r.lazy_from = -1  # every lazy step applied
 
-    def enter(self, r: SimRequest, step: int, last: int) -> None:
-        """``r`` (computed ``c`` now, quiet up to ``last``) is lazy from ``step`` on."""
+    def enter(self, r: SimRequest, step: int, stop: int, event: int) -> None:
+        """``r`` (computed ``c`` now) is lazy from ``step`` on, at most until its count
+        reaches ``stop``, its manager called at count ``event`` (see :meth:`due`)."""
         c = r.num_computed_tokens
         r.lazy_from, r.lazy_end, r.lazy_steps, r.lazy_outputs = step, NEVER, 0, 0
-        due = step + last - c + 1
-        r.lazy_due = due
-        self.calendar.setdefault(due, []).append(r)
+        r.lazy_stop = step + stop - c
+        self.plan(r, step + event - c)
         insort(self.seqs, r.seq)
         self.by_seq[r.seq] = r
         of = self.live.of
@@ -157,6 +161,13 @@ class LazySet:
         self.value += r.lazy_value
         self.rate += r.lazy_rate
         self.offset += r.lazy_rate * (step - 1)
+
+    def plan(self, r: SimRequest, event: int) -> None:
+        """The next step the scheduler looks at lazy ``r``: its manager's next event,
+        or the step after its last lazy one."""
+        due = event if event <= r.lazy_stop else r.lazy_stop + 1
+        r.lazy_due = due
+        self.calendar.setdefault(due, []).append(r)
 
     def leave(self, r: SimRequest, step: int) -> None:
         """``r`` takes no part in step ``step`` or later as a lazy request."""
@@ -179,14 +190,21 @@ class LazySet:
         r.lazy_from = -1
         return pending
 
-    def due(self, step: int) -> list[SimRequest]:
-        """Requests whose quiet steps end before ``step``, taken out of the set."""
-        out = []
+    def due(self, step: int) -> tuple[list[SimRequest], list[SimRequest]]:
+        """The lazy requests the scheduler looks at in ``step``: those whose manager
+        acts (they stay lazy; by admission), and those taken out of the set (their
+        lazy steps are over)."""
+        events, out = [], []
         for r in self.calendar.pop(step, ()):
             if r.lazy_end == NEVER and r.lazy_due == step:
-                self.leave(r, step)
-                out.append(r)
-        return out
+                if step > r.lazy_stop:
+                    self.leave(r, step)
+                    out.append(r)
+                else:
+                    events.append(r)
+        if len(events) > 1:
+            events.sort(key=_SEQ)
+        return events, out
 
     def before(self, seq: int) -> int:
         """Lazy requests admitted before the request of admission number ``seq``."""

@@ -90,11 +90,14 @@ class LiveBytes:
 
 @dataclass(frozen=True)
 class SimResult:
-    """A simulation's records and totals; :meth:`as_dict` is the summary."""
+    """A simulation's per-step records (``steps``) and totals; :meth:`as_dict` is the
+    summary."""
 
     layout: str
-    steps: int
-    records: tuple[StepRecord, ...] = field(repr=False)
+    #: Engine steps to finish the trace (the summary's ``steps``).
+    num_steps: int
+    #: One record per scheduled step.
+    steps: tuple[StepRecord, ...] = field(repr=False)
     preemptions: int
     hit_tokens: int
     num_requests: int
@@ -104,12 +107,12 @@ class SimResult:
     def as_dict(self) -> dict[str, Any]:
         """The summary (:data:`SUMMARY_KEYS`); ``utilization_while_waiting`` is None
         when no request ever waited."""
-        records = self.records
+        records = self.steps
         running = [r.running for r in records]
         used = [r.utilization for r in records]
         waited = [r.utilization for r in records if r.waiting]
         return {
-            "steps": self.steps,
+            "steps": self.num_steps,
             "mean_running": _round(sum(running) / len(running)) if running else 0.0,
             "peak_running": max(running, default=0),
             "preemptions": self.preemptions,

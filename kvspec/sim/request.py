@@ -14,8 +14,8 @@ class SimRequest(RequestState):
 
     __slots__ = ("max_tokens", "num_output_tokens", "placeholders", "stale", "status",
                  "is_prefill_chunk", "num_preemptions", "arrival", "seq", "lazy_from",
-                 "lazy_end", "lazy_steps", "lazy_outputs", "lazy_due", "lazy_value",
-                 "lazy_rate", "decoded")
+                 "lazy_end", "lazy_steps", "lazy_outputs", "lazy_due", "lazy_stop",
+                 "lazy_value", "lazy_rate", "decoded")
 
     def __init__(self, index: int, prompt: int, output: int, *, prefix: int = 0,
                  prefix_tokens: int = 0, arrival: int = 0) -> None:
@@ -35,7 +35,7 @@ class SimRequest(RequestState):
         #: Lazy decoding (:mod:`kvspec.sim.lazy`): the steps it is lazy in, those applied.
         self.lazy_from = -1
         self.lazy_end = 0
-        self.lazy_steps = self.lazy_outputs = self.lazy_due = 0
+        self.lazy_steps = self.lazy_outputs = self.lazy_due = self.lazy_stop = 0
         self.lazy_value = self.lazy_rate = 0
         #: The last step it was scheduled one token in, one by one.
         self.decoded = -1

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
+from heapq import merge
 from operator import attrgetter
 
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout
@@ -86,13 +87,14 @@ class Scheduler:
         step = lazy.scheduled
         batch = self.in_flight[step] = Batch(step)
         self.manager.new_step_starts()
-        for r in lazy.due(step):
+        events, woken = lazy.due(step)
+        for r in woken:
             self._catch_up(r)
             insort(self.explicit, r, key=_SEQ)
         if self.quiet is not None:
             self._promote(step)
         scheduled: list[tuple[SimRequest, int]] = []
-        budget = self._schedule_running(self.budget, scheduled, batch, step)
+        budget = self._schedule_running(self.budget, scheduled, batch, step, events)
         if not batch.preempted:
             self._schedule_waiting(budget, scheduled, batch)
         self._after_schedule(scheduled, batch)
@@ -109,9 +111,11 @@ class Scheduler:
             if r.lazy_from >= 0:
                 lazy.materialize(r)
             if r.lazy_from < 0 and self._steady(r, step):
-                last = quiet.until(r, r.num_computed_tokens)  # type: ignore[union-attr]
-                if last >= 0:
-                    lazy.enter(r, step, last)
+                c = r.num_computed_tokens
+                stop = quiet.stop(r, c)  # type: ignore[union-attr]
+                event = quiet.next_event(c)  # type: ignore[union-attr]
+                if stop >= 0 and event > c:
+                    lazy.enter(r, step, stop, event)
                     continue
             keep.append(r)
         self.explicit = keep
@@ -132,12 +136,14 @@ class Scheduler:
         return r.placeholders == 0 and r.num_in_flight_tokens == 0 and r.num_tokens == c + 1
 
     def _schedule_running(self, budget: int, out: list[tuple[SimRequest, int]], batch: Batch,
-                          step: int) -> int:
+                          step: int, events: list[SimRequest]) -> int:
         """The running requests' tokens, in admission order; lazy ones take one
-        token each where they stand. Returns the budget left."""
+        token each where they stand (``events``: those whose manager acts this step).
+        Returns the budget left."""
         lazy = self.lazy
         done = 0  # lazy requests before the current one, counted
-        for r in list(self.explicit):
+        work = merge(list(self.explicit), events, key=_SEQ) if events else list(self.explicit)
+        for r in work:
             if r.status != RUNNING:
                 continue
             ahead = lazy.before(r.seq) - done
@@ -146,6 +152,14 @@ class Scheduler:
                 return 0
             budget -= ahead
             done += ahead
+            if lazy.is_lazy(r):
+                if self._event(r, step):
+                    budget -= 1
+                    done += 1
+                    if budget == 0:
+                        self._unschedule(done, step)
+                        return 0
+                    continue
             n = self._tokens(r, budget, step)
             if n <= 0:
                 continue
@@ -161,6 +175,20 @@ class Scheduler:
             self._unschedule(done + budget, step)
             return 0
         return budget - rest
+
+    def _event(self, r: SimRequest, step: int) -> bool:
+        """The manager's step for lazy ``r`` (a block to allocate, one to free); False
+        when its blocks do not fit: it leaves the lazy set, to preempt one by one."""
+        lazy = self.lazy
+        lazy.materialize(r)
+        self._catch_up(r)
+        if self.manager.allocate_slots(r, 1):
+            c = r.num_computed_tokens
+            lazy.plan(r, step + self.quiet.next_event(c + 1) - c)  # type: ignore[union-attr]
+            return True
+        lazy.leave(r, step)
+        insort(self.explicit, r, key=_SEQ)
+        return False
 
     def _unschedule(self, index: int, step: int) -> None:
         """Lazy requests from the ``index``-th on get no token this step."""
