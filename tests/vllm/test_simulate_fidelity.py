@@ -103,11 +103,12 @@ def _cap(group, lay) -> int:
     return 1 << 30
 
 
-def _compare(art: Artifact, num_blocks: int, trace: list) -> tuple[int, str | None]:
+def _compare(art: Artifact, num_blocks: int, trace: list, **settings) -> tuple[int, str | None]:
     from kvspec.integrations.vllm.replay import replay
 
-    ours, engine = run_artifact(art, trace, num_blocks, log_blocks=True)
-    theirs, vllm = replay(art, trace, num_blocks, hash_fn="sha256", log_blocks=True)
+    ours, engine = run_artifact(art, trace, num_blocks, log_blocks=True, **settings)
+    theirs, vllm = replay(art, trace, num_blocks, hash_fn="sha256", log_blocks=True,
+                          **settings)
     for i, (a, b) in enumerate(zip(ours.steps, theirs.steps)):
         if a != b:
             return ours.preemptions, f"step {i}: kvspec {a} != vLLM {b}"
@@ -129,6 +130,17 @@ def test_every_step_and_block_is_vllms(name: str, kind: str, tmp_path_factory) -
         assert problem is None, f"{name}, {num_blocks} blocks: {problem}"
         preempted += n
     assert preempted > 0, "one of the traces preempts"
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "gemma-3-27b-it", "gpt-oss-20b",
+                                  "jamba-v0.1", "qwen3-next-80b-a3b-thinking",
+                                  "llama-4-scout-17b-16e-instruct", "nemotron-h-56b-base-8k"])
+def test_synchronous_scheduling_too(name: str) -> None:
+    """Without async scheduling (each step's tokens known before the next step)."""
+    art = _artifact(name, "layout", "")
+    for num_blocks, trace in traces(art):
+        _, problem = _compare(art, num_blocks, trace, async_scheduling=False)
+        assert problem is None, f"{name}, {num_blocks} blocks: {problem}"
 
 
 @pytest.mark.parametrize("name,kind", [s for s in SUBJECTS if s[0] in NOT_IN_VLLM],

@@ -29,17 +29,20 @@ __all__ = ["replay", "run_engine", "vllm_engine"]
 
 def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
            hash_fn: str = "sha256", progress: Progress | None = None,
-           log_blocks: bool = False) -> tuple[SimResult, Any]:
+           log_blocks: bool = False, async_scheduling: bool | None = None
+           ) -> tuple[SimResult, Any]:
     """(the result, vLLM's engine wrapper) of ``trace`` through vLLM's scheduler for
-    ``artifact``'s plan with ``num_blocks`` blocks (default: its own)."""
+    ``artifact``'s plan with ``num_blocks`` blocks (default: its own) and the layout's
+    async scheduling (unless ``async_scheduling`` says otherwise)."""
     engine, layout, admitted = vllm_engine(artifact, trace, num_blocks, hash_fn=hash_fn,
-                                           log_blocks=log_blocks)
+                                           log_blocks=log_blocks,
+                                           async_scheduling=async_scheduling)
     return run_engine(engine, layout, admitted, len(trace), progress), engine
 
 
 def vllm_engine(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
-                *, hash_fn: str = "sha256", log_blocks: bool = False
-                ) -> tuple[Any, Any, list[TraceRequest]]:
+                *, hash_fn: str = "sha256", log_blocks: bool = False,
+                async_scheduling: bool | None = None) -> tuple[Any, Any, list[TraceRequest]]:
     """vLLM's scheduler for ``artifact``'s plan, as a step engine, ready to run the
     requests of ``trace`` it accepts: (engine, the manager's layout, those requests)."""
     module = vllm_adapter()
@@ -49,7 +52,10 @@ def vllm_engine(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | 
                        None)
     stages = [{n: to_vllm(plan.specs[n]) for n in st.layer_names} for st in plan.stages]
     admitted, _ = admit(trace, layout.max_model_len)
-    engine = module.replay_engine(engine_settings(plan.engine), stages, memory,
+    settings = engine_settings(plan.engine)
+    if async_scheduling is not None:
+        settings["async_scheduling"] = async_scheduling
+    engine = module.replay_engine(settings, stages, memory,
                                   layout.pools[0].num_blocks, LiveBytes(layout), admitted,
                                   hash_fn=hash_fn, log_blocks=log_blocks)
     return engine, layout, admitted
