@@ -128,3 +128,28 @@ def test_lazy_decoding_matches_stepping(name: str, prompt: int, asynchronous: bo
     assert counted.steps == stepped.steps
     assert b.block_log == a.block_log, "the same block ids and free queue at every step"
     assert counted.as_dict() == stepped.as_dict()
+
+
+def chunked(chunk: int = 64) -> ManagedLayout:
+    local = ManagedGroup("local", kind="local", block_size=16, pool="p",
+                         attention_chunk_size=chunk, spec_key="local", useful_bytes_per_block=32)
+    full = ManagedGroup("full", kind="full", block_size=16, pool="p", full_like=True,
+                        spec_key="full", useful_bytes_per_block=32)
+    return ManagedLayout("chunked", (local, full), (ManagedPool("p", 400, hash_block_size=16,
+                                                               bytes_per_block=64),),
+                         scheduler_block_size=16, max_model_len=4096)
+
+
+@pytest.mark.parametrize("subject,output", [("chunked", 300), ("gpt-oss-20b", 400)])
+def test_lazy_decoding_matches_stepping_across_windows_and_chunks(subject: str,
+                                                                  output: int) -> None:
+    """Decoding past a chunk boundary or filling a window changes how live bytes grow:
+    a lazy request stops there."""
+    lay = chunked() if subject == "chunked" else layout_of(
+        Artifact.read(f"layouts/{subject}.kvlayout.json"), 300)
+    trace = generate_trace(12, seed=3, prompt_mean=200, output_mean=output, rate=1.0)
+    for asynchronous in (True, False):
+        kw = dict(async_scheduling=asynchronous, log_blocks=True)
+        stepped, a = run(lay, trace, lazy=False, **kw)
+        counted, b = run(lay, trace, lazy=True, **kw)
+        assert counted.steps == stepped.steps and b.block_log == a.block_log

@@ -69,10 +69,12 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     every decoding request one by one (slower, the same result)."""
     if max_model_len is not None:
         layout = replace(layout, max_model_len=max_model_len)
+    depth = batch_depth(async_scheduling, pipeline_parallel_size)
+    # the recycling groups' admission cap reads the tokens in flight: these settings'
+    layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
     admitted, numbers = admit(trace, layout.max_model_len)
     manager = KVCacheManager(layout)
     live = LiveBytes(layout)
-    depth = batch_depth(async_scheduling, pipeline_parallel_size)
     scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens,
                           async_scheduling=async_scheduling,

@@ -2,20 +2,26 @@
 
 Most steps of a long trace are decode steps, and a decoding request's step
 usually changes nothing but counters: one more token computed, one more
-sampled. The manager acts only near a block boundary (a block to allocate, one
-to cache, a window's block to free), when a window or chunk boundary changes
-what the request needs, and when the request ends. :class:`Quiet` finds, for a
-request's computed-token count, how many steps are free of all of these; for
-those steps :class:`LazySet` holds the request out of the
-per-step loop and adds the steps' effects when anything looks at it again
-(:meth:`LazySet.materialize`), at the step its calendar names, or earlier when
-the scheduler must see it (preemption, a token budget that runs out before it).
+sampled. The manager acts on the pool only at some counts (a block to allocate,
+a window's or a chunk's block to free, a state block to free), and the
+scheduler must look at the request itself when how its live bytes grow changes
+(a window fills, a chunk starts) and when it ends.
 
-A lazy request takes one token in every step it is lazy in; the steps before
-and after it are the same as if it had been scheduled one by one (the
-simulator's tests run both ways and compare every step and every block id).
-Only synchronous scheduling and async scheduling with one pipeline stage (the
-steady decode pattern is one token per step) use it.
+A steady decoding request (its last step was one token, scheduled one by one)
+joins :class:`LazySet`: it takes one token in every step, counted, not stepped;
+its counters are brought up to date (:meth:`LazySet.materialize`) whenever
+anything reads them. At a manager event the scheduler calls the manager for it
+in its place in the running order (it stays lazy); at a change in its live
+bytes' growth, or near its end, it leaves the set and is scheduled one by one;
+it also leaves when the token budget runs out before it, or when it is
+preempted. :class:`Quiet` finds the counts of each kind. Caching a full block
+is no event: nothing reads a decode block's hash before the request is looked
+at again, and the scheduler caches what the counted steps would have first.
+
+The steps are the same as if every request were scheduled one by one, block
+id for block id (the simulator's tests run both ways and compare). Only
+synchronous scheduling and async scheduling with one pipeline stage (where a
+steady request takes one token per step) count steps.
 """
 
 from __future__ import annotations
@@ -37,25 +43,27 @@ _SEQ = attrgetter("seq")
 #: ``lazy_end`` of a request that is lazy now.
 NEVER = 1 << 62
 
-class Quiet:
-    """The computed-token counts ``c`` (at a step's start) at which a steady decode
-    step changes only counters, by the steps' pattern (synchronous: the output
-    comes before the next step; async: one step later).
 
-    An *event* is a count at which the manager acts on the pool: a block to
-    allocate (the slot for token ``c + 1`` opens a block), a block that leaves a
-    window or a chunk, a state block to free (Mamba ``align``); or a change in how
-    live bytes grow (a window filled, a chunk started), or the request's end. Each
-    is a residue modulo a block, window or chunk size, or a fixed count. Caching a
-    full block is not one: nothing reads a decode block's hash before the request
-    itself is scheduled again or freed, and the scheduler caches what the lazy
-    steps would have cached first (:meth:`Scheduler._catch_up`).
+class Quiet:
+    """The computed-token counts ``c`` (at a step's start) that matter to a steady
+    decoding request, by the steps' pattern (synchronous: the output comes before
+    the next step; async: one step later).
+
+    *Events* (:meth:`next_event`) are counts at which the manager acts on the pool:
+    a block to allocate (the slot for token ``c + 1`` opens a block), a block that
+    leaves a window or a chunk, a state block to free (Mamba ``align``): residues
+    modulo a block size. *Stops* (:meth:`stop`) are counts after which the request's
+    live bytes grow differently (a window filled, a chunk started) or it nears its
+    end. Caching a full block is neither (see the module docstring).
     """
 
     def __init__(self, layout: ManagedLayout, max_model_len: int, *,
                  async_scheduling: bool) -> None:
         late = 1 if async_scheduling else 0  # frees read c - 1 under async scheduling
         events: set[tuple[int, int]] = set()
+        #: Counts (periodic, and fixed) a lazy request stops at: its live bytes grow
+        #: differently after them.
+        bounds: set[tuple[int, int]] = set()
         points: set[int] = set()
         self.rswa: list[int] = []
         for g in layout.groups:
@@ -67,13 +75,14 @@ class Quiet:
                 points |= {window - 1, window}
             elif g.kind == "local":
                 chunk = g.attention_chunk_size or 1
-                events |= {(chunk, 0), (chunk, late % chunk)}
+                bounds |= {(chunk, 0), (chunk, late % chunk)}
             elif g.kind == "rswa":
                 events.add((bs, ((g.rswa_window or 0) + late) % bs))
                 self.rswa.append(g.rswa_window or 0)
             elif g.kind == "state":
                 events.add((bs, (1 + late) % bs))
         self.events = sorted(events)
+        self.bounds = sorted(bounds)
         self.points = sorted(points)
         self.max_model_len = max_model_len
 
@@ -81,6 +90,12 @@ class Quiet:
         """The last count ``q >= c`` up to which ``r`` may stay lazy (before a change in
         how its live bytes grow, or its end), or -1 when ``c`` is past it."""
         last = min(r.num_prompt_tokens + r.max_tokens, self.max_model_len) - 3
+        for m, r0 in self.bounds:
+            ahead = (r0 - c) % m
+            if ahead == 0:
+                return -1
+            if c + ahead - 1 < last:
+                last = c + ahead - 1
         for p in self._points(r):
             if p == c:
                 return -1
