@@ -39,7 +39,9 @@ ALLOWED = {
     "reports": {"model", "artifact", "planner", "source", "passes", "compiler", "compiled",
                 "reports", "connectors.descriptor"},
     "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact",
-                     "planner", "reports", "integrations", "cli.common"},
+                     "planner", "reports", "integrations", "cli.common", "sim",
+                     "runtime.manager"},
+    "sim": {"model", "artifact", "runtime.manager", "sim"},
     "connectors": {"model", "artifact", "runtime", "connectors"},
     "cli": {"*"},
 }

@@ -62,3 +62,11 @@ def test_the_descriptor_benchmark_runs() -> None:
     assert rows and rows[0][-5:-2] == ["1", "64", "32"]  # one run per block; 64; vLLM's 32
     assert "kvspec transfer on two 20-layer artifacts" in out
     assert sum(line.startswith(("same, LBNHC", "TP2 -> TP1")) for line in out.splitlines()) == 2
+
+
+def test_the_simulation_benchmark_runs_without_vllm() -> None:
+    out = _run("benchmarks/bench_simulate.py", "--requests", "60", "--vs-vllm", "20",
+               "--prompt-mean", "300", "--output-mean", "20", "--vllm", "off")
+    assert "the comparison was skipped" in out
+    assert "60 requests through kvspec's simulator" in out
+    assert out.count("summary {") == 2

@@ -227,6 +227,40 @@ class BlockPool(PrefixCachePool):
         """
         self._release(blocks if blocks.__class__ is list else list(blocks))  # type: ignore[arg-type]
 
+    def free_blocks(self, ordered: Iterable[Block]) -> None:
+        """Drop one hold on each block, as vLLM 0.33's ``BlockPool.free_blocks``:
+        released blocks without a cached hash (all of them with caching off) go to
+        the *head* of the free queue, to be reused first; cached ones to its tail, to
+        be evicted last; each kind keeps the given order. Null blocks are passed over.
+
+        >>> pool = BlockPool(5)
+        >>> a, b, c = pool.allocate(3)
+        >>> pool.cache_block(b, b"h", 0, 16)
+        >>> pool.free_blocks([c, b, a]); [x.block_id for x in pool.free_block_queue]
+        [3, 1, 4, 2]
+        """
+        first: list[Block] = []
+        last: list[Block] = []
+        caching = self.enable_caching
+        blocks = ordered if ordered.__class__ is list else list(ordered)
+        for i, block in enumerate(blocks):
+            ref = block.ref_count
+            if ref <= 0 or block.pool is not self:
+                if block.is_null:
+                    continue
+                for held in blocks[:i]:  # a refusal changes nothing
+                    if not held.is_null:
+                        held.ref_count += 1
+                self._refuse_free([block], 0, self.null_block, self.null_block)
+            block.ref_count = ref - 1
+            if ref == 1:
+                (last if caching and block._hash is not None else first).append(block)
+        queue = self.free_block_queue
+        if first:
+            queue._link(queue._head, first, queue._head.next_free)  # type: ignore[arg-type]
+        if last:
+            queue._link(queue._tail.prev_free, last, queue._tail)  # type: ignore[arg-type]
+
     def free_request(self, blocks: Sequence[Block]) -> None:
         """Free a request's blocks, last first, so its chain's tail is evicted first.
 

@@ -109,6 +109,18 @@ class PrefixCachePool:
             found.append(entry if entry.__class__ is Block else next(iter(entry.values())))
         return found
 
+    def cached_map(self, group_id: int) -> dict[BlockHash, Any] | None:
+        """``group_id``'s map, block hash -> block (or ``{block_id: block}`` for one
+        content cached in several blocks), for callers that look up many hashes in
+        a row; None while nothing is cached in the group. Read it, never change it.
+
+        >>> from kvspec.runtime.block_pool import BlockPool
+        >>> pool = BlockPool(3)
+        >>> pool.cached_map(0) is None
+        True
+        """
+        return self._cached.get(group_id)
+
     def find_cached_prefix(
         self,
         block_hashes: Iterable[BlockHash],
@@ -187,6 +199,76 @@ class PrefixCachePool:
                 group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
             else:
                 entry[block.block_id] = block
+
+    def cache_block(self, block: Block, block_hash: BlockHash, group_id: int,
+                    num_tokens: int | None = None) -> None:
+        """Cache one held block under ``block_hash`` for ``group_id``, the prefix of
+        ``num_tokens`` tokens (a request-level manager's step, unchecked: the caller
+        holds the block). A block cached under another hash loses it first; one
+        cached under this hash already is left alone.
+
+        >>> from kvspec.runtime.block_pool import BlockPool
+        >>> pool = BlockPool(3)
+        >>> (block,) = pool.allocate(1)
+        >>> pool.cache_block(block, b"h", 0, 16)
+        >>> pool.lookup(b"h", [0]) == [block], block.block_hash_num_tokens
+        (True, 16)
+        """
+        if not self.enable_caching or block.is_null:
+            return
+        if block._hash is not None:
+            if block._hash == block_hash and block._group == group_id:
+                return
+            self._uncache(block)
+            block._hash = block._block_hash_num_tokens = None
+        block._hash = block_hash
+        block._group = group_id
+        block._block_hash_num_tokens = num_tokens
+        group_map = self._cached.get(group_id)
+        if group_map is None:
+            group_map = self._cached[group_id] = {}
+        entry = group_map.get(block_hash)
+        if entry is None:
+            group_map[block_hash] = block
+        elif entry.__class__ is Block:
+            group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
+        else:
+            entry[block.block_id] = block
+
+    def cache_run(self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash],
+                  group_id: int, num_tokens: int, block_size: int) -> None:
+        """:meth:`cache_block` for a request's run of full blocks: ``blocks[k]`` under
+        ``block_hashes[k]``, the prefix of ``num_tokens + k * block_size`` tokens
+        (null blocks are passed over).
+
+        >>> from kvspec.runtime.block_pool import BlockPool
+        >>> pool = BlockPool(4)
+        >>> blocks = pool.allocate(2)
+        >>> pool.cache_run(blocks, [b"a", b"b"], 0, 16, 16)
+        >>> [b.block_hash_num_tokens for b in blocks]
+        [16, 32]
+        """
+        if not self.enable_caching:
+            return
+        group_map = self._cached.get(group_id)
+        if group_map is None:
+            group_map = self._cached[group_id] = {}
+        get = group_map.get
+        for block, block_hash in zip(blocks, block_hashes):
+            if block._hash is not None or block.is_null:
+                self.cache_block(block, block_hash, group_id, num_tokens)
+            else:
+                block._hash = block_hash
+                block._group = group_id
+                block._block_hash_num_tokens = num_tokens
+                entry = get(block_hash)
+                if entry is None:
+                    group_map[block_hash] = block
+                elif entry.__class__ is Block:
+                    group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
+                else:
+                    entry[block.block_id] = block
+            num_tokens += block_size
 
     def evict(self, block_ids: Iterable[int]) -> list[int]:
         """Drop the cached hash of the given blocks (held or free); returns the ids

@@ -59,3 +59,12 @@ def build(path, settings, dtype=None, progress=None):
     # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.meta import build as _build
     return _build(path, settings, dtype, progress)
+
+
+def replay_engine(settings, stages, memory, num_blocks, live, trace, *, hash_fn="sha256",
+                  log_blocks=False):
+    """vLLM's own scheduler for a plan, as a step engine (see :mod:`.scheduler`)."""
+    # deferred: vllm (the scheduler module imports it)
+    from kvspec.integrations.vllm.v0_33.scheduler import VllmEngine, build
+    scheduler, hasher = build(settings, stages, memory, num_blocks, hash_fn=hash_fn)
+    return VllmEngine(scheduler, hasher, live, trace, log_blocks=log_blocks)

@@ -1,0 +1,70 @@
+"""A trace through vLLM's own scheduler: ``kvspec simulate ... --against vllm``.
+
+:func:`replay` runs the same steps as :func:`kvspec.sim.simulate` (the same loop,
+:func:`kvspec.sim.engine.drive`, and the same records) over vLLM 0.33.0's own
+``Scheduler`` and ``KVCacheManager``, planned by vLLM for the layout and given
+the same block count, with a stub model that samples one token per request
+whose prompt is done. Only the vLLM environment imports this module.
+
+With unified plans that vLLM plans as kvspec does, every step's running and
+waiting counts and free blocks are the same on both sides
+(``tests/vllm/test_simulate_fidelity.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvspec.integrations.vllm import adapter as vllm_adapter
+from kvspec.integrations.vllm.specs import engine_settings, to_vllm
+from kvspec.integrations.vllm.verify import budget
+from kvspec.sim import SimResult, TraceRequest, admit
+from kvspec.sim.engine import Progress, drive
+from kvspec.sim.metrics import LiveBytes
+from kvspec.sim.setup import layout_of
+
+__all__ = ["replay", "run_engine", "vllm_engine"]
+
+
+def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
+           hash_fn: str = "sha256", progress: Progress | None = None,
+           log_blocks: bool = False, async_scheduling: bool | None = None
+           ) -> tuple[SimResult, Any]:
+    """(the result, vLLM's engine wrapper) of ``trace`` through vLLM's scheduler for
+    ``artifact``'s plan with ``num_blocks`` blocks (default: its own) and the layout's
+    async scheduling (unless ``async_scheduling`` says otherwise)."""
+    engine, layout, admitted = vllm_engine(artifact, trace, num_blocks, hash_fn=hash_fn,
+                                           log_blocks=log_blocks,
+                                           async_scheduling=async_scheduling)
+    return run_engine(engine, layout, admitted, len(trace), progress), engine
+
+
+def vllm_engine(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
+                *, hash_fn: str = "sha256", log_blocks: bool = False,
+                async_scheduling: bool | None = None) -> tuple[Any, Any, list[TraceRequest]]:
+    """vLLM's scheduler for ``artifact``'s plan, as a step engine, ready to run the
+    requests of ``trace`` it accepts: (engine, the manager's layout, those requests)."""
+    module = vllm_adapter()
+    layout = layout_of(artifact, num_blocks)
+    plan = artifact.layout.plan
+    memory, _ = budget(plan, artifact.layout.budget.memory if artifact.layout.budget else None,
+                       None)
+    stages = [{n: to_vllm(plan.specs[n]) for n in st.layer_names} for st in plan.stages]
+    admitted, _ = admit(trace, layout.max_model_len)
+    settings = engine_settings(plan.engine)
+    if async_scheduling is not None:
+        settings["async_scheduling"] = async_scheduling
+    engine = module.replay_engine(settings, stages, memory,
+                                  layout.pools[0].num_blocks, LiveBytes(layout), admitted,
+                                  hash_fn=hash_fn, log_blocks=log_blocks)
+    return engine, layout, admitted
+
+
+def run_engine(engine: Any, layout: Any, admitted: list[TraceRequest], num_trace: int,
+               progress: Progress | None = None) -> SimResult:
+    """Drive a :func:`vllm_engine` through its requests."""
+    depth = engine.s.vllm_config.max_concurrent_batches
+    records, steps = drive(engine, admitted, depth, progress)
+    return SimResult(layout.name, steps, tuple(records), engine.preemptions,
+                     engine.hit_tokens, len(admitted), num_trace - len(admitted))

@@ -1,0 +1,117 @@
+"""Capacity, measured: a request trace replayed through kvspec's manager and a
+model of vLLM v1's scheduler (no torch).
+
+* :func:`simulate` -- a :class:`~kvspec.runtime.manager.ManagedLayout` and a trace in,
+  a :class:`~kvspec.sim.metrics.SimResult` out (``.as_dict()``: the summary;
+  ``.steps``: every step's record);
+* :func:`simulate_artifact` -- the same for a compiled layout, with its engine's
+  settings;
+* :mod:`.trace` -- the JSONL trace format (:func:`read_trace`) and :mod:`.generate`
+  -- seeded synthetic traces (:func:`generate_trace`);
+* :mod:`.schedule` -- the scheduler model, :mod:`.engine` -- the step loop,
+  :mod:`.metrics` -- records, utilisation, the summary.
+
+``kvspec.integrations.vllm.replay`` runs the same trace through vLLM's own
+scheduler, with the same loop and the same records.
+
+>>> from kvspec.compiled import read as read_artifact
+>>> art = read_artifact("layouts/llama-3.1-8b.kvlayout.json")
+>>> trace = generate_trace(40, seed=3, prompt_mean=300, output_mean=60)
+>>> summary = simulate_artifact(art, trace, num_blocks=120).as_dict()
+>>> summary["steps"], summary["peak_running"], summary["preemptions"]
+(626, 7, 8)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
+from kvspec.sim.engine import KvspecEngine, Progress, drive
+from kvspec.sim.generate import generate_trace
+from kvspec.sim.metrics import SUMMARY_KEYS, LiveBytes, SimResult, StepRecord
+from kvspec.sim.schedule import Scheduler
+from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
+
+__all__ = ["SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
+           "admit", "batch_depth", "generate_trace", "parse_trace", "read_trace", "run", "run_artifact",
+           "simulate", "simulate_artifact", "write_trace"]
+
+
+def batch_depth(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
+    """Batches in flight (vLLM's ``max_concurrent_batches``, V1 model runner)."""
+    if async_scheduling and pipeline_parallel_size <= 1:
+        return 2
+    return max(pipeline_parallel_size, 1)
+
+
+def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
+             max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+             async_scheduling: bool = True, pipeline_parallel_size: int = 1,
+             progress: Progress | None = None) -> SimResult:
+    """Replay ``trace`` through ``layout``'s pools; requests whose prompt does not fit
+    ``max_model_len`` (default: the layout's) are refused, as vLLM refuses them."""
+    return run(layout, trace, max_num_seqs=max_num_seqs,
+               max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
+               async_scheduling=async_scheduling,
+               pipeline_parallel_size=pipeline_parallel_size, progress=progress)[0]
+
+
+def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
+        async_scheduling: bool = True, pipeline_parallel_size: int = 1,
+        progress: Progress | None = None, log_blocks: bool = False, lazy: bool = True
+        ) -> tuple[SimResult, KvspecEngine]:
+    """:func:`simulate`, and the engine it ran (its scheduler, manager and, with
+    ``log_blocks``, every step's block tables and free queue); ``lazy=False`` steps
+    every decoding request one by one (slower, the same result)."""
+    if max_model_len is not None:
+        layout = replace(layout, max_model_len=max_model_len)
+    depth = batch_depth(async_scheduling, pipeline_parallel_size)
+    # the recycling groups' admission cap reads the tokens in flight: these settings'
+    layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
+    admitted, numbers = admit(trace, layout.max_model_len)
+    manager = KVCacheManager(layout)
+    live = LiveBytes(layout)
+    scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens,
+                          async_scheduling=async_scheduling,
+                          lazy=lazy and depth == (2 if async_scheduling else 1))
+    engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers)
+    records, steps = drive(engine, admitted, depth, progress)
+    result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
+                       scheduler.hit_tokens, len(admitted), len(trace) - len(admitted))
+    return result, engine
+
+
+def admit(trace: Sequence[TraceRequest], max_model_len: int
+          ) -> tuple[list[TraceRequest], list[int]]:
+    """The requests vLLM accepts (prompt shorter than ``max_model_len``), and their
+    1-based positions in the trace."""
+    numbers = [i for i, r in enumerate(trace, start=1) if r.prompt_tokens < max_model_len]
+    return [trace[i - 1] for i in numbers], numbers
+
+
+def engine_settings(artifact: Any) -> dict[str, Any]:
+    """:func:`simulate`'s engine keywords for a compiled layout."""
+    engine = artifact.layout.engine
+    return {"max_num_seqs": engine.max_num_seqs,
+            "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "async_scheduling": engine.async_scheduling_resolved,
+            "pipeline_parallel_size": engine.pipeline_parallel_size}
+
+
+def simulate_artifact(artifact: Any, trace: Sequence[TraceRequest],
+                      num_blocks: int | None = None, **settings: Any) -> SimResult:
+    """:func:`simulate` for a compiled layout, with its engine's settings (any of
+    which ``settings`` overrides) and ``num_blocks`` blocks (default: its own)."""
+    return run_artifact(artifact, trace, num_blocks, **settings)[0]
+
+
+def run_artifact(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
+                 **settings: Any) -> tuple[SimResult, KvspecEngine]:
+    """:func:`run` for a compiled layout (see :func:`simulate_artifact`)."""
+    kwargs = {**engine_settings(artifact), **settings}
+    return run(from_artifact(artifact, num_blocks), trace, **kwargs)

@@ -1,0 +1,152 @@
+"""The engine loop: arrivals, steps, outputs, as vLLM's engine core runs a scheduler.
+
+:func:`drive` runs any scheduler that has ``add``, ``has_requests``, ``schedule``,
+``update`` and ``record`` (kvspec's model here, vLLM's own in
+:mod:`kvspec.integrations.vllm.replay`), so both see the same steps:
+
+* at step ``t`` the trace's requests with ``arrival <= t`` join the waiting queue;
+* ``depth`` 1 (synchronous): schedule, record, apply the output, next step;
+* ``depth`` > 1 (async scheduling, or pipeline stages): vLLM's
+  ``step_with_batch_queue`` -- a scheduled batch waits in a queue; the oldest
+  one's output is applied only when the queue is full or nothing else can be
+  scheduled, so a step is scheduled before the previous step's tokens are known;
+* with nothing to run, the clock jumps to the next arrival.
+
+The result is every step's :class:`~kvspec.sim.metrics.StepRecord` and the
+step the trace finished at.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from kvspec.errors import KvspecError
+from kvspec.sim.metrics import LiveBytes, StepRecord
+from kvspec.sim.request import Batch, SimRequest
+from kvspec.sim.schedule import Scheduler
+from kvspec.sim.trace import TraceRequest, prefix_codes
+
+__all__ = ["KvspecEngine", "Progress", "SimulationError", "StepEngine", "drive"]
+
+class SimulationError(KvspecError):
+    """A trace the pools cannot serve."""
+
+
+#: ``progress(finished_requests, total_requests)``, called every few hundred steps.
+Progress = Callable[[int, int], None]
+
+
+class StepEngine(Protocol):
+    def add(self, index: int, request: TraceRequest) -> None: ...
+    def has_requests(self) -> bool: ...
+    def schedule(self) -> Any: ...
+    def update(self, batch: Any) -> None: ...
+    def record(self, step: int, batch: Any) -> StepRecord: ...
+    def stuck(self) -> str | None: ...
+    @property
+    def finished(self) -> int: ...
+
+
+def drive(engine: StepEngine, trace: Sequence[TraceRequest], depth: int = 1,
+          progress: Progress | None = None) -> tuple[list[StepRecord], int]:
+    """Run ``trace`` through ``engine`` (see the module docstring)."""
+    records: list[StepRecord] = []
+    queue: deque[Any] = deque()
+    clock = i = 0
+    n = len(trace)
+    while True:
+        while i < n and trace[i].arrival <= clock:
+            engine.add(i, trace[i])
+            i += 1
+        if engine.has_requests():
+            batch = engine.schedule()
+            records.append(engine.record(clock, batch))
+            if progress is not None and clock % 256 == 0:
+                progress(engine.finished, n)
+            if batch.total == 0 and not any(b.total for b in queue):
+                _check_progress(engine, clock)
+            queue.appendleft(batch)
+            if len(queue) < depth and (batch.total > 0 or engine.has_requests()):
+                clock += 1
+                continue
+        elif not queue:
+            if i >= n:
+                break
+            clock = trace[i].arrival
+            continue
+        engine.update(queue.pop())
+        clock += 1
+    if progress is not None:
+        progress(engine.finished, n)
+    return records, clock
+
+
+def _check_progress(engine: StepEngine, step: int) -> None:
+    """A step that schedules nothing with nothing in flight repeats for ever: refuse it."""
+    problem = engine.stuck()
+    if problem is not None:
+        raise SimulationError(f"step {step}: nothing can be scheduled: {problem}",
+                              hint="give the pool more blocks (the layout's own count fits "
+                              "max_model_len), or shorten the trace's requests")
+
+
+class KvspecEngine:
+    """kvspec's scheduler model as a :class:`StepEngine`."""
+
+    def __init__(self, scheduler: Scheduler, live: LiveBytes, trace: Sequence[TraceRequest],
+                 *, log_blocks: bool = False, numbers: Sequence[int] | None = None) -> None:
+        self.scheduler = scheduler
+        #: Each request's 1-based position in the whole trace (for messages).
+        self.numbers = numbers if numbers is not None else range(1, len(trace) + 1)
+        self.live = live
+        self.codes = prefix_codes(trace)
+        self.finished = 0
+        self.pools = scheduler.manager.pools
+        #: Per step, with ``log_blocks``: ({request index: block ids per group}, the
+        #: first pool's free queue).
+        self.block_log: list[tuple[dict[int, tuple], list[int]]] | None = (
+            [] if log_blocks else None)
+
+    def add(self, index: int, request: TraceRequest) -> None:
+        self.scheduler.add(SimRequest(index, request.prompt_tokens, request.output_tokens,
+                                      prefix=self.codes[index],
+                                      prefix_tokens=request.prefix_tokens,
+                                      arrival=request.arrival))
+
+    def has_requests(self) -> bool:
+        return self.scheduler.has_requests()
+
+    def schedule(self) -> Batch:
+        return self.scheduler.schedule()
+
+    def update(self, batch: Batch) -> None:
+        before = self.scheduler.finished_count
+        self.scheduler.update(batch)
+        self.finished += self.scheduler.finished_count - before
+
+    def record(self, step: int, batch: Batch) -> StepRecord:
+        s = self.scheduler
+        live = s.live_bytes()
+        if self.block_log is not None:
+            self.block_log.append(({r.index: tuple(tuple(b.block_id for b in t)
+                                                   for t in r.tables) for r in s.running},
+                                   [b.block_id for b in self.pools[0].free_block_queue]))
+        return StepRecord(step, len(s.running), len(s.waiting),
+                          tuple(p.free_block_queue.num_free_blocks for p in self.pools),
+                          batch.total, batch.preempted, self.live.utilization(live))
+
+    def stuck(self) -> str | None:
+        """Why nothing can run, or None when nothing waits (the engine only flushes)."""
+        s = self.scheduler
+        r = s.first_running()
+        if r is not None:
+            return (f"running request #{self.numbers[r.index]} ({r.num_computed_tokens} of "
+                    f"{r.num_tokens} tokens computed) gets no tokens")
+        if s.waiting:
+            r = s.waiting[0]
+            free = ", ".join(str(p.free_block_queue.num_free_blocks) for p in self.pools)
+            return (f"request #{self.numbers[r.index]} ({r.num_tokens} tokens) does not fit the "
+                    f"free blocks ({free}) of an idle engine")
+        return None

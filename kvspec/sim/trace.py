@@ -1,0 +1,245 @@
+"""Request traces: JSON Lines, one request per line, read with positioned errors.
+
+Each line is one object::
+
+    {"arrival": 0, "prompt_tokens": 1800, "output_tokens": 210}
+    {"arrival": 3, "prompt_tokens": 900, "output_tokens": 64, "prefix_id": "sys", "prefix_tokens": 512}
+
+* ``arrival`` -- the engine step the request joins the waiting queue at (an
+  integer, not decreasing from one line to the next);
+* ``prompt_tokens``, ``output_tokens`` -- positive integers;
+* ``prefix_id`` (a string or an integer) and ``prefix_tokens`` (0 to
+  ``prompt_tokens``), together: the request's first ``prefix_tokens`` tokens are
+  those of every request with the same ``prefix_id`` (a shared system prompt),
+  up to the shorter prefix of the two.
+
+Blank lines are skipped. Every problem is a :class:`TraceError` at
+``file:line:column`` with a hint. Token ids are synthetic
+(:func:`token_id`): the same for requests sharing a prefix, inside it; unique
+everywhere else, so prefix caching finds exactly the declared sharing.
+
+>>> reqs = parse_trace('{"arrival": 0, "prompt_tokens": 8, "output_tokens": 2}\\n')
+>>> reqs[0].prompt_tokens, reqs[0].prefix_id
+(8, None)
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvspec.errors import KvspecError
+from kvspec.jsonpos import Located, scan
+
+__all__ = ["KEYS", "TraceError", "TraceRequest", "parse_trace", "prefix_codes", "read_trace",
+           "token_id", "trace_text", "write_trace"]
+
+#: Keys of a trace line, in their canonical order (the first three required).
+KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens")
+_REQUIRED = KEYS[:3]
+_EXAMPLE = '{"arrival": 0, "prompt_tokens": 512, "output_tokens": 128}'
+
+
+class TraceError(KvspecError):
+    """A trace that cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    """One request of a trace (see the module docstring)."""
+
+    arrival: int
+    prompt_tokens: int
+    output_tokens: int
+    prefix_id: str | int | None = None
+    prefix_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"arrival": self.arrival, "prompt_tokens": self.prompt_tokens,
+                               "output_tokens": self.output_tokens}
+        if self.prefix_id is not None:
+            out["prefix_id"] = self.prefix_id
+            out["prefix_tokens"] = self.prefix_tokens
+        return out
+
+
+def read_trace(path: str | Path) -> tuple[TraceRequest, ...]:
+    """The requests of the trace file at ``path``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError("no such trace file", file=str(path),
+                         hint="give the path of a JSONL trace (kvspec.sim.generate_trace "
+                         "writes one)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read the trace: {exc}", file=str(path),
+                         hint="a trace is a UTF-8 text file, one JSON object per line") from None
+    return parse_trace(text, file=str(path))
+
+
+def parse_trace(text: str, file: str = "<trace>") -> tuple[TraceRequest, ...]:
+    """The requests of a trace's text; ``file`` names it in errors."""
+    out: list[TraceRequest] = []
+    last = 0
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        request = _request(line, file, number)
+        if request.arrival < last:
+            raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
+                             f"step {last}", file=file, line=number,
+                             column=_column(line, "arrival"),
+                             hint="sort the trace by arrival")
+        last = request.arrival
+        out.append(request)
+    if not out:
+        raise TraceError("the trace has no requests", file=file,
+                         hint=f"write one JSON object per line, e.g. {_EXAMPLE}")
+    return tuple(out)
+
+
+def _request(line: str, file: str, number: int) -> TraceRequest:
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        obj = _strict(line, file, number)  # raises with the position, or reads it
+    if obj.__class__ is not dict:
+        raise TraceError("a trace line must be a JSON object", file=file, line=number,
+                         column=1, found=_type(obj),
+                         hint=f"write one object per line, e.g. {_EXAMPLE}")
+    if line.count('"') != _quotes(obj):  # a key twice, or escapes: check strictly
+        _strict(line, file, number)
+    if any(v.__class__ is float for v in obj.values()):  # orjson reads long integers so
+        obj = json.loads(line)
+    try:
+        return _checked(obj)
+    except _Bad as bad:
+        raise TraceError(bad.message, file=file, line=number, column=_column(line, bad.key),
+                         **bad.kw) from None
+
+
+def _strict(line: str, file: str, number: int) -> Any:
+    """Read ``line`` strictly (a key twice, NaN, an integer too long are errors)."""
+    hint = f"each line is one JSON object, e.g. {_EXAMPLE}"
+    try:
+        return scan(line, what="the trace line")[0]
+    except Located as problem:
+        raise TraceError(problem.message, file=file, line=number, column=problem.pos + 1,
+                         **{"hint": hint, **problem.kw}) from None
+    except (RecursionError, ValueError) as exc:
+        raise TraceError(f"not JSON: {exc}", file=file, line=number, column=1,
+                         hint=hint) from None
+
+
+class _Bad(Exception):
+    def __init__(self, message: str, key: str | None, **kw: Any) -> None:
+        super().__init__(message)
+        self.message, self.key, self.kw = message, key, kw
+
+
+def _checked(obj: dict[str, Any]) -> TraceRequest:
+    for key in obj:
+        if key not in KEYS:
+            close = difflib.get_close_matches(key, KEYS, n=1)
+            raise _Bad(f"unknown key {key!r}", key, expected=", ".join(KEYS),
+                       hint=f"did you mean {close[0]!r}?" if close else
+                       "a trace line has only these keys")
+    for key in _REQUIRED:
+        if key not in obj:
+            raise _Bad(f"missing key {key!r}", None, expected=", ".join(_REQUIRED),
+                       hint=f"every line gives {', '.join(_REQUIRED)}, e.g. {_EXAMPLE}")
+    arrival = _integer(obj, "arrival", 0, "arrival must be an integer, 0 or more",
+                       "arrival is the engine step the request joins the waiting queue at")
+    prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be a positive integer",
+                      "a prompt has at least one token")
+    output = _integer(obj, "output_tokens", 1, "output_tokens must be a positive integer",
+                      "a request samples at least one token")
+    prefix_id = obj.get("prefix_id")
+    if ("prefix_id" in obj) != ("prefix_tokens" in obj):
+        given = "prefix_id" if "prefix_id" in obj else "prefix_tokens"
+        raise _Bad(f"{given} without {'prefix_tokens' if given == 'prefix_id' else 'prefix_id'}",
+                   given, hint="a shared prefix needs both: which prefix, and its length")
+    if prefix_id is None:
+        return TraceRequest(arrival, prompt, output)
+    if prefix_id.__class__ not in (str, int):
+        raise _Bad("prefix_id must be a string or an integer", "prefix_id",
+                   found=_type(prefix_id), hint='name the shared prefix, e.g. "system"')
+    shared = _integer(obj, "prefix_tokens", 0, "prefix_tokens must be an integer, 0 or more",
+                      "the shared prefix's length in tokens")
+    if shared > prompt:
+        raise _Bad(f"prefix_tokens ({shared}) is more than prompt_tokens ({prompt})",
+                   "prefix_tokens", hint="the shared prefix is part of the prompt")
+    return TraceRequest(arrival, prompt, output, prefix_id, shared)
+
+
+def _integer(obj: dict[str, Any], key: str, least: int, message: str, hint: str) -> int:
+    value = obj[key]
+    if value.__class__ is not int or value < least:
+        shown = json.dumps(value) if value.__class__ in (int, float, str, bool) or \
+            value is None else _type(value)
+        raise _Bad(message, key, found=shown, hint=hint)
+    return value
+
+
+def _type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+             int: "an integer", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _quotes(obj: dict[str, Any]) -> int:
+    """The double quotes a line holding ``obj`` has when nothing is escaped."""
+    count = 2 * len(obj)
+    prefix = obj.get("prefix_id")
+    if prefix.__class__ is str:
+        count += 2
+    return count
+
+
+def _column(line: str, key: str | None) -> int:
+    """1-based column of ``key`` on ``line`` (1 when not found)."""
+    if key is None:
+        return 1
+    try:
+        _, _, keys = scan(line, lenient=True)
+    except (Located, ValueError, RecursionError):
+        return 1
+    return keys.get((key,), (1, 1))[1]
+
+
+# -- writing, token ids --------------------------------------------------------
+
+def trace_text(requests: Iterable[TraceRequest]) -> str:
+    """The JSONL text of ``requests`` (keys in canonical order)."""
+    return "".join(json.dumps(r.as_dict()) + "\n" for r in requests)
+
+
+def write_trace(requests: Iterable[TraceRequest], path: str | Path) -> None:
+    Path(path).write_text(trace_text(requests), encoding="utf-8")
+
+
+def prefix_codes(requests: Sequence[TraceRequest]) -> list[int]:
+    """A positive code per request's prefix id (0: none), numbered by first use."""
+    codes: dict[Any, int] = {}
+    out = []
+    for r in requests:
+        if r.prefix_id is None:
+            out.append(0)
+        else:
+            key = (type(r.prefix_id), r.prefix_id)
+            out.append(codes.setdefault(key, len(codes) + 1))
+    return out
+
+
+def token_id(index: int, position: int, code: int, prefix_tokens: int, num_codes: int) -> int:
+    """The synthetic token id at ``position`` of request ``index`` (prefix ``code``
+    of ``num_codes``): shared inside the prefix, unique outside it."""
+    if code and position < prefix_tokens:
+        return (code << 40) | position
+    return ((num_codes + 1 + index) << 40) | position
