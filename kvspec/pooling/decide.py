@@ -177,11 +177,32 @@ def _record(c: Candidate, e: Evaluation) -> fmt.Candidate:
         waste=e.waste, binding_pool=e.binding_pool, note=c.note)
 
 
-def _score(c: Candidate, e: Evaluation) -> tuple[float, int, int]:
-    """Higher is better: requests run (simulated, else static at the workload), the
-    finer prefix-match unit, fewer groups."""
-    capacity = e.simulated["mean_running"] if e.simulated else (e.workload_requests or 0.0)
-    return (round(capacity, 6), -c.hash_block_size, -c.groups)
+#: Capacities within this share of the best are a tie: a trace of a few hundred
+#: requests does not tell smaller differences apart.
+TIE = 0.01
+
+
+def _capacity(e: Evaluation) -> float:
+    """Requests run: simulated, else static at the workload."""
+    return e.simulated["mean_running"] if e.simulated else (e.workload_requests or 0.0)
+
+
+def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, int, float]:
+    """Among tied candidates, higher is better: the finer prefix-match unit (none at
+    all, without prefix caching, is the coarsest: turning it off must buy capacity
+    to be chosen), fewer groups, then capacity."""
+    caching = all(x.engine.enable_prefix_caching for x in c.layouts)
+    unit = -c.hash_block_size if caching else float("-inf")
+    return (unit, -c.groups, _capacity(e))
+
+
+def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
+    """The candidate ``auto`` keeps: of those the runtime can serve, the highest
+    capacity, where capacities within :data:`TIE` of the best tie."""
+    servable = [i for i, c in enumerate(cands) if c.note is None]
+    best = max(_capacity(evaluations[i]) for i in servable)
+    tied = [i for i in servable if _capacity(evaluations[i]) >= best * (1 - TIE)]
+    return max(tied, key=lambda i: _tiebreak(cands[i], evaluations[i]))
 
 
 def _workload_record(w: Workload, tokens: int) -> fmt.WorkloadRecord:
@@ -222,8 +243,7 @@ def decide(sized: Sized, pooling: Pooling
     elif pooling.policy == "separate":
         chosen = len(cands) - 1
     else:
-        servable = [i for i, c in enumerate(cands) if c.note is None]
-        chosen = max(servable, key=lambda i: _score(cands[i], evaluations[i]))
+        chosen = choose(cands, evaluations)
     keep = cands[chosen]
     record = fmt.PoolingRecord(
         asked=pooling.policy, policy=keep.policy,  # type: ignore[arg-type]
