@@ -46,7 +46,7 @@ from kvspec.model.quant.formats import KV_CACHE_DTYPES
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "Affine", "Allocation", "Budget", "Bytes", "Candidate",
     "CellPart", "Envelope", "Engine", "Group", "Layer", "Layout", "LogLine", "Pool",
-    "PoolShare", "PoolingRecord", "Spec", "Stage", "Tensor", "Unsigned", "View", "Waste",
+    "PoolShare", "PoolingRecord", "Simulated", "Spec", "Stage", "Tensor", "Unsigned", "View", "Waste",
     "WorkloadRecord", "at",
 ]
 
@@ -405,6 +405,23 @@ class Waste(Record):
     block_inflation: NonNeg
     #: State slots and window rings held per request, whatever its length.
     per_request: NonNeg
+    #: Bytes no running request holds while others wait: free or cached blocks,
+    #: too few for the next request, or in a pool that is not the one running out.
+    idle: NonNeg
+
+
+class Simulated(Record):
+    """A simulation's summary: ``kvspec simulate``'s keys (docs/simulate.md)."""
+
+    steps: NonNeg
+    mean_running: float
+    peak_running: NonNeg
+    preemptions: NonNeg
+    hit_tokens: NonNeg
+    mean_utilization: float
+    peak_utilization: float
+    #: None when no request ever waited.
+    utilization_while_waiting: float | None
 
 
 class Candidate(Record):
@@ -422,7 +439,7 @@ class Candidate(Record):
     #: Requests whose live tokens and states alone would fill the budget.
     physical_limit: float | None
     #: The simulation's summary (``kvspec simulate``'s keys), None when not simulated.
-    simulated: dict[str, float] | None
+    simulated: Simulated | None
     #: Mean tokens the running requests hold while requests wait (simulated).
     tokens_held: float | None
     waste: Waste | None
