@@ -26,6 +26,8 @@ EXPECTED = {
     "example-pipeline-parallel", "example-decode-context-parallel", "example-hidden-state",
     "example-mamba-cache-all", "example-mixed-precision", "example-mla-swa-fallback",
     "example-stride-alignment", "example-block-override", "gpt-oss-20b", "mistral-7b-v0.1",
+    # the pooling policy (docs/pooling.md): auto for kvspec's runtime and for vLLM, separate
+    "pooling-auto", "pooling-vllm", "pooling-separate",
 }
 
 
@@ -53,7 +55,8 @@ def test_no_orphaned_or_stale_artifacts() -> None:
     assert bad == []
 
 
-@pytest.mark.parametrize("source", [p for p in SOURCES if not p.stem.startswith("example-")],
+@pytest.mark.parametrize("source", [p for p in SOURCES
+                                    if not p.stem.startswith(("example-", "pooling-"))],
                          ids=lambda p: p.stem)
 def test_real_layouts_say_how_they_were_made_and_reviewed(source: Path) -> None:
     text = source.read_text()
@@ -71,3 +74,20 @@ def test_examples_say_which_case_they_come_from(source: Path) -> None:
     assert second.startswith("# Imported by `kvspec import tests/conformance/cases/")
     case = second.split("cases/")[1].split(".json")[0]
     assert (ROOT / "tests" / "conformance" / "cases" / f"{case}.json").exists()
+
+
+@pytest.mark.parametrize("source", [p for p in SOURCES if p.stem.startswith("pooling-")],
+                         ids=lambda p: p.stem)
+def test_pooling_examples_are_a_real_layout_with_a_pooling_section(source: Path) -> None:
+    """Each pooling example is a real layout of layouts/ (which it names) with a
+    pooling section: the same layers, kinds and parallelism, so what it shows is
+    that layout's pooling."""
+    text = source.read_text()
+    assert text.splitlines()[1].startswith("# The pooling policy, worked example "
+                                           "(docs/pooling.md)")
+    names = {m for m in SOURCES if f"layouts/{m.name}" in text}
+    assert len(names) == 1, names
+    ours, theirs = yaml.safe_load(text), yaml.safe_load(names.pop().read_text())
+    assert ours["pooling"]["policy"] in ("separate", "auto")
+    for key in ("layers", "layer_types", "defaults", "parallel", "model", "layer_name"):
+        assert ours.get(key) == theirs.get(key), key

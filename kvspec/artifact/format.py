@@ -445,6 +445,9 @@ class Candidate(Record):
     waste: Waste | None
     #: The pool that runs out first at the workload.
     binding_pool: str | None
+    #: Static requests against context: ``[tokens a request holds, requests]`` at
+    #: fractions and multiples of the workload's held tokens (``explain``'s chart).
+    curve: list[tuple[Pos, float]]
     #: Why this candidate cannot be served or was not simulated, if so.
     note: str | None
 

@@ -3,4 +3,5 @@ so the package (:mod:`kvspec.cli`) and the click group (:mod:`kvspec.cli.app`) b
 name them without importing each other."""
 
 COMMANDS = ("compile", "validate", "plan", "import_", "explain", "diff", "check", "schema",
-            "init", "verify", "engine_args", "descriptor", "transfer")
+            "init", "verify", "engine_args", "descriptor", "transfer", "simulate",
+            "trace")

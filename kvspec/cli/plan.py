@@ -95,21 +95,6 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     return EXIT_OK
 
 
-def _has_pooling(path: Path) -> bool:
-    """Whether a source declares a pooling policy other than unified, or a workload
-    (read cheaply: its parsed YAML, no planning)."""
-    # deferred: PyYAML loads when the command runs
-    import yaml
-
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except Exception:  # noqa: BLE001 - the compiler reports a broken source properly
-        return False
-    section = doc.get("pooling") if isinstance(doc, dict) else None
-    return isinstance(section, dict) and (section.get("policy", "unified") != "unified"
-                                          or section.get("workload") is not None)
-
-
 def _pooled_of(path: Path, memory: str | None
                ) -> tuple[Plan | None, tuple[PoolLayout, ...], PoolingRecord, int | None] | None:
     """For a layout with a pooling decision: the unified plan it kept (None: separate
@@ -119,6 +104,7 @@ def _pooled_of(path: Path, memory: str | None
     from kvspec.compiled import read
     from kvspec.compiler import Pooled, compile_until
     from kvspec.reports.explain import is_artifact_path
+    from kvspec.reports.explain.subject import declares_pooling
 
     if is_artifact_path(path):
         art = read(path)
@@ -131,7 +117,7 @@ def _pooled_of(path: Path, memory: str | None
         layout = art.layout
         engine = dataclasses.replace(layout.engine, original_max_model_len=None)
         return dataclasses.replace(layout.plan, engine=engine), (), record, budget
-    if not _has_pooling(path):
+    if not declares_pooling(path):
         return None
     given = memory if memory and ".." not in memory else None
     pooled = compile_until(path, Pooled, memory=given, memory_name="--memory")

@@ -16,6 +16,7 @@ from kvspec.passes.parse import Parsed
 from kvspec.passes.plan import plan
 from kvspec.passes.size import Sized, size
 from kvspec.passes.validate import validate
+from kvspec.pooling.figures import capacity_curve
 from kvspec.pooling.evaluate import Evaluation, WorkloadTrace, evaluate, workload_trace
 from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
@@ -169,13 +170,14 @@ def candidates(sized: Sized, pooling: Pooling, tokens: int) -> list[Candidate]:
     return out
 
 
-def _record(c: Candidate, e: Evaluation) -> fmt.Candidate:
+def _record(c: Candidate, e: Evaluation, tokens: int) -> fmt.Candidate:
     return fmt.Candidate(
         name=c.name, policy=c.policy, block_size=c.block_size, groups=c.groups,
         static_requests=e.static_requests, workload_requests=e.workload_requests,
         physical_limit=e.physical_limit,
         simulated=fmt.Simulated(**e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
-        waste=e.waste, binding_pool=e.binding_pool, note=c.note)
+        waste=e.waste, binding_pool=e.binding_pool, note=c.note,
+        curve=capacity_curve(c.layouts, tokens))
 
 
 #: Capacities within this share of the best are a tie: a trace of a few hundred
@@ -252,7 +254,7 @@ def decide(sized: Sized, pooling: Pooling
         block_size=pooling.block_size, state_block_size=pooling.state_block_size,
         pools=_shares(keep.pools),
         workload=_workload_record(trace.workload, tokens) if trace is not None else None,
-        candidates=[_record(c, e) for c, e in zip(cands, evaluations)], chosen=chosen)
+        candidates=[_record(c, e, tokens) for c, e in zip(cands, evaluations)], chosen=chosen)
     return keep.layout, keep.pools, record
 
 

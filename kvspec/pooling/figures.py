@@ -22,12 +22,17 @@ All per rank of pipeline stage 0 (every tensor-parallel rank of it is alike).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+
 from kvspec.model.plan import Group, Layout
 from kvspec.model.specs import MambaState
 from kvspec.model.specs.base import cdiv
 
-__all__ = ["block_padding", "live_bytes", "physical_limit", "request_blocks",
-           "static_requests", "workload_requests"]
+__all__ = ["CURVE", "block_padding", "capacity_curve", "live_bytes", "physical_limit",
+           "request_blocks", "static_requests", "workload_requests"]
+
+#: The context lengths of a capacity curve, as multiples of the workload's held tokens.
+CURVE = (0.25, 0.5, 1.0, 1.5, 2.0, 4.0)
 
 
 def _groups(layout: Layout) -> tuple[Group, ...]:
@@ -102,4 +107,26 @@ def block_padding(layout: Layout) -> dict[int, tuple[int, int]]:
         slot = max(s.page_size_bytes for s in pages)
         padded = sum(s.page_size_bytes - s.unpadded_page_size_bytes for s in pages)
         out[gid] = (g.padding_slots * slot, padded)
+    return out
+
+
+def capacity_curve(layouts: Sequence[Layout], tokens: int) -> list[tuple[int, float]]:
+    """Static requests (the pool that runs out first) against the tokens each holds:
+    at each :data:`CURVE` multiple of ``tokens``, up to ``max_model_len``.
+
+    >>> from kvspec.compiler import Sized, compile_until
+    >>> layout = compile_until("layouts/llama-3.1-8b.yaml", Sized).layout
+    >>> [(t, round(r)) for t, r in capacity_curve([layout], 4096)][:3]
+    [(1024, 320), (2048, 160), (4096, 80)]
+    """
+    limit = min(x.engine.max_model_len for x in layouts)
+    out: list[tuple[int, float]] = []
+    for m in CURVE:
+        t = min(max(round(tokens * m), 1), limit)
+        if out and out[-1][0] == t:
+            break
+        values = [workload_requests(x, t) for x in layouts]
+        if any(v is None for v in values):
+            return []
+        out.append((t, round(min(v for v in values if v is not None), 2)))
     return out

@@ -5,7 +5,7 @@ policy weighed with what each buys at the workload.
 >>> c = Candidate(name="unified", policy="unified", block_size=16, groups=1,
 ...               static_requests=2.5, workload_requests=150.0, physical_limit=160.0,
 ...               simulated=None, tokens_held=None, waste=None, binding_pool="device",
-...               note=None)
+...               note=None, curve=[])
 >>> print(candidates_table([c], chosen=0))
    candidate  block  groups  at max_model_len  at workload  simulated mean / peak  util. waiting  physical limit
 -  ---------  -----  ------  ----------------  -----------  ---------------------  -------------  --------------
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from kvspec.artifact.format import Candidate, PoolingRecord, Waste
 from kvspec.reports.format import human_bytes, table
 
-__all__ = ["candidates_table", "pooling_lines", "pools_table", "waste_line"]
+__all__ = ["candidates_table", "compact_table", "pooling_lines", "pools_table", "waste_line"]
 
 
 def _num(x: float | None, spec: str = ".1f") -> str:
@@ -41,7 +41,41 @@ def candidates_table(candidates: Sequence[Candidate], chosen: int | None) -> str
                      _num(c.workload_requests), running, _num(waiting, ".3f"),
                      _num(c.physical_limit)])
     return table(rows, ["", "candidate", "block", "groups", "at max_model_len", "at workload",
-                        "simulated mean / peak", "util. waiting", "physical limit"])
+                        "simulated mean / peak", "util. waiting", "physical limit"],
+                 "llrrrrrrr")
+
+
+#: The columns of :func:`compact_rows`.
+COMPACT = ("", "candidate", "max_len", "workload", "simulated", "util.", "limit")
+
+
+def compact_rows(candidates: Sequence[Candidate], chosen: int | None
+                 ) -> tuple[list[list[str]], list[str]]:
+    """The candidates' figures as text cells (:data:`COMPACT`), and the notes the
+    rows' numbered footnotes refer to."""
+    rows, notes = [], []
+    for i, c in enumerate(candidates):
+        sim = c.simulated
+        name = c.name
+        if c.note:
+            notes.append(c.note)
+            name += f" ({len(notes)})"
+        rows.append(["*" if i == chosen else "", name,
+                     "-" if c.static_requests is None else f"{c.static_requests:.1f}",
+                     _num(c.workload_requests),
+                     "-" if sim is None else f"{sim.mean_running:.1f}/{sim.peak_running}",
+                     _num(None if sim is None else sim.utilization_while_waiting, ".2f"),
+                     _num(c.physical_limit)])
+    return rows, notes
+
+
+def compact_table(candidates: Sequence[Candidate], chosen: int | None) -> str:
+    """:func:`candidates_table` within 80 columns (``explain``): requests at
+    max_model_len and at the workload, simulated mean and peak, utilisation while
+    waiting, physical limit; a candidate's note as a numbered footnote."""
+    rows, notes = compact_rows(candidates, chosen)
+    out = table(rows, list(COMPACT), "llrrrrr")
+    return "\n".join([out, *(f"({i}) {n}" for i, n in enumerate(notes, start=1))])
 
 
 def pools_table(record: PoolingRecord) -> str:

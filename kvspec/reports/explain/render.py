@@ -12,6 +12,7 @@ from typing import Any
 
 from kvspec._version import __version__
 from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity_chart
+from kvspec.reports.explain.pooling import pooling_chart
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
     human_bytes,
@@ -121,7 +122,45 @@ def render(report: Report, fmt: str = "text") -> str:
     names may run longer), ``md`` or self-contained ``html``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}")
+    if report.pool_reports:
+        return _pooled(report, fmt)
+    return _render_one(report, fmt)
+
+
+#: The heading of one pool's report in a separate plan's, per format.
+_POOL_HEAD = {"text": "POOL {name} ({share:.1%} of the budget)\n{rule}\n\n",
+              "md": "### Pool `{name}` ({share:.1%} of the budget)\n\n",
+              "html": '<h2 class="pool">Pool {name} ({share:.1%} of the budget)</h2>\n'}
+
+
+def _pooled(report: Report, fmt: str) -> str:
+    """A separate plan's report: each pool's report, then the pooling section
+    (HTML: one page, each pool's sections in turn)."""
+    env = environment()
+    assert report.pooling is not None
+    section = env.get_template(f"pooling.{fmt}.j2").render(
+        p=report.pooling, pchart=pooling_chart(report.pooling),
+        pchart_narrow=pooling_chart(report.pooling, NARROW, 250))
+    parts = []
+    for name, share, sub in report.pool_reports:
+        head = _POOL_HEAD[fmt].format(name=name, share=share, rule="=" * 40)
+        text = _render_one(sub, fmt)
+        if fmt == "html":
+            text = text.split("<main>", 1)[1].rsplit("</main>", 1)[0]
+        parts.append(head + text)
+    if fmt != "html":
+        return "\n".join(parts) + "\n" + section
+    page = _render_one(report.pool_reports[0][2], fmt)
+    top, rest = page.split("<main>", 1)
+    tail = rest.rsplit("</main>", 1)[1]
+    return top + "<main>\n" + "\n".join(parts) + section + "</main>" + tail
+
+
+def _render_one(report: Report, fmt: str) -> str:
     ctx: dict[str, Any] = {"r": report, "version": __version__, "ascii": ascii_block(report)}
+    if report.pooling is not None:
+        ctx["pchart"] = pooling_chart(report.pooling)
+        ctx["pchart_narrow"] = pooling_chart(report.pooling, NARROW, 250)
     if fmt == "html":
         ctx["block"] = block_picture(report)
         ctx["chart"] = capacity_chart(report)

@@ -24,6 +24,7 @@ from kvspec.reports.explain.blockmap import (
     tensor_spec,
 )
 from kvspec.reports.explain.capacity import Capacity, capacity, min_memory, sweep
+from kvspec.reports.explain.pooling import PoolingView, pooling_view
 from kvspec.reports.explain.subject import Subject, read_subject
 from kvspec.reports.format import compact_layers, human_bytes
 
@@ -122,6 +123,10 @@ class Report:
     sweep: tuple[Capacity, ...]
     warnings: tuple[Warning_, ...]
     notes: tuple[str, ...]
+    #: The pooling policy's decision (None: the layout had none to make).
+    pooling: PoolingView | None = None
+    #: A separate plan's pools, each its own report: (name, share, report).
+    pool_reports: tuple[tuple[str, float, Report], ...] = ()
 
 
 def _settings(layout: Layout) -> tuple[tuple[str, str], ...]:
@@ -276,6 +281,22 @@ def _notes(layout: Layout) -> tuple[str, ...]:
 
 
 def build_report(subject: Subject) -> Report:
+    """The report of ``subject``; of a separate plan, one per pool (``pool_reports``)
+    and the pooling section."""
+    view = pooling_view(subject.pooling) if subject.pooling is not None else None
+    if subject.pools:
+        subs = []
+        for name, share, layout in subject.pools:
+            memory = (round(subject.memory * share) if subject.memory is not None else
+                      layout.budget.memory if layout.budget is not None else None)
+            one = dataclasses.replace(subject, layout=layout, memory=memory, pools=(),
+                                      pooling=None)
+            subs.append((name, share, _build(one)))
+        return dataclasses.replace(subs[0][2], pooling=view, pool_reports=tuple(subs))
+    return dataclasses.replace(_build(subject), pooling=view)
+
+
+def _build(subject: Subject) -> Report:
     layout = subject.layout
     bm = block_map(layout, 0)
     groups = _group_rows(layout, bm)

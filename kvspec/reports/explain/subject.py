@@ -13,13 +13,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.artifact.format import PoolingRecord
 from kvspec.compiled import read
 from kvspec.errors import KvspecError, NotEnoughMemoryError, PlanError
 from kvspec.files import read_text, shown
 from kvspec.model.plan import Layout, Plan
 from kvspec.planner import blocks_for
 
-__all__ = ["Subject", "is_artifact_path", "read_subject"]
+__all__ = ["Subject", "declares_pooling", "is_artifact_path", "read_subject"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class Subject:
     plan: Plan | None
     memory: int | None
     misfit: KvspecError | None = None
+    #: A separate plan's pools (name, share of the budget, layout), each reported.
+    pools: tuple[tuple[str, float, Layout], ...] = ()
+    #: The pooling policy's decision, when the layout had one to make.
+    pooling: PoolingRecord | None = None
 
 
 def is_artifact_path(path: str | Path) -> bool:
@@ -61,8 +66,43 @@ def is_artifact_path(path: str | Path) -> bool:
     return isinstance(data, dict) and "body" in data
 
 
+def declares_pooling(path: str | Path) -> bool:
+    """Whether a source declares a pooling policy other than unified, or a workload
+    (read cheaply, as YAML: the compiler reports a broken source properly)."""
+    # deferred: PyYAML, which an artifact's report never needs
+    import yaml
+
+    try:
+        doc = yaml.safe_load(read_text(path, what="a layout"))
+    except Exception:  # noqa: BLE001 - any unreadable source: the compiler says why
+        return False
+    section = doc.get("pooling") if isinstance(doc, dict) else None
+    return isinstance(section, dict) and (section.get("policy", "unified") != "unified"
+                                          or section.get("workload") is not None)
+
+
+def _pool_rows(pools: tuple[object, ...]) -> tuple[tuple[str, float, Layout], ...]:
+    return tuple((p.name, float(p.share), p.layout) for p in pools)  # type: ignore[attr-defined]
+
+
+def _pooled_subject(path: str | Path, memory: int | None) -> Subject:
+    """A source with a pooling section: compiled through the policy's decision."""
+    # deferred: the compiler (pydantic, PyYAML), which an artifact's report never needs
+    from kvspec.compiler import Pooled, compile_until
+
+    pooled = compile_until(path, Pooled, memory=memory, memory_name="--memory")
+    layout = pooled.pools[0].layout if pooled.pools else pooled.layout
+    return Subject(shown(path), "source", layout, None, pooled.budget_bytes, None,
+                   _pool_rows(pooled.pools), pooled.decision)
+
+
 def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
-    layout = read(path).layout
+    art = read(path)
+    if art.pools:
+        return Subject(shown(path), "artifact", art.pools[0].layout, None,
+                       art.body.budget.memory if art.body.budget is not None else None,
+                       None, _pool_rows(art.pools), art.body.pooling)
+    layout = art.layout
     mem = memory if memory is not None else (
         layout.budget.memory if layout.budget is not None else None)
     misfit = None
@@ -71,7 +111,8 @@ def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
             blocks_for(layout, memory=mem)
         except PlanError as err:
             misfit = err
-    return Subject(shown(path), "artifact", layout, None, mem, misfit)
+    return Subject(shown(path), "artifact", layout, None, mem, misfit,
+                   pooling=art.body.pooling)
 
 
 def _source_subject(path: str | Path, memory: int | None) -> Subject:
@@ -100,4 +141,6 @@ def read_subject(path: str | Path, memory: int | None = None) -> Subject:
     """Compile a source (planned for ``memory``) or read and verify an artifact."""
     if is_artifact_path(path):
         return _artifact_subject(path, memory)
+    if declares_pooling(path):
+        return _pooled_subject(path, memory)
     return _source_subject(path, memory)

@@ -1,0 +1,266 @@
+"""``kvspec simulate LAYOUT --workload TRACE``: a request trace replayed through a
+layout's pools (docs/simulate.md), and with ``--against vllm`` through vLLM 0.33's
+own scheduler beside it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    echo_json,
+    format_option,
+    parents_option,
+    parse_bytes,
+    progress,
+    quiet_option,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
+from kvspec.files import emit
+
+#: The summary's keys, in the order the table prints them (kvspec.sim.SUMMARY_KEYS).
+ROWS = (("steps", "steps to finish", "{:,}"), ("mean_running", "mean running", "{:.2f}"),
+        ("peak_running", "peak running", "{:,}"), ("preemptions", "preemptions", "{:,}"),
+        ("hit_tokens", "prefix-cache hit tokens", "{:,}"),
+        ("mean_utilization", "mean utilisation", "{:.3f}"),
+        ("peak_utilization", "peak utilisation", "{:.3f}"),
+        ("utilization_while_waiting", "utilisation while waiting", "{:.3f}"))
+#: Traces this long show a progress bar (on a terminal).
+BAR_FROM = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What is simulated: the compiled layout, its pools (name, layout) and each
+    one's block count."""
+
+    artifact: Any
+    pools: tuple[tuple[str, Any], ...]
+    counts: dict[str, int] | None
+    source_trace: tuple[Any, ...] | None
+
+
+def _ours(text: str) -> bool:
+    return text.lstrip().startswith("{") and '"mean_running"' in text[:4096]
+
+
+@command("simulate", short_help="Replay a request trace through a layout's pools.")
+@click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--workload", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="The request trace (JSONL, docs/simulate.md; `kvspec trace` makes one). "
+                   "Default: the source's pooling.workload.")
+@click.option("--memory", "--kv-cache-memory-bytes", "memory",
+              help="Memory per rank (40GiB). Default: the layout's own budget.")
+@click.option("--num-blocks", "--num-gpu-blocks-override", "num_blocks",
+              type=click.IntRange(min=2), help="Blocks of the pool (one-pool layouts).")
+@click.option("--against", type=click.Choice(["vllm"]),
+              help="Replay the trace through vLLM 0.33.0's own Scheduler and KVCacheManager "
+                   "too, and print both (needs kvspec[vllm]).")
+@click.option("--max-num-seqs", type=click.IntRange(min=1),
+              help="Requests running at once (default: the layout's engine.max_num_seqs).")
+@format_option("text", "json", help="text: a table; json: the summary's keys per side.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the result here instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace an existing file that is not this "
+              "command's output.")
+@parents_option
+@quiet_option
+def command(layout: Path, trace_path: Path | None, memory: str | None, num_blocks: int | None,
+            against: str | None, max_num_seqs: int | None, fmt: str, output: Path | None,
+            force: bool, parents: bool, quiet: bool) -> int:
+    """Replay a request trace through LAYOUT (a source or a .kvlayout.json artifact):
+    its pools, kvspec's request-level manager, and a model of vLLM v1's continuous
+    batching. Prints steps to finish, mean and peak running requests, preemptions,
+    prefix-cache hit tokens and utilisation (the bytes holding live tokens and
+    states over the pools' bytes). --against vllm runs vLLM's own scheduler on the
+    same trace and prints its figures beside kvspec's."""
+    check_output(output, suffixes=(".json", ".txt"), force=force, parents=parents,
+                 inputs=tuple(p for p in (layout, trace_path) if p is not None), ours=_ours)
+    if num_blocks is not None and memory is not None:
+        raise UsageError("--memory and --num-blocks exclude each other",
+                         hint="a fixed block count decides the memory, and the other way")
+    target = _target(layout, memory, num_blocks)
+    trace = _trace(trace_path, target)
+    if not trace:
+        raise KvspecError(f"{trace_path}: the trace has no requests",
+                          hint="give a trace with at least one request line")
+    results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet)}
+    if against == "vllm":
+        results["vllm"] = _against_vllm(target, trace, max_num_seqs, quiet)
+    data = {"layout": str(layout), "requests": len(trace),
+            "refused": results["kvspec"].rejected,
+            "pools": [{"name": n, "blocks": b} for n, b in _blocks(target)],
+            **{side: r.as_dict() for side, r in results.items()}}
+    if fmt == "json":
+        if output is None:
+            echo_json(data)
+            return EXIT_OK
+        emit(json.dumps(data, indent=1) + "\n", output, quiet=quiet)
+        return EXIT_OK
+    emit(_table(data, list(results)) + "\n", output, quiet=quiet)
+    return EXIT_OK
+
+
+def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
+    """The compiled layout at ``path`` (a source is compiled, at ``memory`` when
+    given), its pools and their block counts."""
+    # deferred: the compiler and the simulator load when the command runs
+    from kvspec.compiled import read
+    from kvspec.compiler import Pooled, compile_until
+    from kvspec.passes.freeze import freeze
+    from kvspec.planner import size_plan
+    from kvspec.pooling.evaluate import workload_trace
+    from kvspec.reports.explain import is_artifact_path
+
+    source_trace = None
+    given = parse_bytes(memory) if memory else None
+    if is_artifact_path(path):
+        art = read(path)
+    else:
+        pooled = compile_until(path, Pooled, memory=given, memory_name="--memory")
+        given = None  # the source was sized for it
+        art = freeze(pooled)
+        workload = pooled.expansion.pooling.workload
+        if workload is not None:
+            source_trace = workload_trace(workload, pooled).requests
+    pools = tuple((p.name, p.layout) for p in art.pools) or (("device", art.layout),)
+    counts = None
+    if num_blocks is not None:
+        if len(pools) > 1:
+            raise UsageError(f"--num-blocks sizes one pool; this plan has {len(pools)} "
+                             "(separate pools, each its share of the budget)",
+                             hint="give --memory instead: each pool gets its share of it")
+        counts = {pools[0][0]: num_blocks}
+    elif given is not None:
+        shares = {p.name: p.share for p in art.pools} or {"device": 1}
+        try:
+            counts = {n: size_plan(x.plan, memory=int(given * shares[n])).num_blocks
+                      for n, x in pools}
+        except KvspecError as err:
+            raise err.replace(hint=f"{err.hint}; or give --memory more than {memory}") from None
+    return Target(art, pools, counts, source_trace)
+
+
+def _blocks(target: Target) -> list[tuple[str, int]]:
+    """Each pool's block count as simulated."""
+    out = []
+    for name, layout in target.pools:
+        n = (target.counts or {}).get(name)
+        if n is None:
+            n = layout.budget.num_blocks if layout.budget is not None else layout.min_num_blocks()
+        out.append((name, n))
+    return out
+
+
+def _trace(path: Path | None, target: Target) -> tuple[Any, ...]:
+    # deferred: the simulator loads when the command runs
+    from kvspec.sim import read_trace
+
+    if path is not None:
+        return tuple(read_trace(path))
+    if target.source_trace is not None:
+        return target.source_trace
+    raise UsageError("no trace to replay: give --workload TRACE.jsonl",
+                     hint="make one with `kvspec trace -n 1000 --prompt-mean 2048 "
+                          "--output-mean 256 -o trace.jsonl`, or declare pooling.workload "
+                          "in the source")
+
+
+def _settings(target: Target, max_num_seqs: int | None) -> dict[str, Any]:
+    engine = target.artifact.layout.engine
+    return {"max_num_seqs": max_num_seqs or engine.max_num_seqs,
+            "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "async_scheduling": engine.async_scheduling_resolved,
+            "pipeline_parallel_size": engine.pipeline_parallel_size}
+
+
+def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
+              quiet: bool) -> Any:
+    # deferred: the simulator and the manager load when the command runs
+    from kvspec.runtime.manager import from_layouts
+    from kvspec.sim import simulate
+
+    layout = from_layouts(list(target.pools), target.counts)
+    with progress(len(trace) if len(trace) >= BAR_FROM else None,
+                  label="simulating", quiet=quiet or len(trace) < BAR_FROM) as bar:
+        return simulate(layout, trace, progress=_advance(bar),
+                        **_settings(target, max_num_seqs))
+
+
+def _advance(bar: Any) -> Any:
+    seen = [0]
+
+    def tick(finished: int, total: int) -> None:
+        bar.advance("requests finished", finished - seen[0])
+        seen[0] = finished
+    return tick
+
+
+def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
+                  quiet: bool) -> Any:
+    """The trace through vLLM 0.33's own scheduler, for the same plan and blocks."""
+    # deferred: the vLLM bridge (vLLM, torch) loads only for --against vllm
+    from kvspec.integrations import vllm as bridge
+
+    if len(target.pools) > 1:
+        raise UsageError("vLLM 0.33 holds one shared pool: it cannot run this plan's "
+                         f"{len(target.pools)} separate pools",
+                         hint="compare the unified plan (pooling.policy: unified, or the "
+                              "`unified` candidate `kvspec plan` prints) against vLLM")
+    if max_num_seqs is not None:
+        raise UsageError("--max-num-seqs with --against vllm: vLLM's side runs the layout's "
+                         "own engine settings", hint="drop --max-num-seqs, or set "
+                         "engine.max_num_seqs in the source")
+    bridge.adapter()
+    from kvspec.integrations.vllm.replay import replay
+
+    art = target.artifact
+    if target.counts is not None:
+        num_blocks = target.counts[target.pools[0][0]]
+    else:
+        num_blocks = None
+    with progress(len(trace) if len(trace) >= BAR_FROM else None,
+                  label="vLLM's scheduler", quiet=quiet or len(trace) < BAR_FROM) as bar:
+        result, _ = replay(art, trace, num_blocks, progress=_advance(bar))
+    return result
+
+
+def _table(data: dict[str, Any], sides: list[str]) -> str:
+    # deferred: the report helpers load when the command runs
+    from kvspec.reports.format import table
+
+    def cell(side: str, key: str, spec: str) -> str:
+        value = data[side][key]
+        return "-" if value is None else spec.format(value)
+
+    rows = [[label, *(cell(s, key, spec) for s in sides)] for key, label, spec in ROWS]
+    if len(sides) == 2:
+        rows = [r + ["same" if r[1] == r[2] else ""] for r in rows]
+    heads = ["", *({"kvspec": "kvspec", "vllm": "vLLM 0.33"}[s] for s in sides)]
+    if len(sides) == 2:
+        heads.append("")
+    pools = ", ".join(f"{n} {b:,} blocks" for n, b in (
+        (p["name"], p["blocks"]) for p in data["pools"]))
+    head = f"{data['layout']}: {data['requests']:,} requests"
+    if data["refused"]:
+        head += f" ({data['refused']:,} refused: prompt of max_model_len or more)"
+    return "\n".join([head + f"; {pools}", table(rows, heads)])
+
+
+#: ``kvspec simulate``'s exit codes and what each means (docs/cli.md).
+EXITS = (
+    (EXIT_OK, "the trace was replayed and its figures printed"),
+    (EXIT_INVALID, "the layout or the trace is invalid (file:line), or the pools cannot "
+                   "serve one of its requests"),
+    (EXIT_USAGE, USAGE + "; --against vllm without vLLM installed, or with separate pools"),
+)
+#: Pages to read next (docs/cli.md).
+SEE_ALSO = ("simulate.md", "pooling.md")
+

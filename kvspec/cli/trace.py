@@ -1,0 +1,117 @@
+"""``kvspec trace``: a seeded synthetic request trace, in the JSONL format
+``kvspec simulate`` and ``pooling.workload.trace`` read (docs/simulate.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kvspec.cli.common import (
+    USAGE,
+    check_output,
+    command,
+    echo_json,
+    format_option,
+    parents_option,
+    quiet_option,
+)
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
+from kvspec.files import emit
+
+
+def _ours(text: str) -> bool:
+    """Whether a file is a trace (replaced without --force): its first line is one."""
+    first = text.split("\n", 1)[0]
+    try:
+        row = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(row, dict) and {"arrival", "prompt_tokens", "output_tokens"} <= set(row)
+
+
+@command("trace", short_help="Write a seeded synthetic request trace (JSONL).")
+@click.option("-n", "--requests", type=click.IntRange(min=1, max=10_000_000), default=1000,
+              show_default=True, help="Requests in the trace.")
+@click.option("--prompt-mean", type=click.FloatRange(min=1), default=1024.0, show_default=True,
+              help="Mean prompt tokens (lognormal).")
+@click.option("--prompt-spread", type=click.FloatRange(min=0, max=4), default=0.5,
+              show_default=True, help="Standard deviation of the prompt lengths' logarithm "
+              "(0: every prompt the mean).")
+@click.option("--output-mean", type=click.FloatRange(min=1), default=256.0, show_default=True,
+              help="Mean output tokens (lognormal).")
+@click.option("--output-spread", type=click.FloatRange(min=0, max=4), default=0.5,
+              show_default=True, help="Standard deviation of the output lengths' logarithm.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+              help="Arrivals per engine step, a Poisson process (default: all at step 0).")
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1),
+              help="Cap prompts at this many tokens (e.g. max_model_len - 1).")
+@click.option("--prefix-share", type=click.FloatRange(min=0, max=1), default=0.0,
+              show_default=True, help="Share of requests opening with a shared prefix.")
+@click.option("--prefix-groups", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Distinct shared prefixes (with --prefix-share).")
+@click.option("--prefix-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Tokens of each shared prefix.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The seed: the same options and seed give the same trace.")
+@format_option("text", "json", help="text: the JSONL trace; json: one document with the "
+               "requests and a summary.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the trace here instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace an existing file that is not a trace.")
+@parents_option
+@quiet_option
+def command(requests: int, prompt_mean: float, prompt_spread: float, output_mean: float,
+            output_spread: float, rate: float | None, max_prompt_tokens: int | None,
+            prefix_share: float, prefix_groups: int, prefix_tokens: int, seed: int, fmt: str,
+            output: Path | None, force: bool, parents: bool, quiet: bool) -> int:
+    """Write a synthetic request trace: lognormal prompt and output lengths of the
+    given means and spreads, arrivals all at step 0 or at --rate per step, shared
+    prefixes for --prefix-share of the requests; seeded, so the same options give the
+    same trace. One JSON object per line: arrival, prompt_tokens, output_tokens
+    (and prefix_id, prefix_tokens)."""
+    # deferred: the simulator's trace module loads when the command runs
+    from kvspec.sim import generate_trace
+    from kvspec.sim.trace import trace_text
+
+    check_output(output, suffixes=(".jsonl", ".json"), force=force, parents=parents,
+                 ours=_ours)
+    try:
+        trace = generate_trace(requests, seed=seed, prompt_mean=prompt_mean,
+                               prompt_spread=prompt_spread, output_mean=output_mean,
+                               output_spread=output_spread, rate=rate,
+                               max_prompt_tokens=max_prompt_tokens,
+                               prefix_groups=prefix_groups if prefix_share else 0,
+                               prefix_share=prefix_share, prefix_tokens=prefix_tokens)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="see kvspec trace --help") from None
+    if fmt == "json":
+        doc = {"requests": [r.as_dict() for r in trace], "summary": _summary(trace)}
+        if output is None:
+            echo_json(doc)
+        else:
+            emit(json.dumps(doc, indent=1) + "\n", output, quiet=quiet)
+        return EXIT_OK
+    emit(trace_text(trace), output, quiet=quiet)
+    return EXIT_OK
+
+
+def _summary(trace: tuple[Any, ...]) -> dict[str, float | int]:
+    n = len(trace)
+    return {"requests": n,
+            "mean_prompt_tokens": round(sum(r.prompt_tokens for r in trace) / n, 1),
+            "mean_output_tokens": round(sum(r.output_tokens for r in trace) / n, 1),
+            "last_arrival": trace[-1].arrival if trace else 0,
+            "shared_prefix_requests": sum(1 for r in trace if r.prefix_id is not None)}
+
+
+#: ``kvspec trace``'s exit codes and what each means (docs/cli.md).
+EXITS = (
+    (EXIT_OK, "the trace was written"),
+    (EXIT_INVALID, "the output could not be written"),
+    (EXIT_USAGE, USAGE),
+)
+#: Pages to read next (docs/cli.md).
+SEE_ALSO = ("simulate.md", "pooling.md")
