@@ -35,8 +35,9 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     any has a problem.
     """
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
-    from kvspec.compiler import Sized, compile_until
+    from kvspec.compiler import Pass, Sized, compile_until, run
     from kvspec.files import shown
+    from kvspec.passes.pool import check_pool
     from kvspec.reports.summary import summary_warnings
 
     stdin_once(sources)
@@ -44,7 +45,8 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     for source in sources:
         name = shown(source)
         try:
-            warnings = summary_warnings(compile_until(source, Sized).layout)
+            sized = run(compile_until(source, Sized), (Pass.of(check_pool),))
+            warnings = summary_warnings(sized.layout)
             results.append({"file": name, "ok": True, "errors": [], "warnings": warnings})
         except KvspecError as err:
             results.append({"file": name, "ok": False,

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from kvspec.artifact import format as fmt
 from kvspec.passes.size import Sized
-from kvspec.pooling import PoolLayout, decide
+from kvspec.pooling import PoolLayout, decide, precheck
 
-__all__ = ["PoolLayout", "Pooled", "pool"]
+__all__ = ["PoolLayout", "Pooled", "check_pool", "pool"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,3 +45,10 @@ def pool(sized: Sized) -> Pooled:
                   source=sized.source, expansion=sized.expansion, plan=sized.plan,
                   layout=layout, budget_bytes=sized.budget_bytes, pools=pools,
                   decision=decision)
+
+
+def check_pool(sized: Sized) -> Sized:
+    """The pooling section's checks that need no simulation (``kvspec validate``):
+    the workload's trace reads, a separate plan's pools plan. Gives ``sized`` back."""
+    precheck(sized, sized.expansion.pooling)
+    return sized

@@ -93,7 +93,10 @@ def classes(stage_specs: Sequence[Mapping[str, LayerSpec]]) -> list[LayerClass]:
 
 def _class_engine(engine: Engine, pooling: Pooling, state: bool) -> Engine:
     if state:
-        size = pooling.state_block_size or engine.mamba_block_size or engine.block_size
+        # without prefix caching a state block is a request's slot: max_model_len
+        # tokens, as vLLM sizes it (mamba_cache_mode none)
+        own = engine.max_model_len if engine.mamba_cache_mode == "none" else None
+        size = pooling.state_block_size or own or engine.mamba_block_size or engine.block_size
         return dataclasses.replace(engine, block_size=size, mamba_block_size=size)
     return dataclasses.replace(engine, block_size=pooling.block_size)
 
@@ -160,7 +163,8 @@ def plan_separate(engine: Engine, stage_specs: Sequence[Mapping[str, LayerSpec]]
         unknown = sorted(set(given) - set(names))
         if unknown or set(given) != set(names):
             raise PlanError(
-                f"the split names pools {sorted(given)}; this model's pools are {names}",
+                f"the split names pools {', '.join(sorted(given))}; this model's pools are "
+                f"{', '.join(names)}",
                 ref=PoolingRef(("pooling", "split")),
                 found=", ".join(unknown) or "a pool left out", expected=", ".join(names),
                 hint="give every pool a share, by the names `kvspec plan` prints")

@@ -11,15 +11,16 @@ asks for a policy other than ``unified`` or declares a workload:
   at the workload (:mod:`.evaluate`: the request trace replayed through kvspec's
   manager and scheduler model);
 * the choice: ``unified`` and ``separate`` keep what they ask for; ``auto`` keeps
-  the candidate that runs the most requests on average, ties to the finer
-  prefix-match unit, then to fewer groups.
+  the candidate that runs the most requests on average (within 1% of the best is
+  a tie), ties to the finer prefix-match unit (prefix caching kept on), then to
+  fewer groups.
 
 Everything lands in the artifact's ``pooling`` record, so the choice is reviewable.
 """
 
 from __future__ import annotations
 
-from kvspec.pooling.decide import Candidate, decide
+from kvspec.pooling.decide import Candidate, decide, precheck
 from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
-__all__ = ["Candidate", "PoolLayout", "decide", "separate_layouts"]
+__all__ = ["Candidate", "PoolLayout", "decide", "precheck", "separate_layouts"]

@@ -9,7 +9,7 @@ from fractions import Fraction
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.model.plan import Layout
-from kvspec.model.pooling import Pooling, Workload
+from kvspec.model.pooling import Pooling, PoolingRef, Workload
 from kvspec.model.specs import MambaState
 from kvspec.passes.expand import expand
 from kvspec.passes.parse import Parsed
@@ -20,7 +20,7 @@ from kvspec.pooling.figures import capacity_curve
 from kvspec.pooling.evaluate import Evaluation, WorkloadTrace, evaluate, workload_trace
 from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
-__all__ = ["Candidate", "decide"]
+__all__ = ["Candidate", "choose", "decide", "precheck"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +203,11 @@ def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
     """The candidate ``auto`` keeps: of those the runtime can serve, the highest
     capacity, where capacities within :data:`TIE` of the best tie."""
     servable = [i for i, c in enumerate(cands) if c.note is None]
+    if not servable:
+        why = "; ".join(f"{c.name}: {c.note}" for c in cands)
+        raise KvspecError(f"no plan can serve this workload ({why})", ref=PoolingRef(),
+                          hint="give the KV cache more memory, a shorter max_model_len, or "
+                               "a workload of shorter requests")
     best = max(_capacity(evaluations[i]) for i in servable)
     tied = [i for i in servable if _capacity(evaluations[i]) >= best * (1 - TIE)]
     return max(tied, key=lambda i: _tiebreak(cands[i], evaluations[i]))
@@ -219,6 +224,16 @@ def _workload_record(w: Workload, tokens: int) -> fmt.WorkloadRecord:
 def _shares(pools: tuple[PoolLayout, ...]) -> list[fmt.PoolShare]:
     return [fmt.PoolShare(name=p.name, share=[p.share.numerator, p.share.denominator],
                           state=p.state, budget=p.layout.budget) for p in pools]
+
+
+def precheck(sized: Sized, pooling: Pooling) -> None:
+    """What can be checked of the pooling section without simulating (``kvspec
+    validate``): the workload's trace reads, and a separate plan's pools (its split's
+    names, each pool's share of the budget) plan."""
+    trace = workload_trace(pooling.workload, sized) if pooling.workload is not None else None
+    if pooling.policy == "separate":
+        tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
+        separate_layouts(sized, pooling, tokens)
 
 
 def decide(sized: Sized, pooling: Pooling

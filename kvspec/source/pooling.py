@@ -41,7 +41,7 @@ def _lengths(value: Tokens, doc: Document, path: tuple[str, ...],
                                 hint="a histogram's bins are [tokens, weight]"))
         return Lengths(1)
     if value.histogram is not None:
-        bins = tuple((int(t), float(w)) for t, w in value.histogram)
+        bins = tuple((int(b[0]), float(b[1])) for b in value.histogram)
         mean = round(sum(t * w for t, w in bins) / sum(w for _, w in bins))
         return Lengths(max(mean, 1), value.spread, bins)
     assert value.mean is not None

@@ -229,12 +229,22 @@ class Distribution(_Strict):
 
     mean: PositiveInt | None = None
     spread: Annotated[float, Field(ge=0, le=4)] = 0.5
-    histogram: list[tuple[PositiveInt, Annotated[float, Field(gt=0)]]] | None = Field(
+    histogram: list[list[float]] | None = Field(
         None, min_length=1, description="[[tokens, weight], ...]: bins instead of a mean.")
 
+    @field_validator("histogram")
+    @classmethod
+    def _bins(cls, bins: list[list[float]] | None) -> list[list[float]] | None:
+        for b in bins or ():
+            if len(b) != 2 or b[0] != int(b[0]) or b[0] < 1 or b[1] <= 0:
+                raise PydanticCustomError(
+                    "histogram_bin", "each bin is [tokens, weight]: a positive whole number "
+                    "of tokens and a positive weight, not {bin}", {"bin": b})
+        return bins
 
-#: Tokens per request: a mean, or a distribution.
-Tokens = PositiveInt | Distribution
+
+#: Tokens per request: a mean (a number, read as ``{mean: N}``), or a distribution.
+Tokens = Distribution
 
 
 class WorkloadSpec(_Strict):
@@ -254,6 +264,14 @@ class WorkloadSpec(_Strict):
     requests: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
         500, description="Requests in the synthetic trace drawn from the summary.")
     seed: int = Field(0, ge=0, description="Seed of that synthetic trace.")
+
+    @field_validator("context_tokens", "output_tokens", mode="before")
+    @classmethod
+    def _mean(cls, value: Any) -> Any:
+        """A number is the mean of a lognormal distribution (spread 0.5)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return {"mean": value}
+        return value
 
 
 class PoolingPolicy(_Strict):

@@ -1,0 +1,318 @@
+"""The pooling policy (docs/pooling.md): unified is today's plan, separate pools
+compile, load and keep their block ids apart, auto keeps the best candidate its
+runtime can serve, and every decision is recorded, re-planned and reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+from kvspec.artifact.invariants import block_overlaps, check_artifact
+from kvspec.compiled import read, verified
+from kvspec.compiler import compile as compile_file
+from kvspec.compiler import compile_source
+from kvspec.errors import KvspecError
+from kvspec.pooling.decide import TIE
+from tests.conftest import ROOT, invoke
+
+torch = pytest.importorskip("torch")
+
+#: A small hybrid: Mamba-2 state layers, full attention and a sliding window, sized
+#: so CPU tests allocate megabytes.
+HYBRID = """\
+kvspec: 1
+name: small-hybrid
+engine: {{block_size: 16, max_model_len: 2048, max_num_seqs: 32, prefix_caching: {caching},
+         memory: {memory}}}
+defaults: {{num_kv_heads: 2, head_size: 64, dtype: bfloat16}}
+layer_types:
+  mamba: {{kind: mamba, mamba_type: mamba2, shapes: [[3, 256], [4, 16, 32]],
+          dtypes: [bfloat16, float32]}}
+  full: {{kind: full_attention}}
+  window: {{kind: sliding_window, sliding_window: 256}}
+layers:
+  - {{repeat: 2, pattern: [mamba, mamba, full, window]}}
+"""
+
+POOLING = """\
+pooling:
+  policy: {policy}
+  serve_with: {serve_with}
+  workload: {{context_tokens: {{mean: 600, spread: 0.4}}, output_tokens: 64, requests: 60}}
+"""
+
+
+def source(policy: str = "separate", serve_with: str = "kvspec", *, memory: str = "96MiB",
+           caching: str = "false", pooling: bool = True) -> str:
+    text = HYBRID.format(memory=memory, caching=caching)
+    if pooling:
+        text += POOLING.format(policy=policy, serve_with=serve_with)
+    return text
+
+
+def write(tmp_path: Path, text: str, name: str = "src.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# -- unified is today's plan ------------------------------------------------------------
+
+def test_unified_is_the_plan_without_a_pooling_section() -> None:
+    plain = compile_source(source(pooling=False))
+    text = source(pooling=False) + "pooling: {policy: unified}\n"
+    unified = compile_source(text)
+    assert plain.body == unified.body
+    assert unified.body.pooling is None
+
+
+def test_unified_with_a_workload_records_it_and_changes_nothing_else() -> None:
+    plain = compile_source(source(pooling=False))
+    art = compile_source(source("unified", "vllm"))
+    record = art.body.pooling
+    assert record is not None and record.policy == record.asked == "unified"
+    assert [c.name for c in record.candidates] == ["unified"]
+    assert msgspec.structs.replace(art.body, pooling=None) == plain.body
+
+
+# -- separate ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def separate() -> object:
+    return compile_source(source("separate"))
+
+
+def test_separate_has_a_pool_per_layer_class_and_splits_the_budget(separate) -> None:
+    body = separate.body
+    pools = body.pooling.pools
+    assert [p.name for p in pools] == ["mamba", "full_attention", "sliding_window_256"]
+    shares = [p.share[0] / p.share[1] for p in pools]
+    assert abs(sum(shares) - 1) < 1e-9 and all(s > 0 for s in shares)
+    # each pool is sized for its share: its blocks' bytes within it
+    budget = body.budget.memory
+    for p, share in zip(pools, shares):
+        assert p.budget.memory <= round(budget * share) + 1
+    # attention at 16 tokens a block, whatever the state page
+    kinds = {g.kind: g.block_size for g in body.groups}
+    assert kinds["full_attention"] == kinds["sliding_window"] == 16
+
+
+def test_separate_pools_carry_no_padding_slots(separate) -> None:
+    assert all(g.padding_slots == 0 for g in separate.layout.groups)
+    for p in separate.pools:
+        assert all(g.padding_slots == 0 for g in p.layout.groups)
+
+
+def test_separate_artifact_reads_back_and_replans(separate, tmp_path: Path) -> None:
+    path = tmp_path / "a.kvlayout.json"
+    separate.write(path)
+    again = read(path)
+    assert again.sha256 == separate.sha256
+    assert [p.name for p in again.pools] == [p.name for p in separate.pools]
+
+
+def test_a_separate_artifacts_edited_share_is_refused(separate) -> None:
+    data = json.loads(separate.text())
+    share = data["body"]["pooling"]["pools"][0]["share"]
+    data["body"]["pooling"]["pools"][0]["share"] = [share[0] + 1, share[1]]
+    with pytest.raises(KvspecError, match="sha256"):
+        verified(json.dumps(data))
+
+
+def test_each_pool_keeps_its_block_ids_apart(separate) -> None:
+    for p in separate.pools:
+        for st in p.layout.stages:
+            for blocks in (2, 3, 5):
+                assert block_overlaps(p.layout, st, blocks) == []
+    assert check_artifact(separate) == []
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_separate_loads_one_buffer_per_pool(separate, device: str) -> None:
+    from kvspec.runtime.loader import load
+
+    cache = load(separate, device=device)
+    names = [p.name for p in separate.body.pooling.pools]
+    assert [n for n in cache.buffers if n != "scales"] == names
+    assert cache.pool_blocks == {p.name: p.budget.num_blocks
+                                 for p in separate.body.pooling.pools}
+    assert set(cache.views) == set(separate.body.layers)
+
+
+def test_no_two_block_ids_share_a_byte_in_any_pool(separate) -> None:
+    """Write a marker into every block of every layer, then read every one back: a
+    block id sharing bytes with another (in any layer of its pool) shows as a lost
+    marker."""
+    from kvspec.runtime.loader import load
+
+    cache = load(separate, memory="24MiB", device="cpu")
+    # markers fit every view's dtype (raw int8 state bytes too); two numberings, so
+    # two overlapping blocks cannot hide behind one marker in both
+    for step in (1, 7):
+        marks = {}
+        count = 0
+        for name, view in cache.views.items():
+            for b in range(1, view.shape[0]):
+                value = (count * step) % 97 + 1
+                view[b].fill_(value)
+                marks[name, b] = value
+                count += 1
+        lost = [(n, b) for (n, b), v in marks.items()
+                if not bool((cache.views[n][b] == v).all())]
+        assert lost == []
+    assert count > 100
+
+
+def test_separate_under_vllm_is_refused_with_why(tmp_path: Path) -> None:
+    path = write(tmp_path, source("separate", "vllm"))
+    code, out, err = invoke(["compile", str(path)])
+    assert code == 1
+    assert "the separate policy cannot be served by vLLM" in err
+    assert "one shared pool" in err and "serve_with: kvspec" in err
+
+
+# -- auto -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("serve_with", ["kvspec", "vllm"])
+def test_auto_keeps_the_best_candidate_its_runtime_serves(serve_with: str) -> None:
+    art = compile_source(source("auto", serve_with, caching="true"))
+    record = art.body.pooling
+    chosen = record.candidates[record.chosen]
+    assert chosen.note is None and chosen.simulated is not None
+    servable = [c for c in record.candidates if c.note is None and c.simulated]
+    best = max(c.simulated.mean_running for c in servable)
+    assert chosen.simulated.mean_running >= best * (1 - TIE)
+    if serve_with == "vllm":
+        assert chosen.policy == "unified"
+        assert all(c.note for c in record.candidates if c.policy == "separate")
+    else:
+        assert any(c.policy == "separate" and c.simulated for c in record.candidates)
+    # the unified candidate is vLLM's plan: auto never does worse than it
+    unified = record.candidates[0]
+    assert unified.name == "unified"
+    assert chosen.simulated.mean_running >= unified.simulated.mean_running * (1 - TIE)
+
+
+def test_every_candidates_waste_adds_up_to_its_pools() -> None:
+    art = compile_source(source("auto", "kvspec", caching="true"))
+    for c in art.body.pooling.candidates:
+        if c.waste is None:
+            continue
+        w = c.waste
+        wasted = w.padding_slots + w.padded_pages + w.block_inflation + w.per_request + w.idle
+        used = c.simulated.utilization_while_waiting
+        # live + waste = the pools' bytes (the live share is the utilisation)
+        assert abs((w.pool_bytes - wasted) / w.pool_bytes - used) < 0.02, c.name
+
+
+def test_auto_is_deterministic() -> None:
+    a = compile_source(source("auto", "kvspec"))
+    b = compile_source(source("auto", "kvspec"))
+    assert a.sha256 == b.sha256
+
+
+def test_a_workload_no_plan_serves_is_a_clear_error(tmp_path: Path) -> None:
+    text = source("auto", "kvspec", memory="2MiB")
+    path = write(tmp_path, text)
+    code, out, err = invoke(["compile", str(path)])
+    assert code == 1 and "Traceback" not in err
+    assert "hint:" in err
+
+
+# -- the commands -----------------------------------------------------------------------
+
+def test_trace_is_seeded_and_simulate_reads_it(tmp_path: Path) -> None:
+    args = ["trace", "-n", "50", "--prompt-mean", "500", "--output-mean", "40", "--seed", "7"]
+    code, first, _ = invoke(args)
+    assert code == 0
+    assert invoke(args)[1] == first
+    rows = [json.loads(line) for line in first.splitlines()]
+    assert len(rows) == 50 and all(r["prompt_tokens"] > 0 for r in rows)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(first)
+    code, out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json", "--workload",
+                             str(trace), "--num-blocks", "300", "--format", "json"])
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data["kvspec"]) == {"steps", "mean_running", "peak_running", "preemptions",
+                                   "hit_tokens", "mean_utilization", "peak_utilization",
+                                   "utilization_while_waiting"}
+    assert data["requests"] == 50 and data["pools"] == [{"name": "device", "blocks": 300}]
+    # fewer blocks: fewer requests run at once
+    code, out, _ = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json", "--workload",
+                           str(trace), "--num-blocks", "150", "--format", "json"])
+    assert json.loads(out)["kvspec"]["mean_running"] < data["kvspec"]["mean_running"]
+
+
+def test_simulate_a_separate_source_uses_its_own_workload(tmp_path: Path) -> None:
+    path = write(tmp_path, source("separate"))
+    code, out, err = invoke(["simulate", str(path), "--format", "json"])
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["requests"] == 60
+    assert [p["name"] for p in data["pools"]] == ["mamba", "full_attention",
+                                                  "sliding_window_256"]
+
+
+def test_simulate_against_vllm_refuses_separate_pools(tmp_path: Path, separate) -> None:
+    path = tmp_path / "s.kvlayout.json"
+    separate.write(path)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival": 0, "prompt_tokens": 10, "output_tokens": 2}\n')
+    code, out, err = invoke(["simulate", str(path), "--workload", str(trace),
+                             "--against", "vllm"])
+    assert code == 2
+    assert "vLLM 0.33 holds one shared pool" in err
+
+
+def test_simulate_points_at_a_bad_trace_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival": 0, "prompt_tokens": 10, "output_tokens": 2}\n{oops\n')
+    code, out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json",
+                             "--workload", str(trace)])
+    assert code == 1
+    assert err.startswith(f"{trace}:2:")
+
+
+def test_simulate_without_a_trace_says_how_to_make_one() -> None:
+    code, out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json"])
+    assert code == 2 and "kvspec trace" in err
+
+
+def test_plan_of_a_separate_layout_prints_each_pool_and_the_decision() -> None:
+    code, out, err = invoke(["plan", "layouts/pooling-auto.kvlayout.json"])
+    assert code == 0, err
+    assert "pool mamba (" in out and "pool full_attention (" in out
+    assert "pooling: separate (asked auto, served by kvspec)" in out
+    assert "kept: separate, no prefix caching" in out
+
+
+def test_explain_shows_candidates_capacity_against_context_and_waste() -> None:
+    code, out, err = invoke(["explain", "layouts/pooling-vllm.kvlayout.json"])
+    assert code == 0, err
+    section = out[out.index("POOLING"):out.index("WARNINGS")]
+    assert "capacity against context" in section
+    for kind in ("padding slots", "padded pages", "block inflation",
+                 "per-request constants", "idle"):
+        assert kind in section
+    assert max(len(line) for line in section.splitlines()) <= 80
+    code, out, err = invoke(["explain", "layouts/pooling-vllm.kvlayout.json", "--format",
+                             "json"])
+    assert code == 0
+    assert json.loads(out)["pooling"]["kept"] == "unified"
+
+
+def test_the_pooling_examples_choose_what_their_docs_say() -> None:
+    """docs/pooling.md's claims about the three examples, checked on the artifacts."""
+    auto = read(ROOT / "layouts/pooling-auto.kvlayout.json").body.pooling
+    assert auto.candidates[auto.chosen].name == "separate, no prefix caching"
+    vllm = read(ROOT / "layouts/pooling-vllm.kvlayout.json").body.pooling
+    assert vllm.candidates[vllm.chosen].name == "unified"
+    sep = read(ROOT / "layouts/pooling-separate.kvlayout.json").body.pooling
+    assert sep.policy == "separate" and len(sep.pools) == 2
+    doc = yaml.safe_load((ROOT / "layouts/pooling-auto.yaml").read_text())
+    assert doc["pooling"]["serve_with"] == "kvspec"
