@@ -117,23 +117,22 @@ def waste_line(w: Waste) -> str:
     def share(x: int) -> str:
         return f"{x / w.pool_bytes:.1%}" if w.pool_bytes else "-"
     return (f"padding slots {share(w.padding_slots)}, padded pages {share(w.padded_pages)}, "
-            f"block inflation {share(w.block_inflation)}, per-request constants "
+            f"block inflation {share(w.block_inflation)},\n  per-request constants "
             f"{share(w.per_request)}, idle {share(w.idle)}")
 
 
 def _legend(record: PoolingRecord) -> list[str]:
     """How to read the table, and where the kept plan's bytes go."""
-    out = ["  at max_model_len: every request priced at max_model_len (vLLM's start-up "
-           "figure); at workload: priced at the tokens",
-           "  a running request holds on average; simulated: the trace replayed through "
-           "vLLM v1's scheduling; physical limit:",
-           "  requests whose live tokens and one state per state layer alone fill the budget"]
+    out = ["  at max_model_len: every request priced at max_model_len (vLLM's start-up figure)",
+           "  at workload: priced at the tokens a running request holds on average",
+           "  simulated: running requests while the trace is replayed through vLLM v1's scheduling",
+           "  physical limit: requests whose live tokens and one state per state layer alone fill "
+           "the budget"]
     if record.chosen is None:
         return out
     c = record.candidates[record.chosen]
     if c.waste is not None and c.simulated is not None:
         used = _num(c.simulated.utilization_while_waiting, ".1%")
-        out.append(f"kept: {c.name}; while requests wait, live tokens and states fill {used} "
-                   f"of its pools; the rest is")
-        out.append(f"  {waste_line(c.waste)}")
+        out.append(f"kept: {c.name}; while requests wait, live tokens and states fill {used}")
+        out.append(f"  of its pools; the rest: {waste_line(c.waste)}")
     return out
