@@ -26,8 +26,8 @@ from typing import Any
 
 import msgspec
 
-from kvspec.artifact.format import FORMAT, Envelope, Unsigned
 from kvspec.artifact.blocks import memory_problems
+from kvspec.artifact.format import FORMAT, Envelope, Unsigned
 from kvspec.artifact.structure import Problem, shape_problems
 from kvspec.artifact.text import signature
 from kvspec.errors import ArtifactError, format_path

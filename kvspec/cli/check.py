@@ -194,8 +194,10 @@ def fix(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if f.status in ("stale", "missing") and f.expected is not None:
             write_atomic(f.artifact, f.expected)
-            f = replace(f, status="fixed", detail=f"rewrote it from {f.source} (was {f.status})")
-        out.append(f)
+            out.append(replace(f, status="fixed",
+                               detail=f"rewrote it from {f.source} (was {f.status})"))
+        else:
+            out.append(f)
     return out
 
 
@@ -260,8 +262,8 @@ def _not_current(bad: list[Finding], findings: list[Finding],
 #: ``kvspec check``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "every artifact is current (after `--fix`: current or rewritten)"),
-    (EXIT_INVALID, "an artifact is stale, missing or orphaned, a source does not "
-                   "compile, a path does not exist, or there is nothing to check"),
+    (EXIT_INVALID, ("an artifact is stale, missing or orphaned, a source does not "
+                    "compile, a path does not exist, or there is nothing to check")),
     (EXIT_USAGE, USAGE + "; a path that is neither a `.yaml` source nor a "
                  "`.kvlayout.json` artifact"),
 )

@@ -85,8 +85,8 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
 #: ``kvspec compile``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the artifact was written"),
-    (EXIT_INVALID, "the source is invalid or cannot be planned (e.g. one request "
-                   "at `max_model_len` does not fit `--memory`); nothing is written"),
+    (EXIT_INVALID, ("the source is invalid or cannot be planned (e.g. one request "
+                    "at `max_model_len` does not fit `--memory`); nothing is written")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

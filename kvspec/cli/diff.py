@@ -54,8 +54,8 @@ def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
 EXITS = (
     (EXIT_OK, "the plans are identical"),
     (EXIT_DIFFER, "the plans differ (nothing is printed on stderr)"),
-    (EXIT_USAGE, "an error: a bad command line, or a side that does not load or "
-                 "compile (never 1, so CI does not read a broken layout as a change)"),
+    (EXIT_USAGE, ("an error: a bad command line, or a side that does not load or "
+                  "compile (never 1, so CI does not read a broken layout as a change)")),
 )
 #: Pages to read next (docs/cli.md).
 SEE_ALSO = ("reports.md",)

@@ -26,11 +26,11 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
             fmt: str) -> None:
     """Print the vllm serve flags that reproduce a plan.
 
-    The command line for ARTIFACT's plan: the plugin's environment line (KVSPEC_LAYOUT, KVSPEC_MODE), then block size, max
-    model length, KV-cache dtype, prefix caching (which decides the Mamba cache
-    mode), the hybrid manager, the scheduler settings the plan depends on, the
-    budget (--kv-cache-memory-bytes or --num-gpu-blocks-override) and TP/PP/DCP.
-    Settings with no flag are listed as comments. Needs no vLLM."""
+    The command line for ARTIFACT's plan: the plugin's environment line (KVSPEC_LAYOUT,
+    KVSPEC_MODE), then block size, max model length, KV-cache dtype, prefix caching
+    (which decides the Mamba cache mode), the hybrid manager, the scheduler settings the
+    plan depends on, the budget (--kv-cache-memory-bytes or --num-gpu-blocks-override)
+    and TP/PP/DCP. Settings with no flag are listed as comments. Needs no vLLM."""
     # deferred: the artifact reader and the vLLM bridge's flags load when it runs
     from kvspec.compiled import read
     from kvspec.integrations.vllm.engine_args import as_json, engine_args, render_shell

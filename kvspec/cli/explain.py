@@ -80,10 +80,10 @@ def _suffix(path: Path) -> str:
 
 #: ``kvspec explain``'s exit codes and what each means (docs/cli.md).
 EXITS = (
-    (EXIT_OK, "the report was printed or written (a budget too small for one "
-              "request still gets a report, with a warning)"),
-    (EXIT_INVALID, "the layout does not exist, does not compile, or is a tampered "
-                   "artifact"),
+    (EXIT_OK, ("the report was printed or written (a budget too small for one "
+               "request still gets a report, with a warning)")),
+    (EXIT_INVALID, ("the layout does not exist, does not compile, or is a tampered "
+                    "artifact")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

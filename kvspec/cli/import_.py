@@ -74,8 +74,8 @@ def command(dump: Path, output: Path | None, force: bool, parents: bool, fmt: st
 #: ``kvspec import``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
-    (EXIT_INVALID, "the dump cannot be read, is not a per-layer spec dump, or does "
-                   "not plan"),
+    (EXIT_INVALID, ("the dump cannot be read, is not a per-layer spec dump, or does "
+                    "not plan")),
     (EXIT_USAGE, USAGE + "; the output file exists, `kvspec import` did not write it and "
                  "`--force` was not given"),
 )

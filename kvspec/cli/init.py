@@ -152,10 +152,10 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
 #: ``kvspec init``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
-    (EXIT_INVALID, "the config.json cannot be read, a field its family reads is missing "
-                   "or not what it should be (the message gives its line and column), its "
-                   "architecture is not a supported family (the message lists them), or "
-                   "vLLM 0.33.0 refuses the config (the message gives vLLM's reason)"),
+    (EXIT_INVALID, ("the config.json cannot be read, a field its family reads is missing "
+                    "or not what it should be (the message gives its line and column), its "
+                    "architecture is not a supported family (the message lists them), or "
+                    "vLLM 0.33.0 refuses the config (the message gives vLLM's reason)")),
     (EXIT_USAGE, USAGE + "; the output file exists, `kvspec init` did not write it and "
                  "`--force` was not given"),
 )

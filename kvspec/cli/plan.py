@@ -111,12 +111,12 @@ def _plan_of(path: Path) -> tuple[Plan, int | None, SourceMap]:
 
 #: ``kvspec plan``'s exit codes and what each means (docs/cli.md).
 EXITS = (
-    (EXIT_OK, "the plan was printed (a sweep is printed even when some budgets "
-              "cannot serve one request: those rows say so)"),
-    (EXIT_INVALID, "the source is invalid, there is no budget (no `--memory`, "
-                   "`--num-blocks` or `engine.memory`), or the budget cannot serve "
-                   "one request (with `--format json`: the reference view with `ok: false` and "
-                   "the error)"),
+    (EXIT_OK, ("the plan was printed (a sweep is printed even when some budgets "
+               "cannot serve one request: those rows say so)")),
+    (EXIT_INVALID, ("the source is invalid, there is no budget (no `--memory`, "
+                    "`--num-blocks` or `engine.memory`), or the budget cannot serve "
+                    "one request (with `--format json`: the reference view with `ok: false` and "
+                    "the error)")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

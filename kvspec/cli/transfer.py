@@ -116,8 +116,8 @@ def _text(t: Any) -> str:
 #: ``kvspec transfer``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "blocks can move: compatible or re-mappable (the plan is written with `-o`)"),
-    (EXIT_INVALID, "refused (the message names the field and where it differs), or an "
-                   "artifact cannot be read"),
+    (EXIT_INVALID, ("refused (the message names the field and where it differs), or an "
+                    "artifact cannot be read")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -67,8 +67,8 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
 #: ``kvspec validate``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "every source is valid"),
-    (EXIT_INVALID, "a source has problems (every source is checked, and all problems of "
-                   "each are reported together)"),
+    (EXIT_INVALID, ("a source has problems (every source is checked, and all problems of "
+                    "each are reported together)")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -57,13 +57,13 @@ def command(layout: Path, against: str, memory: str | None, allow_by_design: boo
 
 #: ``kvspec verify``'s exit codes and what each means (docs/cli.md).
 EXITS = (
-    (EXIT_OK, "kvspec and the installed vLLM plan the same (with `--allow-by-design`: "
-              "they differ only where the by-design table says so)"),
-    (EXIT_INVALID, "the plans differ; the table names each field, both values and, "
-                   "where one explains it, the by-design rule"),
-    (EXIT_USAGE, "the check cannot run: vLLM is not installed (the message names the "
-                 "extra) or is another version, the layout does not load, or a bad "
-                 "command line"),
+    (EXIT_OK, ("kvspec and the installed vLLM plan the same (with `--allow-by-design`: "
+               "they differ only where the by-design table says so)")),
+    (EXIT_INVALID, ("the plans differ; the table names each field, both values and, "
+                    "where one explains it, the by-design rule")),
+    (EXIT_USAGE, ("the check cannot run: vLLM is not installed (the message names the "
+                  "extra) or is another version, the layout does not load, or a bad "
+                  "command line")),
 )
 #: Pages to read next (docs/cli.md).
 SEE_ALSO = ("vllm.md",)

@@ -30,10 +30,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvspec.errors import NotEnoughMemoryError, PlanError
-from kvspec.model.engine import BudgetRef, Engine, SettingRef
 from kvspec.artifact.format import Budget
 from kvspec.artifact.sizing import blocks_for as sized_blocks
+from kvspec.errors import NotEnoughMemoryError, PlanError
+from kvspec.model.engine import BudgetRef, Engine, SettingRef
 from kvspec.model.plan import Group, Layout, Plan, Stage
 from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.place import bytes_per_block

@@ -85,7 +85,7 @@ def reference_view(plan: Plan, sizing: Sizing, *, with_views: bool = False) -> d
 def error_view(error: KvspecError) -> dict[str, Any]:
     data = error.as_dict()
     return {"ok": False, "error": {"type": type(error).__name__, "message": error.message},
-            "errors": data["errors"] if "errors" in data else [data],
+            "errors": data.get("errors", [data]),
             "num_blocks": None, "draft_num_blocks": None, "pool_bytes_per_block": None,
             "groups": None, "kv_cache_tensors": None, "workers": None,
             "scheduler_block_size": None, "hash_block_size": None, "max_concurrency": None,

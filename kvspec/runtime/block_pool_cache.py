@@ -48,7 +48,8 @@ GroupMap = dict[BlockHash, Any]
 
 
 class PrefixCachePool:
-    """Prefix-cache lookups and bookkeeping, mixed into :class:`~kvspec.runtime.block_pool.BlockPool`.
+    """Prefix-cache lookups and bookkeeping, mixed into
+    :class:`~kvspec.runtime.block_pool.BlockPool`.
 
     It keeps the map in ``_cached`` (group id -> :data:`GroupMap`); the pool
     provides ``blocks``, ``null_block`` and ``free_block_queue``.
@@ -333,7 +334,6 @@ class PrefixCachePool:
         """No map for ``group_id`` (nothing cached in it yet): check that the id
         fits a key, as a lookup by key would, and miss."""
         make_block_hash_with_group_id(b"", group_id)  # raises HashingError if not
-        return None
 
     def _check_group(self, group_id: int) -> None:
         limit = self.num_groups if self.num_groups is not None else GROUP_ID_LIMIT

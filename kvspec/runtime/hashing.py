@@ -110,7 +110,7 @@ class _FromEnv(enum.Enum):
 #: Seed argument meaning "read PYTHONHASHSEED from the process environment".
 FROM_ENV = _FromEnv.FROM_ENV
 
-Seed: TypeAlias = str | None | _FromEnv
+Seed: TypeAlias = str | _FromEnv | None
 
 
 # --------------------------------------------------------------------------
@@ -265,7 +265,8 @@ def hash_block_tokens(
     '0508356e'
     """
     if not parent_block_hash:
-        parent_block_hash = none_hash if none_hash is not None else _process_hasher(hash_fn).none_hash
+        parent_block_hash = (none_hash if none_hash is not None
+                             else _process_hasher(hash_fn).none_hash)
     return hash_fn((parent_block_hash, tuple(token_ids), extra_keys))
 
 

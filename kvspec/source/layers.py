@@ -77,8 +77,8 @@ def template_problem(template: str) -> str | None:
         if field is None:
             continue
         if field != "index" or spec or conversion:
-            return f"{{{field}{'!' + conversion if conversion else ''}" \
-                   f"{':' + spec if spec else ''}}} is not {{index}}"
+            return (f"{{{field}{'!' + conversion if conversion else ''}"
+                    f"{':' + spec if spec else ''}}} is not {{index}}")
     return None
 
 
@@ -154,7 +154,8 @@ class _Expander:
     def pattern(self, entry: PatternEntry, base: tuple) -> None:
         plan = self._pattern_plan(entry, base)
         if plan is None:  # a problem in the pattern: reported layer by layer below
-            return self._pattern_slow(entry, base)
+            self._pattern_slow(entry, base)
+            return
         layers, index = self.layers, self.index
         for _ in range(entry.repeat):
             for path, members in plan:

@@ -7,6 +7,7 @@ YAML's composer, which keeps positions, only when there is an error).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -157,10 +158,8 @@ def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:
     except ValidationError as exc:
         doc = Document(data, file)
         if text is not None:
-            try:
+            with contextlib.suppress(SourceError):
                 doc = positions(text, file)
-            except SourceError:
-                pass
         errors = []
         for e in exc.errors(include_url=False):
             message, expected, hint = _message(e)

@@ -152,7 +152,8 @@ def to_dump(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
         "enable_prefix_caching": engine["enable_prefix_caching"],
         "disable_hybrid_kv_cache_manager": engine["disable_hybrid_kv_cache_manager"],
         "tensor_parallel_size": options.tp, "pipeline_parallel_size": options.pp,
-        "decode_context_parallel_size": options.dcp, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
+        "decode_context_parallel_size": options.dcp,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
         "num_hidden_layers": facts["num_hidden_layers"]}
     if engine["mamba_cache_mode"] not in (None, "none"):
         config["mamba_cache_mode"] = engine["mamba_cache_mode"]

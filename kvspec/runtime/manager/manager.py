@@ -182,7 +182,7 @@ class KVCacheManager:
         need = min(main + lookahead, self.max_model_len)
         processed = total - r.num_in_flight_tokens
         for m in self.managers:
-            m.drop_skipped(r, processed if processed > 0 else 0)
+            m.drop_skipped(r, max(0, processed))
         if not self._fits(r, need, group_hits, total, main, False):
             return False
         if hits is not None and max(r.num_cached) < 0:
