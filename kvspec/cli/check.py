@@ -29,7 +29,8 @@ import click
 
 from kvspec._version import __version__
 from kvspec.artifact.text import sha256_of as sha256_text
-from kvspec.cli.common import USAGE, command, echo_json, format_option, quiet_option
+from kvspec.cli.common import USAGE, echo_json, format_option, quiet_option
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -124,12 +125,12 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
             for art in sorted(path.glob("*" + _ARTIFACT_SUFFIX)):
                 pairs.setdefault(art, _source_for(art))
         elif path.name.endswith(_ARTIFACT_SUFFIX):
-            source = _source_for(path)
-            if source is None and not path.exists():
+            beside = _source_for(path)
+            if beside is None and not path.exists():
                 raise KvspecError("no such artifact, and no source beside it", file=str(path),
                                   hint="compile its source first (kvspec compile X.yaml), "
                                   "or give the directory holding both")
-            pairs.setdefault(path, source)
+            pairs.setdefault(path, beside)
         elif path.name.endswith(_SOURCE_SUFFIXES):
             if not path.is_file():
                 raise KvspecError("no such file", file=str(path), hint=_WHAT)
@@ -201,7 +202,7 @@ def fix(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-@command("check", short_help="Check that committed artifacts are current.")
+@cli_command("check", short_help="Check that committed artifacts are current.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--fix", "do_fix", is_flag=True,
               help="Rewrite stale artifacts and write missing ones.")

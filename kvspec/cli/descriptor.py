@@ -11,12 +11,12 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     format_option,
     parents_option,
     quiet_option,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 from kvspec.files import emit
 
@@ -32,7 +32,7 @@ def _ours(text: str) -> bool:
                                      '"engine_group_infos"' in text or '"layout_config"' in head)
 
 
-@command("descriptor", short_help="Print the connector descriptor of an artifact.")
+@cli_command("descriptor", short_help="Print the connector descriptor of an artifact.")
 @click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True,
               help="The rank: pipeline stage x tensor-parallel size + tensor-parallel rank.")

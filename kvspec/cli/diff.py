@@ -14,15 +14,15 @@ import click
 from kvspec.cli.common import (
     EXIT_DIFFER,
     ExitWith,
-    command,
     format_option,
     single_memory,
     stdin_once,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@command("diff", short_help="Compare two layouts: groups, pages, capacity.")
+@cli_command("diff", short_help="Compare two layouts: groups, pages, capacity.")
 @click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, command, format_option
+from kvspec.cli.common import USAGE, format_option
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 
-@command("engine-args", short_help="Print the vllm serve flags that reproduce a plan.")
+@cli_command("engine-args", short_help="Print the vllm serve flags that reproduce a plan.")
 @click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--engine", type=click.Choice(["vllm"]), required=True,
               help="The serving engine to print flags for.")

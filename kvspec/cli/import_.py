@@ -9,7 +9,6 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     format_option,
     parents_option,
@@ -17,6 +16,7 @@ from kvspec.cli.common import (
     write_result,
     written_by,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -26,7 +26,7 @@ from kvspec.errors import (
 )
 
 
-@command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
+@cli_command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               callback=dash_is_stdout, help="Where to write the source, a .yaml file "

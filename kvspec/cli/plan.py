@@ -10,7 +10,6 @@ import click
 
 from kvspec.cli.common import (
     USAGE,
-    command,
     echo_json,
     format_option,
     parse_bytes,
@@ -18,14 +17,16 @@ from kvspec.cli.common import (
     quiet_option,
     warn,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 
 if TYPE_CHECKING:
     from kvspec.model.plan import Plan
+    from kvspec.planner.size import Sizing
     from kvspec.source.where import SourceMap
 
 
-@command("plan", short_help="Print the plan of a layout for a memory budget.")
+@cli_command("plan", short_help="Print the plan of a layout for a memory budget.")
 @click.argument("layout", type=click.Path(path_type=Path))
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",
               help="Memory per rank (40GiB, 42949672960), or a sweep "
@@ -56,7 +57,7 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
                          hint="a fixed block count decides the memory, and the other way")
     plan, budget, where = _plan_of(layout)
     if memory and ".." in memory:
-        rows = []
+        rows: list[tuple[int, Sizing | None, KvspecError | None]] = []
         for b in parse_memory_range(memory):
             try:
                 rows.append((b, size_plan(plan, memory=b), None))
@@ -64,7 +65,8 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
                 rows.append((b, None, err))
         if as_json:
             echo_json([reference_view(plan, r) if r else {"memory": b, **error_view(e)}
-                       for b, r, e in rows])
+                       for b, r, e in rows
+                       if r or e])  # each row: a sizing or its error
         else:
             click.echo(sweep_table(rows))
         return EXIT_OK

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import ExitWith, command, format_option, single_memory
+from kvspec.cli.common import ExitWith, format_option, single_memory
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@command("verify", short_help="Check a plan against the installed vLLM's own planner.")
+@cli_command("verify", short_help="Check a plan against the installed vLLM's own planner.")
 @click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--against", type=click.Choice(["vllm"]), required=True,
               help="The engine whose own planner checks the plan (the installed vLLM).")

@@ -185,6 +185,7 @@ class _Builder:
                 stack.extend((item, path + (i,), value, i)
                              for i, item in reversed(list(enumerate(node.value))))
             else:
+                assert isinstance(node, yaml.MappingNode)  # yaml's third kind of node
                 value = self.built[id(node)] = {}
                 stack.extend(reversed(self.mapping(node, path, value)))
             if isinstance(parent, list) and parent is out:

@@ -157,8 +157,9 @@ class KVCacheManager:
             if full:
                 keep = cdiv(hit, m.bs)
                 for gid in gids:
-                    if found[gid] is not None:
-                        del found[gid][keep:]  # type: ignore[index]
+                    held = found[gid]
+                    if held is not None:
+                        del held[keep:]
         return [b if b is not None else [] for b in found], hit, longest - hit
 
     # -- allocation ---------------------------------------------------------
