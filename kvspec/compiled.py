@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ from kvspec.artifact.read import RECOMPILE, decode
 from kvspec.artifact.text import canonical
 from kvspec.errors import ArtifactError, KvspecError, format_path
 from kvspec.files import read_text, shown
-from kvspec.passes.freeze import CompiledArtifact, body_of, engine_record, frozen
+from kvspec.model.pooling import Pooling
+from kvspec.passes.freeze import CompiledArtifact, body_of, engine_record, frozen, pooled_body
+from kvspec.pooling.layouts import PoolLayout, pool_layouts
 from kvspec.jsonpos import Located, scan
 from kvspec.model import kinds
 from kvspec.model.engine import engine_from_artifact
@@ -59,12 +62,13 @@ def _specs(body: fmt.Layout, origin: str) -> list[LayerSpec]:
     return out
 
 
-def _replanned(body: fmt.Layout, specs: list[LayerSpec]) -> Layout:
+def _replanned(body: fmt.Layout, specs: list[LayerSpec]
+               ) -> tuple[Layout, tuple[PoolLayout, ...], fmt.Layout]:
+    """The plan of the body's inputs (a separate plan's pools too), and its body."""
     layers = body.layers
     stages = tuple({n: specs[layers[n].spec] for n in st.layers} for st in body.stages)
-    plan = plan_layers(engine_from_artifact(msgspec.to_builtins(body.engine)), stages)
+    engine = engine_from_artifact(msgspec.to_builtins(body.engine))
     memory = body.budget.memory if body.budget is not None else None
-    sizing = size_plan(plan, memory=memory) if memory is not None else None
     memo: dict[tuple[int, str | None], Quantized | None] = {}  # layers alike share it
     quantization = {}
     for st in stages:
@@ -73,7 +77,21 @@ def _replanned(body: fmt.Layout, specs: list[LayerSpec]) -> Layout:
             if key not in memo:
                 memo[key] = quantized(spec, key[1])
             quantization[name] = memo[key]
-    return build_layout(body.name, body.model, plan, sizing, quantization)
+    record = body.pooling
+    if record is not None and record.policy == "separate":
+        pooling = Pooling(policy="separate", serve_with=record.serve_with,
+                          block_size=record.block_size, state_block_size=record.state_block_size,
+                          split=tuple((p.name, Fraction(*p.share)) for p in record.pools))
+        pools = pool_layouts(body.name, body.model, engine, stages, quantization, pooling,
+                             body.engine.max_model_len, memory, body.engine.max_model_len)
+        planned = pooled_body(body.name, body.model, body.engine,
+                              [list(st.layers) for st in body.stages], list(layers), pools,
+                              record, memory)
+        return pools[0].layout, pools, planned
+    plan = plan_layers(engine, stages)
+    sizing = size_plan(plan, memory=memory) if memory is not None else None
+    layout = build_layout(body.name, body.model, plan, sizing, quantization)
+    return layout, (), body_of(layout, (), record)
 
 
 def replan(artifact: Artifact, origin: str = "<artifact>") -> CompiledArtifact:
@@ -82,8 +100,7 @@ def replan(artifact: Artifact, origin: str = "<artifact>") -> CompiledArtifact:
     env = artifact.envelope
     specs = _specs(env.body, origin)
     try:
-        layout = _replanned(env.body, specs)
-        planned = body_of(layout)
+        layout, pools, planned = _replanned(env.body, specs)
     except KvspecError as err:
         raise ArtifactError(f"its layers do not plan: {err.message}", file=origin,
                             hint=RECOMPILE) from None
@@ -92,7 +109,7 @@ def replan(artifact: Artifact, origin: str = "<artifact>") -> CompiledArtifact:
                             file=origin, hint=RECOMPILE) from None
     if canonical(planned) != canonical(env.body):
         raise _difference(artifact, planned, origin)
-    return CompiledArtifact(env, layout, source=artifact.source)
+    return CompiledArtifact(env, layout, source=artifact.source, pools=pools)
 
 
 def _difference(artifact: Artifact, planned: fmt.Layout, origin: str) -> ArtifactError:

@@ -43,12 +43,13 @@ from kvspec.passes.freeze import freeze
 from kvspec.passes.compose import Composed, SourceText, compose
 from kvspec.passes.parse import Parsed, parse
 from kvspec.passes.plan import Planned, plan
+from kvspec.passes.pool import Pooled, pool
 from kvspec.passes.size import Sized, size, unsized
 from kvspec.passes.validate import Validated, validate
 from kvspec.source.where import GivenMemory
 
 __all__ = ["CHECK_PASSES", "PASSES", "PLAN_PASSES", "Expanded", "Composed", "Parsed", "Pass",
-           "Planned", "Sized", "SourceText", "Validated", "compile", "compile_source",
+           "Planned", "Pooled", "Sized", "SourceText", "Validated", "compile", "compile_source",
            "compile_until", "pass_named", "read_source", "run", "run_until", "unsized"]
 
 T = TypeVar("T")
@@ -73,7 +74,7 @@ class Pass:
 
 
 PASSES: tuple[Pass, ...] = tuple(Pass.of(fn) for fn in (
-    compose, parse, expand, validate, plan, size, freeze))
+    compose, parse, expand, validate, plan, size, pool, freeze))
 #: The passes that need no memory budget (``kvspec plan`` sizes the plan itself).
 PLAN_PASSES: tuple[Pass, ...] = PASSES[:5]
 #: Every pass that can fail (``kvspec validate``): freezing is pure serialisation.

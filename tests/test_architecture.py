@@ -27,7 +27,8 @@ ALLOWED = {
     "model": {"model", "artifact.format"},  # the plan holds the format's Budget record
     "source": {"model", "source"},
     "planner": {"model", "planner", "artifact.format", "artifact.sizing"},
-    "passes": {"model", "source", "planner", "artifact", "passes"},
+    "passes": {"model", "source", "planner", "artifact", "passes", "pooling"},
+    "pooling": {"model", "artifact", "planner", "passes", "pooling", "runtime.manager", "sim"},
     "compiler": {"model", "source", "planner", "artifact", "passes"},
     "artifact": {"model", "artifact"},
     # the runtime reads artifacts, never plans them (``load(replan=True)`` defers
@@ -35,7 +36,7 @@ ALLOWED = {
     # loaded cache for connectors with the torch-free descriptor
     "runtime": {"model", "artifact", "runtime", "compiled", "connectors.describe",
                 "connectors.descriptor"},
-    "compiled": {"model", "artifact", "planner", "passes"},
+    "compiled": {"model", "artifact", "planner", "passes", "pooling"},
     "reports": {"model", "artifact", "planner", "source", "passes", "compiler", "compiled",
                 "reports", "connectors.descriptor"},
     "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact",

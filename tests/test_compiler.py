@@ -19,6 +19,7 @@ from kvspec.compiler import (
     Expanded,
     Parsed,
     Planned,
+    Pooled,
     Sized,
     SourceText,
     Validated,
@@ -35,7 +36,7 @@ LLAMA = Path("layouts/llama-3.1-8b.yaml")
 
 def test_every_prefix_of_the_pipeline_runs_and_ends_in_its_stage_type() -> None:
     start = SourceText(text=LLAMA.read_text(), file=str(LLAMA))
-    stages = (Composed, Parsed, Expanded, Validated, Planned, Sized, CompiledArtifact)
+    stages = (Composed, Parsed, Expanded, Validated, Planned, Sized, Pooled, CompiledArtifact)
     assert [p.gives for p in PASSES] == list(stages)
     for i, stage in enumerate(stages, 1):
         out = run(start, PASSES[:i])

@@ -44,9 +44,10 @@ from kvspec.model.axes import AxisOrderName
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
 
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "Affine", "Allocation", "Budget", "Bytes", "CellPart",
-    "Envelope", "Engine", "Group", "Layer", "Layout", "LogLine", "Pool", "Stage", "Tensor",
-    "Spec", "Unsigned", "View", "at",
+    "FORMAT", "FORMAT_VERSION", "Affine", "Allocation", "Budget", "Bytes", "Candidate",
+    "CellPart", "Envelope", "Engine", "Group", "Layer", "Layout", "LogLine", "Pool",
+    "PoolShare", "PoolingRecord", "Spec", "Stage", "Tensor", "Unsigned", "View", "Waste",
+    "WorkloadRecord", "at",
 ]
 
 FORMAT_VERSION = 3
@@ -271,6 +272,8 @@ class Pool(Record):
     #: A fixed count (a drafter's own pool, per-request state slots), or None: sized
     #: from the budget (the stage's block count ``N``, or by ``share``).
     num_blocks: Pos | None
+    #: The fewest blocks with which the pool serves one request at max_model_len.
+    min_num_blocks: Pos
     #: ``[numerator, denominator]``: the pool's share of the budget left after the
     #: fixed pools, where a stage splits it between several pools (the ``separate``
     #: policy); None: the stage's one block-scaled pool takes all of it.
@@ -356,6 +359,97 @@ class Budget(Record):
     estimated_max_model_len: NonNeg
 
 
+# ---------------------------------------------------------------------------
+# the pooling policy's decision
+# ---------------------------------------------------------------------------
+
+
+class PoolShare(Record):
+    """One pool of a ``separate`` plan: its share of the budget and what it holds."""
+
+    name: str
+    #: ``[numerator, denominator]`` of the budget per rank.
+    share: list[Pos]
+    #: A pool of per-request state slots (state layers), not of token blocks.
+    state: bool
+    #: The pool sized for the layout's budget (None: no budget).
+    budget: Budget | None
+
+
+class WorkloadRecord(Record):
+    """The workload the policy was chosen for (a summary, or a trace and its hash)."""
+
+    context_tokens: float
+    output_tokens: float
+    #: Tokens a running request holds on average (prompt, half its output, drafts).
+    held_tokens: NonNeg
+    concurrency: Pos | None
+    draft_tokens: NonNeg
+    prefix_sharing: float
+    requests: Pos
+    seed: NonNeg
+    trace: str | None
+    trace_sha256: Sha256 | None
+
+
+class Waste(Record):
+    """Where a plan's bytes go that hold no live token or state, averaged over the
+    steps where requests wait (bytes of one rank; shares of the pool's bytes)."""
+
+    pool_bytes: NonNeg
+    #: Slots left empty in each block so every group has the same layer count.
+    padding_slots: NonNeg
+    #: Bytes each page holds past its content (page unification, alignment).
+    padded_pages: NonNeg
+    #: Token slots allocated blocks hold beyond the tokens of their requests.
+    block_inflation: NonNeg
+    #: State slots and window rings held per request, whatever its length.
+    per_request: NonNeg
+
+
+class Candidate(Record):
+    """One plan the policy considered, and what it buys at the workload."""
+
+    name: str
+    policy: str
+    #: Tokens per attention block.
+    block_size: Pos
+    groups: NonNeg
+    #: Requests at ``max_model_len`` the blocks hold (the engine's worst case).
+    static_requests: float | None
+    #: Requests holding the workload's ``held_tokens`` the blocks hold, statically.
+    workload_requests: float | None
+    #: Requests whose live tokens and states alone would fill the budget.
+    physical_limit: float | None
+    #: The simulation's summary (``kvspec simulate``'s keys), None when not simulated.
+    simulated: dict[str, float] | None
+    #: Mean tokens the running requests hold while requests wait (simulated).
+    tokens_held: float | None
+    waste: Waste | None
+    #: The pool that runs out first at the workload.
+    binding_pool: str | None
+    #: Why this candidate cannot be served or was not simulated, if so.
+    note: str | None
+
+
+class PoolingRecord(Record):
+    """How memory is pooled, and why: the policy asked, the plan's, the workload,
+    every candidate considered and the one chosen."""
+
+    asked: Literal["unified", "separate", "auto"]
+    policy: Literal["unified", "separate"]
+    serve_with: Literal["vllm", "kvspec"]
+    #: ``separate``: tokens per attention block and per state block.
+    block_size: Pos
+    state_block_size: Pos | None
+    #: ``separate``: one entry per pool (empty for a unified plan).
+    pools: list[PoolShare]
+    workload: WorkloadRecord | None
+    candidates: list[Candidate]
+    #: Index into ``candidates`` of the plan this artifact holds (None: none evaluated).
+    chosen: NonNeg | None
+
+
 class LogLine(Record):
     level: str
     message: str
@@ -379,6 +473,8 @@ class Layout(Record):
     #: New blocks must be zeroed (state layers read before written, mixed precision).
     needs_zeroing: bool
     budget: Budget | None
+    #: The pooling policy's decision (None: the unified plan, no workload declared).
+    pooling: PoolingRecord | None
     log: list[LogLine]
     warnings: list[str]
 

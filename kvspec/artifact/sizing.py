@@ -14,10 +14,12 @@ in the reference); a count that cannot serve one request at ``max_model_len``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from fractions import Fraction
 
+from kvspec.artifact.format import Pool
 from kvspec.errors import PlanError
 
-__all__ = ["blocks_for"]
+__all__ = ["blocks_for", "pool_counts"]
 
 
 def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | None,
@@ -43,3 +45,33 @@ def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | 
             expected=f"num_blocks >= {need}", found=str(num_blocks),
             hint="give the KV cache more memory or compile with a shorter max_model_len")
     return num_blocks
+
+
+def pool_counts(pools: Sequence[Pool], memory: int) -> dict[str, int]:
+    """Each pool's block count for ``memory`` bytes per rank, where a stage splits
+    its budget between pools (the ``separate`` policy): a fixed pool its own count,
+    a pool with a share ``floor(memory * share / bytes_per_block)``; a pool left
+    with fewer blocks than one request at max_model_len takes is refused.
+
+    >>> from kvspec.artifact.format import Pool
+    >>> p = Pool(name="a", allocation="a", offset=0, bytes_per_block=1024, num_blocks=None,
+    ...          min_num_blocks=5, share=[1, 4], groups=[0])
+    >>> pool_counts([p], 1 << 20)
+    {'a': 256}
+    """
+    out = {}
+    for p in pools:
+        if p.num_blocks is not None:
+            out[p.name] = p.num_blocks
+            continue
+        share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
+        n = int(memory * share) // p.bytes_per_block
+        if n < p.min_num_blocks:
+            raise PlanError(
+                f"pool {p.name} gets {n} blocks of {memory:,} bytes ({float(share):.1%} of "
+                f"them), fewer than one request at max_model_len takes ({p.min_num_blocks}, "
+                "one of them the null block)", expected=f"num_blocks >= {p.min_num_blocks}",
+                found=str(n), hint="give the KV cache more memory or compile with a shorter "
+                "max_model_len")
+        out[p.name] = n
+    return out

@@ -188,10 +188,19 @@ def _accounting(body: Layout) -> list[Problem]:
     out = []
     if not body.stages:
         return [Problem(("body", "stages"), "the artifact has no stage")]
-    per_block = body.stages[0].bytes_per_block
+    # a group's figures are those of a block on stage 0 (the planner's accounting):
+    # of the stage-0 pool that lists it, else the stage-0 main pool, else its own
+    pool_of = {gid: p for st in reversed(body.stages) for p in st.pools for gid in p.groups}
+    first = body.stages[0].pools
+    main = next((p for p in first if p.name == "device"), None)
+    pool_of.update({gid: p for p in first for gid in p.groups})
     for g in body.groups:
-        if g.own_pool:
+        pool = pool_of.get(g.id)
+        if main is not None and all(g.id not in p.groups for p in first):
+            pool = main
+        if g.own_pool or pool is None:
             continue
+        per_block = pool.bytes_per_block  # the block of the pool the group draws from
         if g.padding_bytes_per_block < 0 or \
                 g.useful_bytes_per_block + g.padding_bytes_per_block != per_block:
             out.append(Problem(("body", "groups", g.id, "padding_bytes_per_block"),

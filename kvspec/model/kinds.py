@@ -51,6 +51,9 @@ class Kind:
     quant_class: str | None = None
     #: Whether a source or a dump may declare it (some kinds only the planner makes).
     declarable: bool = True
+    #: Whether the ``separate`` pooling policy gives its layers a pool of their own
+    #: (the others need the unified planner's layouts).
+    separable: bool = False
 
     @property
     def ref_class(self) -> str:
@@ -58,20 +61,20 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("full_attention", a.FullAttention, "full_attention", "full", quant_class="full"),
+    Kind("full_attention", a.FullAttention, "full_attention", "full", quant_class="full", separable=True),
     Kind("sliding_window", a.SlidingWindow, "sliding_window", "sliding",
-         required=("sliding_window",), quant_class="sliding"),
+         required=("sliding_window",), quant_class="sliding", separable=True),
     Kind("chunked_local", a.ChunkedLocal, "chunked_local_attention", "local",
-         required=("attention_chunk_size",), quant_class="chunked"),
-    Kind("mla", m.MLA, "mla_attention", "mla", latent=True, quant_class="mla"),
+         required=("attention_chunk_size",), quant_class="chunked", separable=True),
+    Kind("mla", m.MLA, "mla_attention", "mla", latent=True, quant_class="mla", separable=True),
     Kind("sliding_window_mla", m.SlidingWindowMLA, "sliding_window_mla", "swa_mla",
-         required=("sliding_window",), latent=True, quant_class="sliding_mla"),
+         required=("sliding_window",), latent=True, quant_class="sliding_mla", separable=True),
     Kind("cross_attention", a.CrossAttention, "cross_attention", "cross", quant_class="cross"),
     Kind("encoder_only", a.EncoderOnly, "encoder_only_attention", "encoder",
          quant_class="encoder"),
     Kind("sink_full_attention", a.SinkFullAttention, "sink_full_attention", "sink",
-         quant_class="sink"),
-    Kind("mamba", MambaState, "mamba", "mamba", required=("shapes", "dtypes"), state=True),
+         quant_class="sink", separable=True),
+    Kind("mamba", MambaState, "mamba", "mamba", required=("shapes", "dtypes"), state=True, separable=True),
     Kind("hidden_state", m.HiddenState, "mla_attention", "hidden", latent=True),
     Kind("kpool_tail", a.KpoolTail, "sliding_window", "tail", required=("sliding_window",)),
     Kind("circular_buffer", a.CircularBuffer, "unknown", "ring"),

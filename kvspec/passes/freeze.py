@@ -15,6 +15,8 @@ distinct spec and cell layout is written once, in the body's tables.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -23,6 +25,7 @@ import msgspec
 from kvspec.artifact import COMPILER, Artifact
 from kvspec.artifact import format as fmt
 from kvspec.artifact.text import canonical, sha256_of, sign
+from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model import kinds
 from kvspec.model.affine import Affine
 from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
@@ -33,23 +36,31 @@ from kvspec.model.plan import Layout, Stage, Tensor
 from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs import Attention, LayerSpec
 from kvspec.model.specs.base import once_per_object
-from kvspec.passes.size import Sized
+from kvspec.passes.pool import Pooled
+from kvspec.pooling.layouts import PoolLayout
 
 __all__ = ["CompiledArtifact", "body_of", "engine_record", "freeze", "frozen"]
 
 
 class CompiledArtifact(Artifact):
     """An artifact and the :class:`~kvspec.model.plan.Layout` it is the frozen
-    form of: what the compiler returns, and what re-planning proves."""
+    form of (a separate plan's: the unified plan of the same layers, and the
+    pools it keeps): what the compiler returns, and what re-planning proves."""
 
     def __init__(self, envelope: fmt.Envelope, layout: Layout, text: str | None = None,
-                 source: str | bytes | None = None):
+                 source: str | bytes | None = None, pools: tuple[PoolLayout, ...] = ()):
         super().__init__(envelope, text, source)
         self._layout = layout
+        self._pools = pools
 
     @property
     def layout(self) -> Layout:
         return self._layout
+
+    @property
+    def pools(self) -> tuple[PoolLayout, ...]:
+        """The pools of a separate plan, each its class's layout (empty: unified)."""
+        return self._pools
 
 
 # ---------------------------------------------------------------------------
@@ -138,7 +149,7 @@ def _tensor(t: Tensor, st: Stage, order: AxisOrder) -> fmt.Tensor:
                    if pool == "draft" and st.draft_num_blocks else Affine(1, 0)))
 
 
-def _memory(st: Stage) -> tuple[list[fmt.Allocation], list[fmt.Pool]]:
+def _memory(st: Stage, layout: Layout) -> tuple[list[fmt.Allocation], list[fmt.Pool]]:
     """The stage's allocations and pools: the device allocation holds the main
     pool and, beyond it, a drafter's own; host-resident tensors their own."""
     sizes: dict[str, Affine] = {}  # every tensor of an allocation declares its size
@@ -150,30 +161,32 @@ def _memory(st: Stage) -> tuple[list[fmt.Allocation], list[fmt.Pool]]:
                                   size=fmt.affine(sizes[m])) for m in sorted(sizes)]
     main = [gid for gid, g in enumerate(st.groups) if g.layer_names and not g.own_pool]
     own = [gid for gid, g in enumerate(st.groups) if g.layer_names and g.own_pool]
+    need = layout.stage_figures[st.index].min_num_blocks
     pools = [fmt.Pool(name="device", allocation="device", offset=0,
                       bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None, share=None,
-                      groups=main)]
+                      min_num_blocks=need, groups=main)]
     drafts = [t for t in st.tensors if t.pool == "draft"]
     if drafts and st.draft_num_blocks:
         start = min((t.offset for t in drafts), key=lambda a: (a.a, a.b))
         pools.append(fmt.Pool(name="draft", allocation="device", offset=fmt.affine(start),
                               bytes_per_block=st.fixed_bytes // st.draft_num_blocks,
-                              num_blocks=st.draft_num_blocks, share=None, groups=own))
+                              num_blocks=st.draft_num_blocks, share=None,
+                              min_num_blocks=st.draft_num_blocks, groups=own))
     elif own:
         pools[0] = fmt.Pool(name="device", allocation="device", offset=0,
-                            bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None, share=None,
-                            groups=main + own)
+                            bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
+                            share=None, min_num_blocks=need, groups=main + own)
     if "host" in sizes:
         pools.append(fmt.Pool(name="host", allocation="host", offset=0,
                               bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
-                              share=None, groups=sorted({t.group for t in st.tensors if t.host_resident})))
+                              share=None, min_num_blocks=need, groups=sorted({t.group for t in st.tensors if t.host_resident})))
     return allocations, pools
 
 
 def _stage(st: Stage, layout: Layout) -> fmt.Stage:
     fig = layout.stage_figures[st.index]
     order = layout.engine.axis_order
-    allocations, pools = _memory(st)
+    allocations, pools = _memory(st, layout)
     return fmt.Stage(
         index=st.index, layers=list(st.layer_names), bytes_per_block=st.bytes_per_block,
         fixed_bytes=st.fixed_bytes, draft_num_blocks=st.draft_num_blocks,
@@ -199,9 +212,7 @@ def _group(gid: int, layout: Layout, tables: _Tables) -> fmt.Group:
         max_num_blocks_per_req=fig.max_num_blocks_per_req, spec=tables.spec(spec))
 
 
-def body_of(layout: Layout) -> fmt.Layout:
-    """The artifact body of ``layout``."""
-    tables = _Tables()
+def _layers(layout: Layout, tables: _Tables, group_offset: int = 0) -> dict[str, fmt.Layer]:
     layers: dict[str, fmt.Layer] = {}
     entries: dict[tuple[Any, ...], fmt.Layer] = {}  # layers alike share one record
     for name, e in layout.layers.items():
@@ -210,31 +221,120 @@ def body_of(layout: Layout) -> fmt.Layout:
         entry = entries.get(key)
         if entry is None:
             entry = entries[key] = fmt.Layer(
-                group=e.group, stage=e.stage, spec=tables.spec(e.spec),
-                kv_cache_dtype=e.kv_cache_dtype, cells=tables.cells_of(e.cell_parts),
-                per_tensor_scales=e.per_tensor_scales)
+                group=None if e.group is None else e.group + group_offset, stage=e.stage,
+                spec=tables.spec(e.spec), kv_cache_dtype=e.kv_cache_dtype,
+                cells=tables.cells_of(e.cell_parts), per_tensor_scales=e.per_tensor_scales)
         layers[name] = entry
+    return layers
+
+
+def body_of(layout: Layout, pools: Sequence[PoolLayout] = (),
+            decision: fmt.PoolingRecord | None = None, memory: int | None = None
+            ) -> fmt.Layout:
+    """The artifact body of ``layout``, or of the pools of a separate plan (whose
+    unified plan ``layout`` is), with the pooling policy's decision."""
+    if pools:
+        return pooled_body(layout.name, layout.model, engine_record(layout),
+                           [list(st.layer_names) for st in layout.stages], list(layout.layers),
+                           pools, decision, memory)
+    tables = _Tables()
+    layers = _layers(layout, tables)
     groups = [_group(i, layout, tables) for i in range(len(layout.groups))]
-    b = layout.budget
     return fmt.Layout(
         name=layout.name, model=layout.model, engine=engine_record(layout), specs=tables.specs,
         cells=tables.cells, layers=layers, groups=groups,
         stages=[_stage(st, layout) for st in layout.stages],
         scheduler_block_size=layout.scheduler_block_size,
         hash_block_size=layout.hash_block_size, needs_zeroing=layout.needs_zeroing,
-        budget=b, log=[fmt.LogLine(level=lv, message=m) for lv, m in layout.plan.log],
+        budget=layout.budget, pooling=decision,
+        log=[fmt.LogLine(level=lv, message=m) for lv, m in layout.plan.log],
         warnings=list(layout.warnings))
 
 
-def freeze(sized: Sized) -> CompiledArtifact:
-    """The pass: the sized layout -> the artifact; the source's sha256 in its envelope."""
-    return frozen(sized.layout, sized.text)
+def _pool_stage(st: Stage, layout: Layout, pool: PoolLayout, offset: int) -> fmt.Stage:
+    """One pool's stage: its allocation and pool named after it, its share, its
+    tensors and groups renumbered."""
+    own = _stage(st, layout)
+    share = [pool.share.numerator, pool.share.denominator]
+    allocations = [msgspec.structs.replace(a, name=pool.name, scales_with=pool.name)
+                   for a in own.allocations if a.name == "device"]
+    pools = [msgspec.structs.replace(p, name=pool.name, allocation=pool.name, share=share,
+                                     groups=[g + offset for g in p.groups])
+             for p in own.pools if p.name == "device"]
+    tensors = [msgspec.structs.replace(t, group=t.group + offset, pool=pool.name)
+               for t in own.tensors]
+    return msgspec.structs.replace(own, allocations=allocations, pools=pools, tensors=tensors)
 
 
-def frozen(layout: Layout, source_text: str) -> CompiledArtifact:
-    """The frozen, hashed artifact of ``layout`` compiled from ``source_text``."""
-    envelope = sign(fmt.Unsigned(body=body_of(layout), compiler=COMPILER, format=fmt.FORMAT,
+def pooled_body(name: str, model: str | None, engine: fmt.Engine, stage_layers: list[list[str]],
+                layer_order: list[str], pools: Sequence[PoolLayout],
+                decision: fmt.PoolingRecord | None, memory: int | None) -> fmt.Layout:
+    """The body of a separate plan: each pool's groups, layers and tensors, in an
+    allocation of its own named after it, with its share of the budget."""
+    tables = _Tables()
+    layers: dict[str, fmt.Layer] = {}
+    groups: list[fmt.Group] = []
+    parts: list[list[fmt.Stage]] = [[] for _ in stage_layers]
+    for pool in pools:
+        x, offset = pool.layout, len(groups)
+        if any(not g.layer_names for g in x.groups) or x.stages[0].fixed_bytes:
+            raise PlanError(f"pool {pool.name} cannot be frozen", hint=PLANNER_BUG)
+        layers.update(_layers(x, tables, offset))
+        groups += [msgspec.structs.replace(_group(i, x, tables), id=i + offset)
+                   for i in range(len(x.groups))]
+        for st in x.stages:
+            parts[st.index].append(_pool_stage(st, x, pool, offset))
+    stages = [fmt.Stage(
+        index=index, layers=names, bytes_per_block=0, fixed_bytes=0,
+        draft_num_blocks=None, draft_layers=[],
+        memory_per_request=sum(p.memory_per_request for p in part), min_num_blocks=1,
+        groups=[g for p in part for g in p.groups],
+        allocations=[a for p in part for a in p.allocations],
+        pools=[q for p in part for q in p.pools],
+        tensors=[t for p in part for t in p.tensors])
+        for index, (names, part) in enumerate(zip(stage_layers, parts))]
+    layouts = [p.layout for p in pools]
+    return fmt.Layout(
+        name=name, model=model, engine=engine, specs=tables.specs, cells=tables.cells,
+        layers={n: layers[n] for n in layer_order if n in layers}, groups=groups,
+        stages=stages, scheduler_block_size=math.lcm(*(x.scheduler_block_size for x in layouts)),
+        hash_block_size=math.gcd(*(x.hash_block_size for x in layouts)),
+        needs_zeroing=any(x.needs_zeroing for x in layouts),
+        budget=_pooled_budget(layouts, memory),
+        pooling=decision, log=[fmt.LogLine(level=lv, message=m) for x in layouts
+                               for lv, m in x.plan.log],
+        warnings=list(dict.fromkeys(w for x in layouts for w in x.warnings)))
+
+
+def _pooled_budget(layouts: Sequence[Layout], memory: int | None) -> fmt.Budget | None:
+    """The budget of a separate plan: the memory split between the pools; the
+    concurrency, tokens and longest request of the pool that runs out first."""
+    budgets = [x.budget for x in layouts]
+    if memory is None or any(b is None for b in budgets):
+        return None
+    bs = [b for b in budgets if b is not None]
+    conc = [b.max_concurrency for b in bs if b.max_concurrency is not None]
+    low = min(conc) if conc else None
+    return fmt.Budget(memory=memory, num_blocks=bs[0].num_blocks,
+                      max_concurrency=low,
+                      kv_cache_size_tokens=min(b.kv_cache_size_tokens for b in bs),
+                      max_model_len=bs[0].max_model_len,
+                      estimated_max_model_len=min(b.estimated_max_model_len for b in bs))
+
+
+def freeze(pooled: Pooled) -> CompiledArtifact:
+    """The pass: the plan the policy kept -> the artifact; the source's sha256 in its
+    envelope."""
+    return frozen(pooled.layout, pooled.text, pooled.pools, pooled.decision,
+                  pooled.budget_bytes)
+
+
+def frozen(layout: Layout, source_text: str, pools: Sequence[PoolLayout] = (),
+           decision: fmt.PoolingRecord | None = None, memory: int | None = None
+           ) -> CompiledArtifact:
+    """The frozen, hashed artifact of ``layout`` (or its pools) compiled from
+    ``source_text``."""
+    body = body_of(layout, pools, decision, memory)
+    envelope = sign(fmt.Unsigned(body=body, compiler=COMPILER, format=fmt.FORMAT,
                                  source_sha256=sha256_of(source_text)))
-    return CompiledArtifact(envelope, layout)
-
-
+    return CompiledArtifact(envelope, pools[0].layout if pools else layout, pools=tuple(pools))

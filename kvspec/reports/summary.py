@@ -19,6 +19,7 @@ from kvspec.planner import Sizing
 from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request
 from kvspec.reports.format import compact_layers, human_bytes, layers_brief, table
+from kvspec.reports.pooling import pooling_lines
 
 __all__ = ["human_bytes", "plan_table", "plan_warnings", "summary", "summary_data",
            "summary_warnings", "sweep_table"]
@@ -36,15 +37,28 @@ def _pages(group: Group) -> str:
 
 
 def summary_warnings(artifact: CompiledArtifact | Layout) -> list[str]:
-    """The planner's warnings and the early checks of a compiled layout."""
-    layout = artifact if isinstance(artifact, Layout) else artifact.layout
-    return [m for lv, m in layout.plan.log if lv == "WARNING"] + list(layout.warnings)
+    """The planner's warnings and the early checks of a compiled layout (of each
+    pool of a separate plan)."""
+    if isinstance(artifact, Layout):
+        layouts: tuple[Layout, ...] = (artifact,)
+    else:
+        layouts = tuple(p.layout for p in artifact.pools) or (artifact.layout,)
+    return list(dict.fromkeys(m for x in layouts for m in
+                              [m for lv, m in x.plan.log if lv == "WARNING"] + list(x.warnings)))
 
 
 def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
     """What ``kvspec compile`` prints: groups, pages, bytes per block, capacity
     (and, with ``warnings``, the warnings as ``warning:`` lines)."""
     layout = artifact.layout
+    if artifact.pools:
+        out = _pooled_summary(artifact)
+        record = artifact.body.pooling
+        if record is not None:
+            out += pooling_lines(record)
+        if warnings:
+            out += [f"warning: {w}" for w in summary_warnings(artifact)]
+        return "\n".join(out)
     eng, st0 = layout.engine, layout.stage(0)
     rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
              g.padding_slots, layers_brief(g.layer_names)] for i, g in enumerate(layout.groups)]
@@ -68,9 +82,33 @@ def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
     else:
         out.append("no memory budget: the loader sizes the pool (engine.memory or --memory "
                    "to plan one)")
+    record = artifact.body.pooling
+    if record is not None:
+        out += pooling_lines(record)
     if warnings:
         out += [f"warning: {w}" for w in summary_warnings(artifact)]
     return "\n".join(out)
+
+
+def _pooled_summary(artifact: CompiledArtifact) -> list[str]:
+    """The head of a separate plan's summary: its pools, each its class's groups."""
+    body = artifact.body
+    eng = body.engine
+    rows = [[g.id, g.kind, len(g.layers), g.block_size, human_bytes(g.page_size_bytes),
+             pool.name, layers_brief(g.layers)]
+            for pool in artifact.pools for g in body.groups if g.id in
+            {x for st in body.stages for p in st.pools if p.name == pool.name for x in p.groups}]
+    out = [f"{body.name}: {len(body.layers)} layers in {len(artifact.pools)} pool(s), "
+           f"layout {eng.axis_order}, max_model_len {eng.max_model_len}",
+           table(rows, ["group", "kind", "layers", "block", "layer page", "pool", "members"])]
+    b = body.budget
+    if b is not None:
+        out.append(f"for {human_bytes(b.memory)}: max concurrency "
+                   f"{b.max_concurrency if b.max_concurrency is not None else float('inf'):.2f}x"
+                   f" at {b.max_model_len:,} tokens (the pool that runs out first)")
+    else:
+        out.append("no memory budget: the loader splits its memory between the pools")
+    return out
 
 
 def summary_data(artifact: CompiledArtifact) -> dict[str, object]:

@@ -71,9 +71,32 @@ def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
                         hint="or give memory='40GiB' to size the pool from a budget")
     budget = _budget(device, memory, memory_fraction)
     body = artifact.body
+    if artifact.pooled and num_blocks is not None:
+        raise LoadError("a plan of several pools (policy separate) sizes each from a memory "
+                        "budget, not from one block count", found=f"num_blocks={num_blocks}",
+                        hint="give memory='40GiB' (or memory_fraction=...), or none to take "
+                             "the budget it was compiled for")
     if num_blocks is None and budget is None and body.engine.num_blocks is None:
         if body.budget is None:
             raise LoadError("the artifact has no memory budget of its own",
                             hint="give num_blocks=..., memory=... or memory_fraction=...")
         budget = body.budget.memory
+    if artifact.pooled:
+        return budget  # type: ignore[return-value]  # the pools' counts: resolve_counts
     return artifact.num_blocks_for(memory=budget, num_blocks=num_blocks)
+
+
+def resolve_counts(artifact: Artifact, stage: int, device: torch.device, *,
+                   num_blocks: int | None = None, memory: int | str | None = None,
+                   memory_fraction: float | None = None) -> tuple[int, dict[str, int]]:
+    """This rank's main block count and every pool's count on ``stage``."""
+    n = resolve_num_blocks(artifact, device, num_blocks=num_blocks, memory=memory,
+                           memory_fraction=memory_fraction)
+    if not artifact.pooled:
+        st = artifact.body.stages[stage]
+        return n, {p.name: p.num_blocks if p.num_blocks is not None else n for p in st.pools}
+    try:
+        counts = artifact.pool_counts_for(stage, memory=n)
+    except KvspecError as err:
+        raise err.as_type(LoadError) from None
+    return next(iter(counts.values())), counts

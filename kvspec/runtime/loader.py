@@ -28,6 +28,9 @@ chosen (:func:`kvspec.artifact.structure.memory_problems`): every view inside
 its pool, no two block ids sharing a byte.
 """
 
+# one idea: loading is one pass over an artifact (size, prove, allocate, view) and the
+# cache it gives; split, the pieces would be read together anyway.
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -48,7 +51,7 @@ from kvspec.errors import KvspecError
 from kvspec.model.axes import AxisOrder
 from kvspec.runtime import distributed
 from kvspec.runtime.block_pool import BlockPool
-from kvspec.runtime.budget import LoadError, free_memory, resolve_num_blocks
+from kvspec.runtime.budget import LoadError, free_memory, resolve_counts, resolve_num_blocks
 from kvspec.runtime.views import (
     CellParts,
     KVViews,
@@ -201,11 +204,16 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
     else:
         art = _verified(artifact, replan)
         dev, st_index = _target(art, device, stage)
+    if art.pooled:
+        count, counts = resolve_counts(art, st_index, dev, num_blocks=num_blocks,
+                                       memory=memory, memory_fraction=memory_fraction)
+    elif not distributed.is_initialized():
         count = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
                                    memory_fraction=memory_fraction)
     st = art.body.stages[st_index]
     order = AxisOrder.parse(art.body.engine.axis_order)
-    counts = stage_counts(st, count)
+    if not art.pooled:
+        counts = stage_counts(st, count)
     problems = memory_problems(art.body, st_index, counts)
     if problems:
         raise unsound(problems, _origin(artifact), art.source)
@@ -236,6 +244,10 @@ def _agreed(artifact: Any, device: Any, stage: int | None, num_blocks: int | Non
     dev, st_index, mine, problem = None, 0, None, None
     try:
         art = _verified(artifact, replan)
+        if art.pooled:
+            raise LoadError("a plan of several pools (policy separate) does not agree block "
+                            "counts across ranks yet", hint="give every rank the same memory= "
+                            "and load without torch.distributed, or compile policy: unified")
         dev, st_index = _target(art, device, stage)
         mine = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
                                   memory_fraction=memory_fraction)

@@ -82,7 +82,8 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers)
     records, steps = drive(engine, admitted, depth, progress)
     result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
-                       scheduler.hit_tokens, len(admitted), len(trace) - len(admitted))
+                       scheduler.hit_tokens, len(admitted), len(trace) - len(admitted),
+                       tuple(engine.samples), live.scale, live.pool_bytes)
     return result, engine
 
 

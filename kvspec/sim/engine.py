@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from kvspec.errors import KvspecError
 from kvspec.sim.metrics import LiveBytes, StepRecord
@@ -92,6 +92,21 @@ def _check_progress(engine: StepEngine, step: int) -> None:
                               "max_model_len), or shorten the trace's requests")
 
 
+#: Waiting steps sampled at the most for the waste breakdown.
+MAX_SAMPLES = 400
+
+
+class HeldSample(NamedTuple):
+    """One sampled step while requests wait: running requests, their live bytes (in
+    :class:`~kvspec.sim.metrics.LiveBytes` units) and the blocks they hold per group."""
+
+    running: int
+    live: int
+    held: tuple[int, ...]
+    #: Tokens the running requests hold (computed).
+    tokens: int
+
+
 class KvspecEngine:
     """kvspec's scheduler model as a :class:`StepEngine`."""
 
@@ -108,6 +123,10 @@ class KvspecEngine:
         #: first pool's free queue).
         self.block_log: list[tuple[dict[int, tuple], list[int]]] | None = (
             [] if log_blocks else None)
+        #: Samples of the steps where requests wait: (running requests, their live bytes
+        #: in LiveBytes units, blocks they hold per group), every ``_stride``-th.
+        self.samples: list[HeldSample] = []
+        self._stride, self._seen = 1, 0
 
     def add(self, index: int, request: TraceRequest) -> None:
         self.scheduler.add(SimRequest(index, request.prompt_tokens, request.output_tokens,
@@ -133,9 +152,33 @@ class KvspecEngine:
             self.block_log.append(({r.index: tuple(tuple(b.block_id for b in t)
                                                    for t in r.tables) for r in s.running},
                                    [b.block_id for b in self.pools[0].free_block_queue]))
+        if s.waiting and s.running:
+            self._sample(live)
         return StepRecord(step, len(s.running), len(s.waiting),
                           tuple(p.free_block_queue.num_free_blocks for p in self.pools),
                           batch.total, batch.preempted, self.live.utilization(live))
+
+    def _sample(self, live: int) -> None:
+        """What the running requests hold while others wait, for the waste breakdown:
+        every ``_stride``-th such step, the stride doubling (and every other sample
+        dropped) past :data:`MAX_SAMPLES`, so long traces cost a bounded walk."""
+        self._seen += 1
+        if self._seen % self._stride:
+            return
+        running = list(self.scheduler.running)  # (an insertion-ordered dict of requests)
+        groups = len(running[0].tables) if running else 0
+        held = [0] * groups
+        tokens = 0
+        materialize = self.scheduler.lazy.materialize  # lazy requests' counts brought up
+        for r in running:
+            materialize(r)
+            tokens += r.num_computed_tokens
+            for g, table in enumerate(r.tables):
+                held[g] += sum(1 for b in table if b.block_id)  # the null block is id 0
+        self.samples.append(HeldSample(len(running), live, tuple(held), tokens))
+        if len(self.samples) > MAX_SAMPLES:
+            self.samples = self.samples[1::2]
+            self._stride *= 2
 
     def stuck(self) -> str | None:
         """Why nothing can run, or None when nothing waits (the engine only flushes)."""

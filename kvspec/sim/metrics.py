@@ -103,6 +103,25 @@ class SimResult:
     num_requests: int
     #: Requests whose prompt does not fit ``max_model_len`` (vLLM refuses them).
     rejected: int = 0
+    #: Sampled steps where requests wait (kvspec's simulator): what running requests
+    #: hold, for :meth:`held_while_waiting`.
+    samples: tuple[Any, ...] = field(default=(), repr=False)
+    #: LiveBytes' unit (1 / scale byte) and the pools' bytes.
+    scale: int = 1
+    pool_bytes: int = 0
+
+    def held_while_waiting(self) -> tuple[float, float, tuple[float, ...], float] | None:
+        """Averaged over the sampled steps where requests wait: running requests, the
+        bytes they need (live tokens and states), the blocks they hold per group, and
+        the tokens they hold; None when no request waited."""
+        s = self.samples
+        if not s:
+            return None
+        n = len(s)
+        groups = len(s[0].held)
+        return (sum(x.running for x in s) / n, sum(x.live for x in s) / n / self.scale,
+                tuple(sum(x.held[g] for x in s) / n for g in range(groups)),
+                sum(x.tokens for x in s) / n)
 
     def as_dict(self) -> dict[str, Any]:
         """The summary (:data:`SUMMARY_KEYS`); ``utilization_while_waiting`` is None

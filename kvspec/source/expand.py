@@ -21,8 +21,10 @@ from kvspec.model.names import layers_brief
 from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
 from kvspec.model.stages import split_stages
+from kvspec.model.pooling import Pooling
 from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer, expand_layers
+from kvspec.source.pooling import pooling_of
 from kvspec.source.schema import Source
 from kvspec.source.specs import build_spec
 
@@ -39,6 +41,8 @@ class Expansion:
     layer_paths: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
     #: Each layer's quantization, decided here once (None for state layers).
     quantization: dict[str, Quantized | None] = field(default_factory=dict)
+    #: How memory is pooled, and the workload it is chosen for.
+    pooling: Pooling = field(default_factory=Pooling)
 
 
 def _source_value(source: Source, key: str) -> Any:
@@ -165,6 +169,7 @@ def expand_source(source: Source, doc: Document) -> Expansion:
                                 expected="engine.model_max_len: <the model's max tokens>",
                                 hint="e.g. model_max_len: 131072"))
     specs, quant = _specs(layers, engine, source, doc, errors)
+    pooling = pooling_of(source, doc, errors)
     raise_all(errors)
     try:
         stages = split_stages(list(specs), engine.pipeline_parallel_size,
@@ -172,4 +177,4 @@ def expand_source(source: Source, doc: Document) -> Expansion:
     except PlanError as exc:
         raise exc.at(_loc(doc, ("parallel",))) from None
     return Expansion(engine, tuple(layers), tuple({n: specs[n] for n in st} for st in stages),
-                     {layer.name: layer.path for layer in layers}, quant)
+                     {layer.name: layer.path for layer in layers}, quant, pooling)

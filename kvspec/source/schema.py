@@ -26,6 +26,7 @@ from kvspec.files import SIZE_EXPECTED, SIZE_PATTERN, size_bytes
 from kvspec.model.axes import DEFAULT_AXIS_ORDER, AxisOrderName
 from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
+from kvspec.model.pooling import POLICIES, RUNTIMES
 from kvspec.model.specs.state import MAMBA_TYPES
 
 #: Largest values the format takes: far above any deployment, small enough that
@@ -222,6 +223,56 @@ class Quantization(_Strict):
         default_factory=list, description="Decoder-layer indices kept in the model dtype.")
 
 
+class Distribution(_Strict):
+    """Token counts of requests: lognormal around ``mean`` (``spread``: the standard
+    deviation of their logarithm), or a histogram of ``[tokens, weight]`` bins."""
+
+    mean: PositiveInt | None = None
+    spread: Annotated[float, Field(ge=0, le=4)] = 0.5
+    histogram: list[tuple[PositiveInt, Annotated[float, Field(gt=0)]]] | None = Field(
+        None, min_length=1, description="[[tokens, weight], ...]: bins instead of a mean.")
+
+
+#: Tokens per request: a mean, or a distribution.
+Tokens = PositiveInt | Distribution
+
+
+class WorkloadSpec(_Strict):
+    """The traffic the pools must serve: a summary, or ``trace`` (a JSONL request
+    trace, its path relative to the source)."""
+
+    trace: str | None = Field(None, min_length=1, description="A JSONL request trace: one "
+                              '{"arrival", "prompt_tokens", "output_tokens"} object a line.')
+    context_tokens: Tokens | None = Field(None, description="Prompt tokens per request.")
+    output_tokens: Tokens | None = Field(None, description="Generated tokens per request.")
+    concurrency: PositiveInt | None = Field(
+        None, description="Requests running at once (default: engine.max_num_seqs).")
+    draft_tokens: int = Field(0, ge=0, le=64, description="Speculative tokens per step.")
+    prefix_sharing: Annotated[float, Field(ge=0, le=1)] = Field(
+        0.0, description="Share of requests opening with a shared prefix.")
+    prefix_tokens: PositiveInt = Field(512, description="Tokens of the shared prefix.")
+    requests: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
+        500, description="Requests in the synthetic trace drawn from the summary.")
+    seed: int = Field(0, ge=0, description="Seed of that synthetic trace.")
+
+
+class PoolingPolicy(_Strict):
+    """How memory is pooled: unified (vLLM's plan), separate pools per layer class,
+    or auto (the candidate with the highest capacity at the workload)."""
+
+    policy: Literal[POLICIES] = "unified"  # type: ignore[valid-type]
+    serve_with: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
+        "vllm", description="The runtime that holds the memory: vllm (one shared pool, "
+        "through kvspec's plugin) or kvspec (several pools).")
+    workload: WorkloadSpec | None = None
+    split: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(
+        None, description="separate: each pool's share of the budget, summing to 1.")
+    max_groups: PositiveInt | None = Field(None, description="auto: at most this many groups.")
+    state_block_size: PositiveInt | None = Field(
+        None, description="separate: tokens per state block (default: the engine's).")
+    block_size: PositiveInt = Field(16, description="separate: tokens per attention block.")
+
+
 class Source(_Strict):
     """A kvspec layout source, format version 1."""
 
@@ -234,6 +285,7 @@ class Source(_Strict):
     parallel: Parallelism = Parallelism()
     defaults: LayerFields = LayerFields()
     quantization: Quantization = Quantization()
+    pooling: PoolingPolicy = PoolingPolicy()
     layer_types: dict[str, LayerFields] = Field(
         default_factory=dict,  # names as _type_names takes them, for editors
         json_schema_extra={"propertyNames": {"pattern": r"^(?!\s*-?\s*$)[^+]*$"}})

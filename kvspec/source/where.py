@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from kvspec.errors import KvspecError, LayerRef, Location, format_path
 from kvspec.model.engine import BudgetRef, SettingRef
+from kvspec.model.pooling import PoolingRef
 from kvspec.source.document import Document
 
 Path = tuple[str | int, ...]
@@ -65,7 +66,7 @@ class SourceMap:
                                hint=f"give the KV cache more memory ({name})")
         if isinstance(ref, LayerRef) and ref.name in self.layer_paths:
             path: Path | None = self.layer_paths[ref.name]
-        elif isinstance(ref, (SettingRef, BudgetRef)):
+        elif isinstance(ref, (SettingRef, BudgetRef, PoolingRef)):
             path = ref.path
         else:  # about the model as a whole: its layers, where there is a document
             path = ("layers",) if self.doc is not None else None

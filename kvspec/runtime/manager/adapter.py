@@ -28,6 +28,7 @@ What it decides, as vLLM 0.33's engine does for the same plan:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvspec.model.plan import Group
@@ -38,7 +39,7 @@ from kvspec.model.specs.state import MambaState
 from kvspec.model.specs.uniform import UniformType
 from kvspec.runtime.manager.spec import ManagedGroup, ManagedLayout, ManagedPool, ManagerError
 
-__all__ = ["from_artifact"]
+__all__ = ["from_artifact", "from_layouts"]
 
 #: Manager kinds by spec class, most specific first.
 _KIND_OF: tuple[tuple[type, str], ...] = (
@@ -51,6 +52,11 @@ _KIND_OF: tuple[tuple[type, str], ...] = (
 def _representative(spec: LayerSpec) -> LayerSpec:
     """The spec the scheduler sees: a group of several specs shows its first."""
     return spec.members[0][1] if isinstance(spec, UniformType) else spec
+
+
+def manager_kind(group: Group) -> str | None:
+    """The manager kind of a group (None: a group the manager leaves out)."""
+    return _kind(group)
 
 
 def _kind(group: Group) -> str | None:
@@ -98,21 +104,16 @@ def _group(group: Group, kind: str, engine: Any, pool: str) -> ManagedGroup:
         encoder_tokens=0)
 
 
-def from_artifact(artifact: Any, num_blocks: int | None = None) -> ManagedLayout:
-    """The manager's view of a compiled layout with ``num_blocks`` blocks (default:
-    the layout's own, for its budget)."""
-    layout = artifact.layout
+def _parts(layout: Any, num_blocks: int, pool: str
+           ) -> tuple[list[ManagedGroup], list[ManagedPool], bool, list[int]]:
+    """One layout's groups and pools (its main pool named ``pool``), whether it
+    caches, and its block sizes that split Mamba chunks."""
     engine = layout.engine
-    if num_blocks is None:
-        num_blocks = layout.budget.num_blocks if layout.budget else engine.num_gpu_blocks_override
-    if num_blocks is None:
-        raise ManagerError(f"layout {layout.name!r} has no block count",
-                           hint="give num_blocks, or compile the layout with a memory budget")
     groups = []
     for group in layout.groups:
         kind = _kind(group)
         if kind is not None:
-            groups.append(_group(group, kind, engine, "draft" if group.own_pool else "device"))
+            groups.append(_group(group, kind, engine, "draft" if group.own_pool else pool))
     caching = engine.enable_prefix_caching and not any(
         g.kind == "state" and g.state_mode == "none" for g in groups)
     hash_block = layout.hash_block_size
@@ -120,7 +121,7 @@ def from_artifact(artifact: Any, num_blocks: int | None = None) -> ManagedLayout
         # only Mamba mode "all" (kvspec's model, no vLLM counterpart) hashes at the
         # scheduler block size above attention blocks: hash at what every group divides
         hash_block = math.gcd(*(g.block_size for g in groups if g.prefix_cacheable))
-    pools = [ManagedPool("device", num_blocks, hash_block_size=hash_block,
+    pools = [ManagedPool(pool, num_blocks, hash_block_size=hash_block,
                          bytes_per_block=sum(s.bytes_per_block for s in layout.stages))]
     if any(g.pool == "draft" for g in groups):
         draft = layout.stages[0].draft_num_blocks or 1
@@ -130,8 +131,48 @@ def from_artifact(artifact: Any, num_blocks: int | None = None) -> ManagedLayout
     planned = [g for g in layout.groups if _kind(g) is not None]
     cacheable = [g.spec.block_size for g in planned if g.spec.prefix_cacheable] or \
         [g.spec.block_size for g in planned] or [engine.block_size]
+    return groups, pools, caching, cacheable
+
+
+def _count(layout: Any, num_blocks: int | None) -> int:
+    if num_blocks is None:
+        num_blocks = layout.budget.num_blocks if layout.budget else \
+            layout.engine.num_gpu_blocks_override
+    if num_blocks is None:
+        raise ManagerError(f"layout {layout.name!r} has no block count",
+                           hint="give num_blocks, or compile the layout with a memory budget")
+    return int(num_blocks)
+
+
+def from_artifact(artifact: Any, num_blocks: int | None = None) -> ManagedLayout:
+    """The manager's view of a compiled layout with ``num_blocks`` blocks (default:
+    the layout's own, for its budget); a separate plan's pools each with their own
+    count for the budget (``num_blocks`` does not apply to them)."""
+    pools = getattr(artifact, "pools", ())
+    if pools:
+        return from_layouts([(p.name, p.layout) for p in pools])
+    return from_layouts([("device", artifact.layout)], {"device": num_blocks}
+                        if num_blocks is not None else None)
+
+
+def from_layouts(layouts: Sequence[tuple[str, Any]], counts: Mapping[str, int] | None = None
+                 ) -> ManagedLayout:
+    """The manager's view of one or several layouts, each a pool of its own (the
+    ``separate`` policy's pools), each with the count ``counts`` gives it (default:
+    its own, for its budget)."""
+    groups: list[ManagedGroup] = []
+    pools: list[ManagedPool] = []
+    caching, cacheable = True, []
+    for name, layout in layouts:
+        g, p, c, sizes = _parts(layout, _count(layout, (counts or {}).get(name)), name)
+        groups += g
+        pools += p
+        caching = caching and c
+        cacheable += sizes
+    first = layouts[0][1]
+    engine = first.engine
     return ManagedLayout(
-        name=layout.name, groups=tuple(groups), pools=tuple(pools),
-        scheduler_block_size=layout.scheduler_block_size, max_model_len=engine.max_model_len,
-        max_in_flight_tokens=engine.max_in_flight_tokens, enable_caching=caching,
-        retention_interval=0, split_block_size=min(cacheable))
+        name=first.name, groups=tuple(groups), pools=tuple(pools),
+        scheduler_block_size=math.lcm(*(x.scheduler_block_size for _, x in layouts)),
+        max_model_len=engine.max_model_len, max_in_flight_tokens=engine.max_in_flight_tokens,
+        enable_caching=caching, retention_interval=0, split_block_size=min(cacheable))

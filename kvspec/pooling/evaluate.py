@@ -1,0 +1,170 @@
+"""A candidate's capacity at the workload: static figures, and the simulation.
+
+The workload becomes a request trace (the source's, or one drawn from its summary,
+seeded), replayed through kvspec's request-level manager and its model of vLLM
+v1's scheduler (:mod:`kvspec.sim`) on the candidate's pools, sized for the budget.
+The waste is measured there: of the pools' bytes, averaged over the steps where
+requests wait, what padding slots, padded pages, block inflation (token slots
+blocks hold beyond their requests' tokens) and per-request constants (state
+blocks beyond the one live state, window blocks beyond the window) take.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvspec.artifact import format as fmt
+from kvspec.errors import KvspecError
+from kvspec.model.pooling import PoolingRef, Workload
+from kvspec.passes.size import Sized
+from kvspec.pooling import figures
+from kvspec.model.plan import Layout
+from kvspec.model.specs import MambaState
+from kvspec.runtime.manager import from_layouts
+from kvspec.runtime.manager.adapter import manager_kind
+from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
+
+__all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadTrace:
+    """The workload, and the trace that stands for it."""
+
+    workload: Workload
+    requests: tuple[TraceRequest, ...]
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens a running request holds on average: its prompt, half its output,
+        the draft tokens."""
+        if not self.requests:
+            return self.workload.held_tokens
+        mean = math.fsum(r.prompt_tokens + r.output_tokens / 2 for r in self.requests)
+        return round(mean / len(self.requests) + self.workload.draft_tokens)
+
+
+def workload_trace(workload: Workload, sized: Sized) -> WorkloadTrace:
+    """The trace the workload declares, or one drawn from its summary."""
+    if workload.trace is not None:
+        path = Path(workload.trace)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise KvspecError(f"cannot read the workload's trace {workload.trace}: "
+                              f"{exc.strerror or exc}", ref=PoolingRef(("pooling", "workload",
+                                                                        "trace")),
+                              hint="give the trace's path relative to the source file"
+                              ) from None
+        requests = tuple(read_trace(path))
+        summary = Workload(
+            context=workload.context, output=workload.output,
+            draft_tokens=workload.draft_tokens, requests=len(requests), seed=workload.seed,
+            trace=workload.trace, trace_sha256=hashlib.sha256(data).hexdigest())
+        return WorkloadTrace(summary, requests)
+    w = workload
+    requests = generate_trace(
+        w.requests, seed=w.seed, prompt_mean=w.context.expected,
+        prompt_spread=w.context.spread, output_mean=w.output.expected,
+        output_spread=w.output.spread, max_prompt_tokens=sized.layout.engine.max_model_len - 1,
+        prefix_groups=1 if w.prefix_sharing else 0, prefix_share=w.prefix_sharing,
+        prefix_tokens=w.prefix_tokens)
+    return WorkloadTrace(w, requests)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """A candidate's figures (see :class:`kvspec.artifact.format.Candidate`)."""
+
+    static_requests: float | None
+    workload_requests: float | None
+    physical_limit: float | None
+    simulated: dict[str, float] | None = None
+    tokens_held: float | None = None
+    waste: fmt.Waste | None = None
+    binding_pool: str | None = None
+
+
+def _static(candidate: object, tokens: int) -> tuple[float | None, float | None, str | None]:
+    """Static requests at max_model_len and at ``tokens``, and the binding pool."""
+    layouts = [(p.name, p.layout) for p in getattr(candidate, "pools", ())] or \
+        [("device", getattr(candidate, "layout"))]
+    at_max = [(figures.static_requests(x), n) for n, x in layouts]
+    at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
+    if any(v is None for v, _ in at_max + at_tokens):
+        return None, None, None
+    low = min(at_tokens)
+    return min(v for v, _ in at_max), low[0], low[1]  # type: ignore[type-var]
+
+
+def _pool_layouts(candidate: object) -> list[tuple[str, Layout]]:
+    pools = getattr(candidate, "pools", ())
+    return [(p.name, p.layout) for p in pools] or [("device", getattr(candidate, "layout"))]
+
+
+def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int, bool]]:
+    """Per group, in the manager's order: the bytes one block it holds takes
+    ``(useful, padded pages, padding slots, state)`` across the stages (a drafter's
+    own pool aside, whose blocks are counted as padding-free useful bytes)."""
+    out = []
+    for _, layout in layouts:
+        allocated = sum(st.bytes_per_block for st in layout.stages)
+        for g in layout.groups:
+            if manager_kind(g) is None:
+                continue
+            specs = [g.layer_spec(n) for n in g.layer_names]
+            useful = sum(s.unpadded_page_size_bytes for s in specs)
+            padded = sum(s.page_size_bytes - s.unpadded_page_size_bytes for s in specs)
+            slots = 0 if g.own_pool else max(allocated - useful - padded, 0)
+            out.append((useful, padded, slots, isinstance(specs[0], MambaState)
+                        if specs else False))
+    return out
+
+
+def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float | None,
+                                                                         fmt.Waste | None]:
+    """Mean tokens held and the waste kinds while requests wait, from the samples."""
+    held = result.held_while_waiting()
+    if held is None:
+        return None, None
+    running, live, blocks, tokens = held
+    per_group = _block_bytes(layouts)
+    if len(per_group) != len(blocks):
+        return None, None
+    useful = sum(h * u for h, (u, _, _, _) in zip(blocks, per_group))
+    padded = sum(h * p for h, (_, p, _, _) in zip(blocks, per_group))
+    slots = sum(h * s for h, (_, _, s, _) in zip(blocks, per_group))
+    states = sum(h * u for h, (u, _, _, st) in zip(blocks, per_group) if st)
+    one_state = sum(u for u, _, _, st in per_group if st)
+    per_request = max(states - running * one_state, 0.0)
+    inflation = max(useful - live - per_request, 0.0)
+    return round(tokens, 1), fmt.Waste(pool_bytes=result.pool_bytes, padding_slots=round(slots),
+                             padded_pages=round(padded), block_inflation=round(inflation),
+                             per_request=round(per_request))
+
+
+def evaluate(candidate: object, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
+    """``candidate``'s figures at the workload; simulated when there is a budget."""
+    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
+    static, at_tokens, binding = _static(candidate, tokens)
+    layouts = [p.layout for p in getattr(candidate, "pools", ())] or \
+        [getattr(candidate, "layout")]
+    budget = sized.budget_bytes
+    live = sum(figures.live_bytes(x, tokens) for x in layouts)
+    physical = budget / live if budget is not None and live else None
+    if trace is None or budget is None or getattr(candidate, "note", None):
+        return Evaluation(static, at_tokens, physical, binding_pool=binding)
+    engine = sized.layout.engine
+    layouts = _pool_layouts(candidate)
+    result = simulate(from_layouts(layouts), trace.requests,
+                      max_num_seqs=trace.workload.concurrency or engine.max_num_seqs,
+                      max_num_batched_tokens=engine.max_num_batched_tokens,
+                      max_model_len=engine.max_model_len,
+                      async_scheduling=engine.async_scheduling_resolved,
+                      pipeline_parallel_size=engine.pipeline_parallel_size)
+    tokens_held, waste = _waste(result, layouts)
+    return Evaluation(static, at_tokens, physical, simulated=result.as_dict(),
+                      tokens_held=tokens_held, waste=waste, binding_pool=binding)

@@ -1,0 +1,84 @@
+"""The pools of a ``separate`` plan, each a layout of its class's layers sized for
+its share of the budget.
+
+>>> from kvspec.compiler import Sized, compile_until
+>>> from kvspec.model.pooling import Pooling
+>>> sized = compile_until("layouts/gemma-3-27b-it.yaml", Sized)
+>>> pools = separate_layouts(sized, Pooling(policy="separate", serve_with="kvspec"), 2048)
+>>> [(p.name, p.layout.budget.num_blocks) for p in pools]
+[('sliding_window_1024', 10583), ('full_attention', 10501)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from kvspec.errors import KvspecError
+from kvspec.model.engine import Engine
+from kvspec.model.plan import Layout
+from kvspec.model.quant.cells import Quantized
+from kvspec.model.specs import LayerSpec
+from kvspec.model.pooling import Pooling, PoolingRef
+from kvspec.passes.size import Sized
+from kvspec.planner import build_layout, size_plan
+from kvspec.planner.separate import PoolPlan, plan_separate
+
+__all__ = ["PoolLayout", "pool_layouts", "separate_layouts"]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolLayout:
+    """One pool of a ``separate`` plan: its class's layout, sized for its share."""
+
+    name: str
+    layout: Layout
+    share: Fraction
+    state: bool
+
+
+def _fitted(pool: PoolPlan, max_model_len: int) -> PoolPlan:
+    """The pool's plan at the final ``max_model_len`` (fitted to the budget when
+    the source says auto)."""
+    engine = pool.plan.engine
+    if engine.max_model_len == max_model_len:
+        return pool
+    engine = dataclasses.replace(engine, max_model_len=max_model_len,
+                                 original_max_model_len=max_model_len)
+    return dataclasses.replace(pool, plan=dataclasses.replace(pool.plan, engine=engine))
+
+
+def pool_layouts(name: str, model: str | None, engine: Engine,
+                 stage_specs: Sequence[Mapping[str, LayerSpec]],
+                 quantization: Mapping[str, Quantized | None], pooling: Pooling, tokens: int,
+                 budget: int | None, max_model_len: int) -> tuple[PoolLayout, ...]:
+    """The separate plan of these layers, each pool sized for its share of
+    ``budget`` (when there is one): what compiling and re-planning both run."""
+    out = []
+    for p in plan_separate(engine, stage_specs, pooling, tokens):
+        p = _fitted(p, max_model_len)
+        sizing = None
+        if budget is not None:
+            memory = int(budget * p.share)
+            try:
+                sizing = size_plan(p.plan, memory=memory)
+            except KvspecError as err:
+                raise err.replace(
+                    message=f"pool {p.name} ({float(p.share):.1%} of the budget, "
+                            f"{memory:,} bytes): {err.message}", ref=PoolingRef(),
+                    hint="give the KV cache more memory, a shorter max_model_len, or this "
+                         "pool a larger share (pooling.split)") from None
+        layout = build_layout(name, model, p.plan, sizing, quantization)
+        out.append(PoolLayout(p.name, layout, p.share, p.state))
+    return tuple(out)
+
+
+def separate_layouts(sized: Sized, pooling: Pooling, tokens: int) -> tuple[PoolLayout, ...]:
+    """The separate plan of ``sized``'s layers, each pool sized for its share of
+    the budget (when there is one)."""
+    ex = sized.expansion
+    return pool_layouts(sized.source.name, sized.source.model, ex.engine, ex.stage_specs,
+                        ex.quantization, pooling, tokens, sized.budget_bytes,
+                        sized.layout.engine.max_model_len)

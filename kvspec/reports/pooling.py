@@ -1,0 +1,77 @@
+"""The pooling policy in the terminal: a separate plan's pools, and the candidates a
+policy weighed with what each buys at the workload.
+
+>>> from kvspec.artifact.format import Candidate
+>>> c = Candidate(name="unified", policy="unified", block_size=16, groups=1,
+...               static_requests=2.5, workload_requests=150.0, physical_limit=160.0,
+...               simulated=None, tokens_held=None, waste=None, binding_pool="device",
+...               note=None)
+>>> print(candidates_table([c], chosen=0))
+   candidate  block  groups  at max_model_len  at workload  simulated mean / peak  util. waiting  physical limit
+-  ---------  -----  ------  ----------------  -----------  ---------------------  -------------  --------------
+*    unified     16       1             2.50x        150.0                      -              -           160.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvspec.artifact.format import Candidate, PoolingRecord
+from kvspec.reports.format import human_bytes, table
+
+__all__ = ["candidates_table", "pooling_lines", "pools_table"]
+
+
+def _num(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def candidates_table(candidates: Sequence[Candidate], chosen: int | None) -> str:
+    """One line per candidate: static requests at max_model_len and at the
+    workload, the simulation's mean and peak running requests and utilisation while
+    requests wait, and the physical limit; ``*`` marks the one kept."""
+    rows = []
+    for i, c in enumerate(candidates):
+        sim = c.simulated or {}
+        running = "-" if not sim else f"{sim['mean_running']:.1f} / {int(sim['peak_running'])}"
+        waiting = sim.get("utilization_while_waiting") if sim else None
+        rows.append(["*" if i == chosen else "", c.name + (f" ({c.note})" if c.note else ""),
+                     c.block_size, c.groups,
+                     "-" if c.static_requests is None else f"{c.static_requests:.2f}x",
+                     _num(c.workload_requests), running, _num(waiting, ".3f"),
+                     _num(c.physical_limit)])
+    return table(rows, ["", "candidate", "block", "groups", "at max_model_len", "at workload",
+                        "simulated mean / peak", "util. waiting", "physical limit"])
+
+
+def pools_table(record: PoolingRecord) -> str:
+    """A separate plan's pools: share, blocks, bytes, requests at max_model_len."""
+    rows = []
+    for p in record.pools:
+        b = p.budget
+        rows.append([p.name, f"{p.share[0] / p.share[1]:.1%}",
+                     "state slots" if p.state else "tokens",
+                     "-" if b is None else f"{b.num_blocks:,}",
+                     "-" if b is None else human_bytes(b.memory),
+                     "-" if b is None or b.max_concurrency is None
+                     else f"{b.max_concurrency:.2f}x"])
+    return table(rows, ["pool", "share", "holds", "blocks", "memory", "at max_model_len"])
+
+
+def pooling_lines(record: PoolingRecord) -> list[str]:
+    """What ``compile`` and ``plan`` print of the policy's decision."""
+    out = [f"pooling: {record.policy} (asked {record.asked}, served by {record.serve_with})"]
+    if record.pools:
+        out.append(pools_table(record))
+    w = record.workload
+    if w is not None:
+        source = f"trace {w.trace}" if w.trace else (
+            f"{w.requests:,} requests, prompts ~{w.context_tokens:,.0f} tokens, outputs "
+            f"~{w.output_tokens:,.0f}")
+        out.append(f"workload: {source}; a running request holds {w.held_tokens:,} tokens "
+                   "on average")
+    if record.candidates:
+        out.append("requests each candidate holds (static: the engine's accounting; "
+                   "simulated: the trace replayed):")
+        out.append(candidates_table(record.candidates, record.chosen))
+    return out

@@ -1,0 +1,118 @@
+"""The source's ``pooling`` section as the planner's :class:`~kvspec.model.pooling.Pooling`.
+
+Checks what the schema cannot: a workload is a trace or a summary (not both, and a
+summary names its lengths); a length is a mean or a histogram; a manual split sums
+to 1; ``separate`` is not asked of vLLM, which cannot hold it. A trace's path is
+taken relative to the source's directory.
+
+>>> from kvspec.source.document import parse_yaml
+>>> from kvspec.source.parse import parse_source
+>>> doc = parse_yaml(open("layouts/llama-3.1-8b.yaml").read(), "llama.yaml")
+>>> pooling_of(parse_source(doc), doc).policy
+'unified'
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+from kvspec.errors import KvspecError, raise_all
+from kvspec.model.pooling import Lengths, Pooling, Workload
+from kvspec.source.document import Document
+from kvspec.source.schema import Distribution, Source, Tokens, WorkloadSpec
+
+__all__ = ["pooling_of"]
+
+_WHY_NOT_VLLM = (
+    "vLLM 0.33 keeps one shared pool with one page size for every KV-cache group "
+    "(its hybrid KV cache manager), so it cannot hold pools of their own")
+
+
+def _lengths(value: Tokens, doc: Document, path: tuple[str, ...],
+             errors: list[KvspecError]) -> Lengths:
+    if isinstance(value, int):
+        return Lengths(value)
+    assert isinstance(value, Distribution)
+    if (value.mean is None) == (value.histogram is None):
+        errors.append(doc.error("give a mean or a histogram of token counts, one of them",
+                                path, expected="mean: 2048 (and spread: 0.5), or "
+                                "histogram: [[512, 0.3], [4096, 0.7]]",
+                                hint="a histogram's bins are [tokens, weight]"))
+        return Lengths(1)
+    if value.histogram is not None:
+        bins = tuple((int(t), float(w)) for t, w in value.histogram)
+        mean = round(sum(t * w for t, w in bins) / sum(w for _, w in bins))
+        return Lengths(max(mean, 1), value.spread, bins)
+    assert value.mean is not None
+    return Lengths(value.mean, value.spread)
+
+
+def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> Workload:
+    at = ("pooling", "workload")
+    summary = [k for k in ("context_tokens", "output_tokens", "concurrency")
+               if getattr(spec, k) is not None]
+    if spec.trace is not None:
+        if summary:
+            errors.append(doc.error("a workload is a trace or a summary, not both",
+                                    (*at, summary[0]), found=", ".join(["trace", *summary]),
+                                    hint="keep trace: FILE, or the summary's lengths"))
+        base = Path(doc.file).parent if doc.file and not doc.file.startswith("<") \
+            else Path(".")
+        return Workload(context=Lengths(1), output=Lengths(1), trace=str(base / spec.trace),
+                        draft_tokens=spec.draft_tokens, seed=spec.seed)
+    missing = [k for k in ("context_tokens", "output_tokens") if getattr(spec, k) is None]
+    if missing:
+        errors.append(doc.error(f"a workload summary needs {' and '.join(missing)}", at,
+                                expected="context_tokens: 2048, output_tokens: 256 (or "
+                                "trace: FILE)",
+                                hint="give the mean prompt and output lengths of your "
+                                     "traffic, or a JSONL trace of it"))
+        return Workload(context=Lengths(1), output=Lengths(1))
+    assert spec.context_tokens is not None and spec.output_tokens is not None
+    return Workload(
+        context=_lengths(spec.context_tokens, doc, (*at, "context_tokens"), errors),
+        output=_lengths(spec.output_tokens, doc, (*at, "output_tokens"), errors),
+        concurrency=spec.concurrency, draft_tokens=spec.draft_tokens,
+        prefix_sharing=spec.prefix_sharing, prefix_tokens=spec.prefix_tokens,
+        requests=spec.requests, seed=spec.seed)
+
+
+def pooling_of(source: Source, doc: Document,
+               errors: list[KvspecError] | None = None) -> Pooling:
+    """The pooling policy ``source`` declares; problems go to ``errors`` (raised
+    at once when none is given)."""
+    own = errors is None
+    found: list[KvspecError] = [] if errors is None else errors
+    p = source.pooling
+    workload = _workload(p.workload, doc, found) if p.workload is not None else None
+    if p.policy == "separate" and p.serve_with == "vllm":
+        found.append(doc.error(
+            "the separate policy cannot be served by vLLM", ("pooling", "policy"),
+            found="policy: separate, serve_with: vllm",
+            hint=f"{_WHY_NOT_VLLM}; serve it with kvspec's runtime (serve_with: kvspec), or "
+                 "keep vLLM with policy: auto (the plans vLLM can run) or unified"))
+    split = None
+    if p.split is not None:
+        split = tuple((name, Fraction(share).limit_denominator(10_000))
+                      for name, share in p.split.items())
+        total = sum(s for _, s in split)
+        if abs(total - 1) > Fraction(1, 1000):
+            found.append(doc.error(f"the split's shares sum to {float(total):.4g}, not 1",
+                                   ("pooling", "split"), expected="shares summing to 1",
+                                   hint="e.g. split: {full_attention: 0.6, mamba: 0.4}"))
+        if p.policy != "separate":
+            found.append(doc.error("a split of the budget applies to the separate policy",
+                                   ("pooling", "split"), found=f"policy: {p.policy}",
+                                   hint="set policy: separate, or remove split"))
+    if p.policy == "auto" and workload is None:
+        found.append(doc.error("policy auto needs a workload to choose by",
+                               ("pooling", "policy"),
+                               expected="pooling.workload: {context_tokens: ..., "
+                                        "output_tokens: ...} or {trace: FILE}",
+                               hint="declare the traffic the plan must serve"))
+    if own:
+        raise_all(found)
+    return Pooling(policy=p.policy, serve_with=p.serve_with, workload=workload, split=split,
+                   max_groups=p.max_groups, state_block_size=p.state_block_size,
+                   block_size=p.block_size)
