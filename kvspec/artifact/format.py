@@ -73,7 +73,7 @@ class Affine(Record):
 
 
 #: Bytes: an integer, or an :class:`Affine` form when it depends on ``N``.
-Bytes = Union[NonNeg, Affine]
+Bytes = NonNeg | Affine
 
 
 def at(value: int | Affine, num_blocks: int) -> int:
@@ -177,7 +177,8 @@ class UniformTypeSpec(SpecRecord, tag="uniform_type"):
     """Layers of several specs in one group (the reference's UniformTypeKVCacheSpecs)."""
 
     block_size: Pos
-    kv_cache_specs: dict[str, Union[_LEAF_SPECS]]  # type: ignore[valid-type]
+    # a union built from KINDS at import: no `X | Y` spelling, and no static type for mypy
+    kv_cache_specs: dict[str, Union[_LEAF_SPECS]]  # type: ignore[valid-type]  # noqa: UP007
 
 
 #: Any layer spec: tagged by ``kind``.

@@ -179,7 +179,8 @@ def _memory(st: Stage, layout: Layout) -> tuple[list[fmt.Allocation], list[fmt.P
     if "host" in sizes:
         pools.append(fmt.Pool(name="host", allocation="host", offset=0,
                               bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
-                              share=None, min_num_blocks=need, groups=sorted({t.group for t in st.tensors if t.host_resident})))
+                              share=None, min_num_blocks=need,
+                              groups=sorted({t.group for t in st.tensors if t.host_resident})))
     return allocations, pools
 
 

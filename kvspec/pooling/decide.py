@@ -225,7 +225,8 @@ def decide(sized: Sized, pooling: Pooling
     trace = workload_trace(workload, sized) if workload is not None else None
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     cands, evaluations = [], []
-    for c in candidates(sized, pooling, tokens):
+    for listed in candidates(sized, pooling, tokens):
+        c = listed
         try:
             e = evaluate(c, trace, sized)
         except KvspecError as err:

@@ -15,17 +15,21 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
+from kvspec.model.plan import Layout
 from kvspec.model.pooling import PoolingRef, Workload
+from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling import figures
-from kvspec.model.plan import Layout
-from kvspec.model.specs import MambaState
 from kvspec.runtime.manager import from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
+
+if TYPE_CHECKING:  # decide imports this module; evaluate only reads its candidates
+    from kvspec.pooling.decide import Candidate
 
 __all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
 
@@ -88,10 +92,10 @@ class Evaluation:
     binding_pool: str | None = None
 
 
-def _static(candidate: object, tokens: int) -> tuple[float | None, float | None, str | None]:
+def _static(candidate: Candidate, tokens: int) -> tuple[float | None, float | None, str | None]:
     """Static requests at max_model_len and at ``tokens``, and the binding pool."""
-    layouts = [(p.name, p.layout) for p in getattr(candidate, "pools", ())] or \
-        [("device", getattr(candidate, "layout"))]
+    layouts = [(p.name, p.layout) for p in candidate.pools] or \
+        [("device", candidate.layout)]
     at_max = [(figures.static_requests(x), n) for n, x in layouts]
     at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
     if any(v is None for v, _ in at_max + at_tokens):
@@ -100,9 +104,8 @@ def _static(candidate: object, tokens: int) -> tuple[float | None, float | None,
     return min(v for v, _ in at_max), low[0], low[1]  # type: ignore[type-var]
 
 
-def _pool_layouts(candidate: object) -> list[tuple[str, Layout]]:
-    pools = getattr(candidate, "pools", ())
-    return [(p.name, p.layout) for p in pools] or [("device", getattr(candidate, "layout"))]
+def _pool_layouts(candidate: Candidate) -> list[tuple[str, Layout]]:
+    return [(p.name, p.layout) for p in candidate.pools] or [("device", candidate.layout)]
 
 
 def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int, bool]]:
@@ -146,16 +149,15 @@ def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float 
                              per_request=round(per_request))
 
 
-def evaluate(candidate: object, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
+def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
     """``candidate``'s figures at the workload; simulated when there is a budget."""
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
-    layouts = [p.layout for p in getattr(candidate, "pools", ())] or \
-        [getattr(candidate, "layout")]
+    layouts = [p.layout for p in candidate.pools] or [candidate.layout]
     budget = sized.budget_bytes
     live = sum(figures.live_bytes(x, tokens) for x in layouts)
     physical = budget / live if budget is not None and live else None
-    if trace is None or budget is None or getattr(candidate, "note", None):
+    if trace is None or budget is None or candidate.note:
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
     engine = sized.layout.engine
     layouts = _pool_layouts(candidate)

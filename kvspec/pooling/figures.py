@@ -22,6 +22,7 @@ All per rank of pipeline stage 0 (every tensor-parallel rank of it is alike).
 from __future__ import annotations
 
 import dataclasses
+
 from kvspec.model.plan import Group, Layout
 from kvspec.model.specs import MambaState
 from kvspec.model.specs.base import cdiv

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -165,7 +165,7 @@ def _entry_tag(value: Any) -> str:
 
 
 Entry = Annotated[
-    Union[Annotated[PatternEntry, Tag("pattern")], Annotated[LayerEntry, Tag("layer")]],
+    Annotated[PatternEntry, Tag("pattern")] | Annotated[LayerEntry, Tag("layer")],
     Discriminator(_entry_tag)]
 
 
