@@ -64,9 +64,13 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
             except KvspecError as err:
                 rows.append((b, None, err))
         if as_json:
-            echo_json([reference_view(plan, r) if r else {"memory": b, **error_view(e)}
-                       for b, r, e in rows
-                       if r or e])  # each row: a sizing or its error
+            sweep = []
+            for b, r, e in rows:  # each row: a sizing or its error
+                if r:
+                    sweep.append(reference_view(plan, r))
+                elif e:
+                    sweep.append({"memory": b, **error_view(e)})
+            echo_json(sweep)
         else:
             click.echo(sweep_table(rows))
         return EXIT_OK

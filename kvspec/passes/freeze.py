@@ -85,7 +85,7 @@ class _Tables:
         self._by_text: dict[bytes, int] = {}
 
     def _add_spec(self, spec: LayerSpec) -> int:
-        record = msgspec.convert(kinds.describe(spec), fmt.Spec)  # type: ignore[arg-type]
+        record = msgspec.convert(kinds.describe(spec), fmt.Spec)
         key = canonical(record)
         index = self._by_text.get(key)
         if index is None:

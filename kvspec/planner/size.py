@@ -29,6 +29,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from kvspec.artifact.format import Budget
 from kvspec.artifact.sizing import blocks_for as sized_blocks
@@ -245,7 +246,7 @@ class StageSizing:
 
     index: int
     num_blocks: int
-    tensors: tuple[dict[str, object], ...]
+    tensors: tuple[dict[str, Any], ...]
     memory_usage: int
     estimated_max_model_len: int
 

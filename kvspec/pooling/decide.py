@@ -90,7 +90,7 @@ def _scaled(pools: tuple[PoolLayout, ...], factor: float
     target = min(Fraction(95, 100), (a * Fraction(factor)).limit_denominator(1 << 20))
     out = [(p.name, (p.share * target / a if p in fixed else p.share * (1 - target) / (1 - a))
             .limit_denominator(1 << 20)) for p in pools]
-    out[-1] = (out[-1][0], 1 - sum(s for _, s in out[:-1]))
+    out[-1] = (out[-1][0], 1 - sum((s for _, s in out[:-1]), Fraction(0)))
     return tuple(out)
 
 

@@ -153,9 +153,8 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) ->
     """``candidate``'s figures at the workload; simulated when there is a budget."""
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
-    layouts = [p.layout for p in candidate.pools] or [candidate.layout]
     budget = sized.budget_bytes
-    live = sum(figures.live_bytes(x, tokens) for x in layouts)
+    live = sum(figures.live_bytes(x, tokens) for x in candidate.layouts)
     physical = budget / live if budget is not None and live else None
     if trace is None or budget is None or candidate.note:
         return Evaluation(static, at_tokens, physical, binding_pool=binding)

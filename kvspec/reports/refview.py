@@ -45,7 +45,10 @@ def views_of(sizing: Sizing, stage: int = 0) -> list[dict[str, Any]]:
     out = []
     for index, (tensor, fields) in enumerate(zip(st.tensors, result.tensors)):
         spec = st.groups[tensor.group].layer_spec(tensor.layers[0])
-        blocks = st.draft_num_blocks if tensor.pool == "draft" else sizing.num_blocks
+        blocks = sizing.num_blocks
+        if tensor.pool == "draft":
+            assert st.draft_num_blocks is not None, "a draft tensor's stage has a draft pool"
+            blocks = st.draft_num_blocks
         geoms = view_geometry(tensor.layers, int(fields["layer_stride"]),
                               int(fields["block_stride"]), int(fields["offset"]), spec, blocks,
                               plan.engine.axis_order)

@@ -86,7 +86,7 @@ def _loc(doc: Document, path: tuple) -> Location:
 
 def _duplicates(layers: list[ExpandedLayer], doc: Document) -> list[KvspecError]:
     seen: set[str] = set()
-    errors = []
+    errors: list[KvspecError] = []
     for layer in layers:
         if layer.name in seen:
             errors.append(doc.error(f"layer name {layer.name!r} is used twice", layer.path,

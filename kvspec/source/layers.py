@@ -38,7 +38,8 @@ class ExpandedLayer(NamedTuple):
     layer of every compile, in a quarter of a frozen dataclass's time)."""
 
     name: str
-    index: int | None
+    # the layer's index; the field hides tuple.index, which nothing calls on a layer
+    index: int | None  # type: ignore[assignment]
     fields: dict[str, Any]
     #: YAML path of the entry that produced this layer (for error positions).
     path: Path
@@ -124,10 +125,10 @@ class _Expander:
         """The defaults merged with a layer type's fields (None: the defaults alone),
         once per type."""
         if type_name not in self._typed:
-            self._typed[type_name] = merge_fields(
-                (self.source.defaults, ("defaults",)),
-                (self.source.layer_types[type_name] if type_name is not None else None,
-                 ("layer_types", type_name)))
+            parts: list[tuple[LayerFields | None, Path]] = [(self.source.defaults, ("defaults",))]
+            if type_name is not None:
+                parts.append((self.source.layer_types[type_name], ("layer_types", type_name)))
+            self._typed[type_name] = merge_fields(*parts)
         return self._typed[type_name]
 
     def render(self, template: str, path: tuple) -> str:

@@ -83,7 +83,8 @@ MaxLen = Annotated[int | str, PlainValidator(_max_len), WithJsonSchema(
 #: The ``kind`` a source may give a layer: every declarable kind of the registry.
 LayerKind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
 
-MambaType = Literal[tuple(MAMBA_TYPES)]  # type: ignore[valid-type]
+_MAMBA_TYPE_NAMES = tuple(MAMBA_TYPES)
+MambaType = Literal[_MAMBA_TYPE_NAMES]  # type: ignore[valid-type]
 
 
 

@@ -8,6 +8,7 @@ YAML's composer, which keeps positions, only when there is an error).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -115,7 +116,7 @@ class Dump(BaseModel):
 _FORMAT = "see tests/conformance/FORMAT.md for the dump format"
 
 
-def _message(err: dict[str, Any]) -> tuple[str, str | None, str]:
+def _message(err: Mapping[str, Any]) -> tuple[str, str | None, str]:
     """``(message, expected, hint)`` of one pydantic error."""
     kind, loc = err["type"], err["loc"]
     if kind == "missing":

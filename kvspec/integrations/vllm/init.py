@@ -78,7 +78,8 @@ def target_choices(options: InitOptions, config: dict[str, Any]) -> dict[str, An
     except ValueError as exc:
         raise UsageError(f"--target: {exc}", found=options.target,
                          hint="see docs/engine-rules.md") from None
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text = nested if isinstance(nested, dict) else config
     out: dict[str, Any] = {"gdn_prefill_backend": rules.gdn_prefill_backend(
         target, text.get("linear_key_head_dim"))}
     if options.target is not None and options.dtype is None:
