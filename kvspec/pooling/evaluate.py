@@ -15,7 +15,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
@@ -24,14 +24,26 @@ from kvspec.model.pooling import PoolingRef, Workload
 from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling import figures
+from kvspec.pooling.layouts import PoolLayout
 from kvspec.runtime.manager import from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
 
-if TYPE_CHECKING:  # decide imports this module; evaluate only reads its candidates
-    from kvspec.pooling.decide import Candidate
-
 __all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
+
+
+class Candidate(Protocol):
+    """What evaluating reads of a candidate (:class:`kvspec.pooling.decide.Candidate`,
+    which imports this module)."""
+
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def pools(self) -> tuple[PoolLayout, ...]: ...
+    @property
+    def layouts(self) -> tuple[Layout, ...]: ...
+    @property
+    def note(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
