@@ -47,8 +47,8 @@ from kvspec.model.specs.uniform import UniformType
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "Affine", "Allocation", "Budget", "Bytes", "Candidate",
     "CellPart", "Envelope", "Engine", "Group", "Layer", "Layout", "LogLine", "Pool",
-    "PoolShare", "PoolingRecord", "Spec", "Stage", "Tensor", "Unsigned", "View", "Waste",
-    "WorkloadRecord", "at",
+    "PoolShare", "PoolingRecord", "Simulated", "Spec", "Stage", "Tensor", "Unsigned", "View",
+    "Waste", "WorkloadRecord", "at",
 ]
 
 FORMAT_VERSION = 3
@@ -408,6 +408,23 @@ class Waste(Record, frozen=True):
     block_inflation: NonNeg
     #: State slots and window rings held per request, whatever its length.
     per_request: NonNeg
+    #: Bytes no running request holds while others wait: free or cached blocks,
+    #: too few for the next request, or in a pool that is not the one running out.
+    idle: NonNeg
+
+
+class Simulated(Record, frozen=True):
+    """A simulation's summary: ``kvspec simulate``'s keys (docs/simulate.md)."""
+
+    steps: NonNeg
+    mean_running: float
+    peak_running: NonNeg
+    preemptions: NonNeg
+    hit_tokens: NonNeg
+    mean_utilization: float
+    peak_utilization: float
+    #: None when no request ever waited.
+    utilization_while_waiting: float | None
 
 
 class Candidate(Record, frozen=True):
@@ -425,7 +442,7 @@ class Candidate(Record, frozen=True):
     #: Requests whose live tokens and states alone would fill the budget.
     physical_limit: float | None
     #: The simulation's summary (``kvspec simulate``'s keys), None when not simulated.
-    simulated: dict[str, float] | None
+    simulated: Simulated | None
     #: Mean tokens the running requests hold while requests wait (simulated).
     tokens_held: float | None
     waste: Waste | None

@@ -41,7 +41,10 @@ def signature(unsigned: Unsigned) -> str:
 
 
 def sign(unsigned: Unsigned) -> Envelope:
-    """``unsigned`` with its ``sha256``."""
+    """``unsigned`` with its ``sha256``, over its text as a reader decodes it (a
+    field typed ``float`` that was given an int is signed as the float it reads
+    back as, so every artifact verifies)."""
+    unsigned = msgspec.json.decode(canonical(unsigned), type=Unsigned)
     return Envelope(body=unsigned.body, compiler=unsigned.compiler, format=unsigned.format,
                     source_sha256=unsigned.source_sha256, sha256=signature(unsigned))
 

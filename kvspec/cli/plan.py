@@ -21,8 +21,10 @@ from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 
 if TYPE_CHECKING:
+    from kvspec.artifact.format import PoolingRecord
     from kvspec.model.plan import Plan
     from kvspec.planner.size import Sizing
+    from kvspec.pooling import PoolLayout
     from kvspec.source.where import SourceMap
 
 
@@ -55,6 +57,10 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
+    pooled = _pooled_of(layout, memory)
+    if pooled is not None:
+        return _print_pooled(*pooled, memory=memory, num_blocks=num_blocks, as_json=as_json,
+                             quiet=quiet)
     plan, budget, where = _plan_of(layout)
     if memory and ".." in memory:
         rows: list[tuple[int, Sizing | None, KvspecError | None]] = []
@@ -92,6 +98,96 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     click.echo(plan_table(plan, sizing, warnings=False))
     for w in plan_warnings(plan, sizing):
         warn(w, quiet=quiet)
+    return EXIT_OK
+
+
+def _has_pooling(path: Path) -> bool:
+    """Whether a source declares a pooling policy other than unified, or a workload
+    (read cheaply: its parsed YAML, no planning)."""
+    # deferred: PyYAML loads when the command runs
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except Exception:  # noqa: BLE001 - the compiler reports a broken source properly
+        return False
+    section = doc.get("pooling") if isinstance(doc, dict) else None
+    return isinstance(section, dict) and (section.get("policy", "unified") != "unified"
+                                          or section.get("workload") is not None)
+
+
+def _pooled_of(path: Path, memory: str | None
+               ) -> tuple[Plan | None, tuple[PoolLayout, ...], PoolingRecord, int | None] | None:
+    """For a layout with a pooling decision: the unified plan it kept (None: separate
+    pools), the pools, the decision and the budget; None for a plain layout. A
+    source decides again at ``--memory`` when it is one budget."""
+    # deferred: the compiler (pydantic, PyYAML) loads when the command runs
+    from kvspec.compiled import read
+    from kvspec.compiler import Pooled, compile_until
+    from kvspec.reports.explain import is_artifact_path
+
+    if is_artifact_path(path):
+        art = read(path)
+        record = art.body.pooling
+        if record is None:
+            return None
+        budget = art.body.budget.memory if art.body.budget is not None else None
+        if art.pools:
+            return None, art.pools, record, budget
+        layout = art.layout
+        engine = dataclasses.replace(layout.engine, original_max_model_len=None)
+        return dataclasses.replace(layout.plan, engine=engine), (), record, budget
+    if not _has_pooling(path):
+        return None
+    given = memory if memory and ".." not in memory else None
+    pooled = compile_until(path, Pooled, memory=given, memory_name="--memory")
+    if pooled.decision is None:
+        return None
+    if pooled.pools:
+        return None, pooled.pools, pooled.decision, pooled.budget_bytes
+    return pooled.plan, (), pooled.decision, pooled.budget_bytes
+
+
+def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: PoolingRecord,
+                  budget: int | None, *, memory: str | None, num_blocks: int | None,
+                  as_json: bool, quiet: bool) -> int:
+    """``plan`` of a layout with a pooling decision: each pool's plan (or the unified
+    plan), then the decision and every candidate's capacity at the workload."""
+    # deferred: the planner and reports load when the command runs
+    import msgspec
+
+    from kvspec.planner import size_plan
+    from kvspec.reports.pooling import pooling_lines
+    from kvspec.reports.refview import reference_view
+    from kvspec.reports.summary import plan_table, plan_warnings
+
+    if memory and ".." in memory:
+        raise UsageError("a sweep of budgets plans one pool; this layout's pooling policy "
+                         "decided for its own budget",
+                         hint="give one budget (--memory 40GiB): a source decides again for "
+                              "it; or sweep a source without a pooling section")
+    if pools and num_blocks is not None:
+        raise UsageError("--num-blocks sizes one pool; this plan has "
+                         f"{len(pools)} (separate pools, each its share of the budget)",
+                         hint="give --memory instead: each pool gets its share of it")
+    given = parse_bytes(memory) if memory else budget
+    parts = [(None, plan, size_plan(plan, memory=given, num_blocks=num_blocks))] if plan \
+        else [(p, p.layout.plan, size_plan(p.layout.plan, memory=None if given is None
+                                           else int(given * p.share))) for p in pools]
+    if as_json:
+        echo_json({"pools": [{"name": p.name if p else None,
+                              "share": [p.share.numerator, p.share.denominator] if p else None,
+                              **reference_view(pl, sz)} for p, pl, sz in parts],
+                   "pooling": msgspec.to_builtins(record)})
+        return EXIT_OK
+    for p, pl, sz in parts:
+        if p is not None:
+            click.echo(f"pool {p.name} ({float(p.share):.1%} of the budget):")
+        click.echo(plan_table(pl, sz, warnings=False))
+    click.echo("\n".join(pooling_lines(record)))
+    for _, pl, sz in parts:
+        for w in plan_warnings(pl, sz):
+            warn(w, quiet=quiet)
     return EXIT_OK
 
 

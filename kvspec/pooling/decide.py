@@ -173,7 +173,8 @@ def _record(c: Candidate, e: Evaluation) -> fmt.Candidate:
     return fmt.Candidate(
         name=c.name, policy=c.policy, block_size=c.block_size, groups=c.groups,
         static_requests=e.static_requests, workload_requests=e.workload_requests,
-        physical_limit=e.physical_limit, simulated=e.simulated, tokens_held=e.tokens_held,
+        physical_limit=e.physical_limit,
+        simulated=fmt.Simulated(**e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
         waste=e.waste, binding_pool=e.binding_pool, note=c.note)
 
 

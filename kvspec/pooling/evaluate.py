@@ -5,8 +5,10 @@ seeded), replayed through kvspec's request-level manager and its model of vLLM
 v1's scheduler (:mod:`kvspec.sim`) on the candidate's pools, sized for the budget.
 The waste is measured there: of the pools' bytes, averaged over the steps where
 requests wait, what padding slots, padded pages, block inflation (token slots
-blocks hold beyond their requests' tokens) and per-request constants (state
-blocks beyond the one live state, window blocks beyond the window) take.
+blocks hold beyond their requests' tokens), per-request constants (state
+blocks beyond the one live state, window blocks beyond the window) and idle
+blocks (held by no running request) take: with the live bytes, they add up to
+the pools' bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
@@ -98,7 +100,7 @@ class Evaluation:
     static_requests: float | None
     workload_requests: float | None
     physical_limit: float | None
-    simulated: dict[str, float] | None = None
+    simulated: dict[str, Any] | None = None
     tokens_held: float | None = None
     waste: fmt.Waste | None = None
     binding_pool: str | None = None
@@ -156,9 +158,10 @@ def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float 
     one_state = sum(u for u, _, _, st in per_group if st)
     per_request = max(states - running * one_state, 0.0)
     inflation = max(useful - live - per_request, 0.0)
+    idle = max(result.pool_bytes - useful - padded - slots, 0.0)
     return round(tokens, 1), fmt.Waste(pool_bytes=result.pool_bytes, padding_slots=round(slots),
                              padded_pages=round(padded), block_inflation=round(inflation),
-                             per_request=round(per_request))
+                             per_request=round(per_request), idle=round(idle))
 
 
 def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:

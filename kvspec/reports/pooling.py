@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvspec.artifact.format import Candidate, PoolingRecord
+from kvspec.artifact.format import Candidate, PoolingRecord, Waste
 from kvspec.reports.format import human_bytes, table
 
-__all__ = ["candidates_table", "pooling_lines", "pools_table"]
+__all__ = ["candidates_table", "pooling_lines", "pools_table", "waste_line"]
 
 
 def _num(x: float | None, spec: str = ".1f") -> str:
@@ -32,9 +32,9 @@ def candidates_table(candidates: Sequence[Candidate], chosen: int | None) -> str
     requests wait, and the physical limit; ``*`` marks the one kept."""
     rows = []
     for i, c in enumerate(candidates):
-        sim = c.simulated or {}
-        running = "-" if not sim else f"{sim['mean_running']:.1f} / {int(sim['peak_running'])}"
-        waiting = sim.get("utilization_while_waiting") if sim else None
+        sim = c.simulated
+        running = "-" if sim is None else f"{sim.mean_running:.1f} / {sim.peak_running}"
+        waiting = None if sim is None else sim.utilization_while_waiting
         rows.append(["*" if i == chosen else "", c.name + (f" ({c.note})" if c.note else ""),
                      c.block_size, c.groups,
                      "-" if c.static_requests is None else f"{c.static_requests:.2f}x",
@@ -74,4 +74,32 @@ def pooling_lines(record: PoolingRecord) -> list[str]:
         out.append("requests each candidate holds (static: the engine's accounting; "
                    "simulated: the trace replayed):")
         out.append(candidates_table(record.candidates, record.chosen))
+        out += _legend(record)
+    return out
+
+
+def waste_line(w: Waste) -> str:
+    """Where the pool's bytes go while requests wait, as shares of them."""
+    def share(x: int) -> str:
+        return f"{x / w.pool_bytes:.1%}" if w.pool_bytes else "-"
+    return (f"padding slots {share(w.padding_slots)}, padded pages {share(w.padded_pages)}, "
+            f"block inflation {share(w.block_inflation)}, per-request constants "
+            f"{share(w.per_request)}, idle {share(w.idle)}")
+
+
+def _legend(record: PoolingRecord) -> list[str]:
+    """How to read the table, and where the kept plan's bytes go."""
+    out = [("  at max_model_len: every request priced at max_model_len (vLLM's start-up "
+            "figure); at workload: priced at the tokens"),
+           ("  a running request holds on average; simulated: the trace replayed through "
+            "vLLM v1's scheduling; physical limit:"),
+           "  requests whose live tokens and one state per state layer alone fill the budget"]
+    if record.chosen is None:
+        return out
+    c = record.candidates[record.chosen]
+    if c.waste is not None and c.simulated is not None:
+        used = _num(c.simulated.utilization_while_waiting, ".1%")
+        out.append(f"kept: {c.name}; while requests wait, live tokens and states fill {used} "
+                   f"of its pools; the rest is")
+        out.append(f"  {waste_line(c.waste)}")
     return out

@@ -93,7 +93,7 @@ def _check_progress(engine: StepEngine, step: int) -> None:
 
 
 #: Waiting steps sampled at the most for the waste breakdown.
-MAX_SAMPLES = 400
+MAX_SAMPLES = 200
 
 
 class HeldSample(NamedTuple):
@@ -170,11 +170,14 @@ class KvspecEngine:
         held = [0] * groups
         tokens = 0
         materialize = self.scheduler.lazy.materialize  # lazy requests' counts brought up
+        manager = self.scheduler.manager
+        nulls = [self.pools[manager.group_pool[g]].null_block for g in range(groups)]
         for r in running:
             materialize(r)
             tokens += r.num_computed_tokens
             for g, table in enumerate(r.tables):
-                held[g] += sum(1 for b in table if b.block_id)  # the null block is id 0
+                # blocks compare by identity: list.count walks the table in C
+                held[g] += len(table) - table.count(nulls[g])
         self.samples.append(HeldSample(len(running), live, tuple(held), tokens))
         if len(self.samples) > MAX_SAMPLES:
             self.samples = self.samples[1::2]
