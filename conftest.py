@@ -10,7 +10,7 @@ from pathlib import Path
 _OPTIONAL = {"kvspec/runtime": "torch", "kvspec/integrations/vllm/v0_33": "vllm"}
 
 
-def pytest_ignore_collect(collection_path: Path, config) -> bool | None:  # noqa: ANN001
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     rel = collection_path.resolve().relative_to(Path(__file__).parent).as_posix() \
         if collection_path.resolve().is_relative_to(Path(__file__).parent) else ""
     for folder, module in _OPTIONAL.items():

@@ -281,20 +281,26 @@ def time_once(case: Case) -> float:
     return ops / elapsed
 
 
-def measure(impls: dict[str, dict[str, dict[str, Case]]], repeat: int) -> dict[str, dict[str, float]]:
+def measure(
+    impls: dict[str, dict[str, dict[str, Case]]], repeat: int
+) -> dict[str, dict[str, float]]:
     """Median ops/s per implementation and operation; rounds interleave the implementations.
 
     ``impls[name]`` maps ``"big"`` / ``"small"`` to that implementation's cases.
     """
     names = list(impls)
-    rates: dict[str, dict[str, list[float]]] = {name: {op: [] for op in OPERATIONS} for name in names}
+    rates: dict[str, dict[str, list[float]]] = {
+        name: {op: [] for op in OPERATIONS} for name in names
+    }
     for op in OPERATIONS:
         size = "small" if op == SMALL else "big"
         for round_ in range(repeat):
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
                 rates[name][op].append(time_once(impls[name][size][op]))
-    return {name: {op: statistics.median(r) for op, r in ops.items()} for name, ops in rates.items()}
+    return {
+        name: {op: statistics.median(r) for op, r in ops.items()} for name, ops in rates.items()
+    }
 
 
 def report(result: dict[str, dict[str, float]], vllm_note: str) -> None:

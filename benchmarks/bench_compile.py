@@ -67,7 +67,8 @@ def main() -> None:
     print(f"cold `kvspec compile layouts/llama-3.1-8b.yaml` (fresh interpreter, {len(cold)} runs):"
           f" best {min(cold) * 1000:.0f} ms, median {statistics.median(cold) * 1000:.0f} ms")
     print()
-    print(f"{'layers':>7} {'full attention':>16} {'per layer':>10} {'hybrid 5:1':>12} {'per layer':>10}")
+    print(f"{'layers':>7} {'full attention':>16} {'per layer':>10} {'hybrid 5:1':>12}"
+          f" {'per layer':>10}")
     for n in (32, 102, 1002, 4002):
         full = in_process(n, False)
         hyb = in_process(n, True)

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kvspec.artifact import Artifact  # noqa: E402
-from kvspec.compiler import compile_source  # noqa: E402
-from kvspec.connectors.transfer import plan_transfer  # noqa: E402
+from kvspec.artifact import Artifact
+from kvspec.compiler import compile_source
+from kvspec.connectors.transfer import plan_transfer
 
 ROOT = Path(__file__).resolve().parents[1]
 

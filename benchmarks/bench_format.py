@@ -29,12 +29,12 @@ from typing import Annotated, Any, Literal, Union
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import msgspec  # noqa: E402
-import msgspec.inspect as mi  # noqa: E402
-from pydantic import ConfigDict, Field, TypeAdapter, create_model  # noqa: E402
+import msgspec
+import msgspec.inspect as mi
+from pydantic import ConfigDict, Field, TypeAdapter, create_model
 
-from kvspec.artifact.format import Envelope  # noqa: E402
-from kvspec.compiler import compile_source  # noqa: E402
+from kvspec.artifact.format import Envelope
+from kvspec.compiler import compile_source
 
 SOURCE = """\
 kvspec: 1
@@ -75,8 +75,10 @@ def pydantic_type(t: Any) -> Any:
     if isinstance(t, mi.UnionType):
         members = tuple(pydantic_type(m) for m in t.types)
         if all(isinstance(m, mi.StructType) for m in t.types) and t.types[0].tag_field:
-            return Annotated[Union[members], Field(discriminator=t.types[0].tag_field)]
-        return Union[members]
+            # Union over a tuple built at run time: no `X | Y` spelling
+            return Annotated[Union[members], Field(  # noqa: UP007
+                discriminator=t.types[0].tag_field)]
+        return Union[members]  # noqa: UP007
     if isinstance(t, mi.StructType):
         return _model(t)
     raise TypeError(f"no pydantic type for {t!r}")

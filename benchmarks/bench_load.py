@@ -43,13 +43,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import orjson  # noqa: E402
-import torch  # noqa: E402
+import orjson
+import torch
 
-from kvspec.artifact import Artifact  # noqa: E402
-from kvspec.compiler import compile_source  # noqa: E402
-from kvspec.runtime.loader import load  # noqa: E402
-from kvspec.runtime.views import torch_dtype  # noqa: E402
+from kvspec.artifact import Artifact
+from kvspec.compiler import compile_source
+from kvspec.runtime.loader import load
+from kvspec.runtime.views import torch_dtype
 
 SOURCE = """\
 kvspec: 1

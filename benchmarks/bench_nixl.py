@@ -38,10 +38,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kvspec.compiler import compile_source  # noqa: E402
-from kvspec.connectors.plan import Route, Run, TransferPlan  # noqa: E402
-from kvspec.connectors.transfer import plan_transfer  # noqa: E402
-from tests.connectors.peers import Peer  # noqa: E402
+from kvspec.compiler import compile_source
+from kvspec.connectors.plan import Route, Run, TransferPlan
+from kvspec.connectors.transfer import plan_transfer
+from tests.connectors.peers import Peer
 
 
 def _artifact(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from kvspec.compiler import compile_source
+from kvspec.compiler import compile_source  # noqa: E402 - after the path and vLLM's settings
 
 CASES = REPO / "tests" / "conformance" / "cases"
 

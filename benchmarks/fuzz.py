@@ -69,9 +69,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kvspec.cli.common import progress
-from tests.fuzz import artifacts as a
-from tests.fuzz import generators as g
+from kvspec.cli.common import progress  # noqa: E402 - after the path set-up
+from tests.fuzz import artifacts as a  # noqa: E402
+from tests.fuzz import generators as g  # noqa: E402
 
 KINDS = ("source", "dump", "config", "artifact", "args", "valid", "vllm")
 
@@ -211,11 +211,15 @@ def minimise(kind: str, data: bytes, signature: str, workdir: str, limit: float,
         words = data.split(b"\0")
         return b"\0".join(_ddmin(words, lambda p: bool(p) and _still(
             kind, b"\0".join(p), signature, workdir, limit), budget))
-    ok = lambda b: _still(kind, b, signature, workdir, limit)
+    def ok(b: bytes) -> bool:
+        return _still(kind, b, signature, workdir, limit)
+
     if kind in ("dump", "config", "artifact"):
         try:
             obj = json.loads(data)
-            dumped = lambda o: json.dumps(o, indent=1).encode("utf-8", "surrogatepass")
+            def dumped(o: Any) -> bytes:
+                return json.dumps(o, indent=1).encode("utf-8", "surrogatepass")
+
             if ok(dumped(obj)):
                 obj = _json_shrink(obj, lambda o: ok(dumped(o)), budget)
                 data = dumped(obj)
@@ -489,7 +493,7 @@ def minimise_all(pool: Pool, tally: Tally, args: argparse.Namespace) -> dict[str
     slow = ("timeout", "MemoryError", "crash (worker died)")
     queued = 0
     deadline = time.time() + args.minimise_budget
-    for sig, e in todo:
+    for _, e in todo:
         if e["signature"].split(" | ")[0] in slow or len(e["raw"]) > 300_000:
             continue
         pool.put(("minimise", e["kind"], args.seed, e["first"], (e["raw"], e["signature"])))
@@ -528,8 +532,10 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
     out = []
     out.append(f"kvspec fuzz: seed {args.seed}, {args.jobs} jobs, per-case limit "
                f"{args.time_limit:g} s, memory limit {args.memory_limit} MiB/worker")
-    out.append(f"code: {_git('rev-parse', '--short', 'HEAD')}"
-               f"{' + uncommitted changes in kvspec/' if _git('status', '--short', 'kvspec') else ''}")
+    out.append(
+        f"code: {_git('rev-parse', '--short', 'HEAD')}"
+        f"{' + uncommitted changes in kvspec/' if _git('status', '--short', 'kvspec') else ''}"
+    )
     out.append(f"run time: {result['run_time']:.0f} s (" + ", ".join(
         f"{k} {v:.0f} s" for k, v in result["phase_time"].items()) + ")")
     out.append("")
@@ -550,8 +556,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         out.append("")
         out.append("generated valid sources (compiled: block-id overlap at several block "
                    "counts, every invariant, read back, load on meta at min and larger)")
-        head = f"{'':10}{'tried':>7}{'compiled':>9}{'refused':>8}{'overlap':>8}{'load':>6}" \
-               f"{'readback':>9}{'other inv':>10}{'crash':>6}{'msg':>5}"
+        head = (f"{'':10}{'tried':>7}{'compiled':>9}{'refused':>8}{'overlap':>8}{'load':>6}"
+                f"{'readback':>9}{'other inv':>10}{'crash':>6}{'msg':>5}")
         out.append(head)
         rows = [(k, t.by_layout[k]) for k in g.AXIS_ORDERS] + [("all", _sum(t.by_layout))]
         rows += [(f, t.by_family[f]) for f in g.FAMILIES]

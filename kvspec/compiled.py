@@ -15,8 +15,8 @@ True
 from __future__ import annotations
 
 import json
-from fractions import Fraction
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +28,16 @@ from kvspec.artifact.read import RECOMPILE, decode
 from kvspec.artifact.text import canonical
 from kvspec.errors import ArtifactError, KvspecError, format_path
 from kvspec.files import read_text, shown
-from kvspec.model.pooling import Pooling
-from kvspec.passes.freeze import CompiledArtifact, body_of, engine_record, frozen, pooled_body
-from kvspec.pooling.layouts import PoolLayout, pool_layouts
 from kvspec.jsonpos import Located, scan
 from kvspec.model import kinds
 from kvspec.model.engine import engine_from_artifact
 from kvspec.model.plan import Layout
+from kvspec.model.pooling import Pooling
 from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
+from kvspec.passes.freeze import CompiledArtifact, body_of, engine_record, frozen, pooled_body
 from kvspec.planner import build_layout, plan_layers, size_plan
+from kvspec.pooling.layouts import PoolLayout, pool_layouts
 
 __all__ = ["CompiledArtifact", "body_of", "engine_record", "frozen", "read", "replan",
            "verified"]

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kvspec.passes.freeze import CompiledArtifact as Artifact
 from kvspec.collector import paused
 from kvspec.errors import KvspecError
 from kvspec.files import parse_size, read_text, shown
-from kvspec.passes.expand import Expanded, expand
-from kvspec.passes.freeze import freeze
 from kvspec.passes.compose import Composed, SourceText, compose
+from kvspec.passes.expand import Expanded, expand
+from kvspec.passes.freeze import CompiledArtifact as Artifact
+from kvspec.passes.freeze import freeze
 from kvspec.passes.parse import Parsed, parse
 from kvspec.passes.plan import Planned, plan
 from kvspec.passes.pool import Pooled, pool

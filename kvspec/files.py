@@ -130,7 +130,7 @@ def shown(path: str | Path) -> str:
 def _stdin_bytes() -> bytes:
     """All of stdin, read once per stream (a command may look at its input twice:
     ``explain -`` tells a source from an artifact by its text, then reads it)."""
-    global _stdin_read
+    global _stdin_read  # noqa: PLW0603 - stdin is read once per process
     stream = sys.stdin
     if _stdin_read is not None and _stdin_read[0] is stream:
         return _stdin_read[1]

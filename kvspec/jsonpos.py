@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import re
-from json.decoder import scanstring
-from typing import Any
+from collections.abc import Callable
+from json.decoder import scanstring  # type: ignore[attr-defined]  # not in typeshed
+from typing import Any, TypeVar, overload
 
 from kvspec.errors import KvspecError, SourceError
 
 _WS = re.compile(r"[ \t\n\r]*")
+#: ``_WS.match``: it matches the empty string, so it never gives None.
+_ws: Callable[[str, int], re.Match[str]] = _WS.match  # type: ignore[assignment]
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _LITERALS = {"true": True, "false": False, "null": None}
 #: What Python's ``json`` reads but JSON does not have.
@@ -33,6 +36,11 @@ MAX_DIGITS = 4300
 #: levels; ``json`` recurses once per level and gives up near a thousand).
 MAX_DEPTH = 64
 
+_E = TypeVar("_E", bound=KvspecError)
+
+#: Where each value (or key) starts: ``(line, column)`` by its path of keys and indices.
+Positions = dict[tuple[str | int, ...], tuple[int, int]]
+
 
 class Located(Exception):
     """A problem of a JSON text at a character offset."""
@@ -41,6 +49,10 @@ class Located(Exception):
         super().__init__(message)
         self.message, self.pos, self.kw = message, pos, kw
 
+    @overload
+    def error(self, text: str, file: str, hint: str) -> SourceError: ...
+    @overload
+    def error(self, text: str, file: str, hint: str, cls: type[_E]) -> _E: ...
     def error(self, text: str, file: str, hint: str,
               cls: type[KvspecError] = SourceError) -> KvspecError:
         """This problem as a ``cls`` error at its line and column of ``text``
@@ -57,17 +69,17 @@ def line_col(text: str, pos: int) -> tuple[int, int]:
 
 
 def scan(text: str, lenient: bool = False, what: str = "the document",
-         max_depth: int | None = None) -> tuple[Any, dict, dict]:
+         max_depth: int | None = None) -> tuple[Any, Positions, Positions]:
     """Parse ``text`` (a JSON document) iteratively, recording positions;
     ``lenient``: as ``json`` reads it (NaN and Infinity are numbers, a key given
     twice keeps its last value); ``what`` names the document in messages;
     ``max_depth``: refuse nesting deeper (None: any depth)."""
-    pos: dict[tuple, tuple[int, int]] = {}
-    keys: dict[tuple, tuple[int, int]] = {}
+    pos: Positions = {}
+    keys: Positions = {}
     marks = _Marks(text)
     stack: list[tuple[Any, tuple]] = []  # (container, its path)
     root: list[Any] = []
-    i = _WS.match(text, 0).end()
+    i = _ws(text, 0).end()
     key: str | int | None = None
     while True:
         path = stack[-1][1] + (key,) if stack else ()
@@ -82,7 +94,7 @@ def scan(text: str, lenient: bool = False, what: str = "the document",
             value: Any = {} if ch == "{" else []
             _attach(stack, root, key, value)
             stack.append((value, path))
-            i = _WS.match(text, i + 1).end()
+            i = _ws(text, i + 1).end()
             if text.startswith("}" if ch == "{" else "]", i):
                 i += 1
                 stack.pop()
@@ -96,7 +108,7 @@ def scan(text: str, lenient: bool = False, what: str = "the document",
             value, i = _scalar(text, i, lenient, what)
             _attach(stack, root, key, value)
         while True:  # after a value: a comma, or the end of containers
-            i = _WS.match(text, i).end()
+            i = _ws(text, i).end()
             if not stack:
                 if i != len(text):
                     raise Located("not valid JSON: extra data after the document", i)
@@ -104,7 +116,7 @@ def scan(text: str, lenient: bool = False, what: str = "the document",
             container, _ = stack[-1]
             ch = text[i:i + 1]
             if ch == ",":
-                i = _WS.match(text, i + 1).end()
+                i = _ws(text, i + 1).end()
                 if isinstance(container, dict):
                     key, i = _key(text, i, stack[-1], keys, marks, lenient, what)
                 else:
@@ -154,11 +166,11 @@ def _key(text: str, i: int, top: tuple, keys: dict, marks: _Marks,
         raise Located(f"{what} has the key {key!r} twice in one object", start,
                       expected="each key once", hint="keep one of them")
     keys[path + (key,)] = marks.at(start)
-    i = _WS.match(text, i).end()
+    i = _ws(text, i).end()
     if not text.startswith(":", i):
         raise Located("not valid JSON: expected ':' after a key", i)
     container[key] = None  # taken, for the duplicate check
-    return key, _WS.match(text, i + 1).end()
+    return key, _ws(text, i + 1).end()
 
 
 def _string(text: str, i: int) -> tuple[str, int]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.artifact.format import at
 from kvspec.artifact.blocks import pool_blocks, tensor_runs
+from kvspec.artifact.format import at
 
 
 def memory_unsafe(body: Any, stage: int, num_blocks: int) -> list[str]:

@@ -51,7 +51,8 @@ LANGUAGES = RUN | SHOWN | {"output"}
 ELIDED = "..."
 
 _FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
-_DIRECTIVE = re.compile(r"^<!-- doc-test: (?P<what>skip|file|setup)(?::\s*|\s+)?(?P<arg>.*?)\s*-->$")
+_DIRECTIVE = re.compile(
+    r"^<!-- doc-test: (?P<what>skip|file|setup)(?::\s*|\s+)?(?P<arg>.*?)\s*-->$")
 
 
 @dataclass
@@ -267,7 +268,7 @@ def run_python(block: Block, namespace: dict, cwd: Path, output: Block | None) -
             code = compile(ast.Module([stmt], []), f"{block.where}", "exec")
             try:
                 with contextlib.redirect_stdout(buffer):
-                    exec(code, namespace)  # noqa: S102 - the page's own example
+                    exec(code, namespace)  # the page's own example
             except Exception as exc:  # noqa: BLE001 - reported with the page's line
                 problems.append(Problem(f"{block.where}+{stmt.lineno}",
                                         f"raises {type(exc).__name__}: {exc}"))

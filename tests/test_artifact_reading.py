@@ -10,6 +10,7 @@ which a brute-force oracle over every byte confirms.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import random
 import sys
@@ -21,8 +22,8 @@ import pytest
 
 import kvspec
 from kvspec.artifact import Artifact
-from kvspec.artifact.format import Envelope
 from kvspec.artifact.blocks import memory_problems
+from kvspec.artifact.format import Envelope
 from kvspec.artifact.structure import shape_problems
 from kvspec.artifact.text import canonical, sha256_of
 from kvspec.compiled import verified
@@ -38,6 +39,7 @@ SAFETY_SOURCES = ["layouts/gemma-2-9b-it.yaml", "layouts/jamba-v0.1.yaml",
                   "layouts/example-packed-blhnc.yaml", "layouts/example-glm5-next-drafter.yaml",
                   "layouts/gpt-oss-20b.yaml", "layouts/example-mla-swa-fallback.yaml"]
 FORMAT2 = sorted((ROOT / "tests" / "data" / "format2").glob("*.kvlayout.json"))
+FORMAT2_REFUSED = "this artifact is format kvspec.layout/2; this kvspec reads kvspec.layout/3 only"
 
 
 def resign(data: dict[str, Any]) -> dict[str, Any]:
@@ -107,9 +109,9 @@ def test_an_edited_artifact_is_refused_or_is_what_kvspec_compiles(source: str) -
         text = json.dumps(resign(edited), indent=1)
         try:
             art = verified(text, "x.kvlayout.json")
-        except ArtifactError as err:
-            assert err.file == "x.kvlayout.json", name
-            assert err.hint, name
+        except ArtifactError as err:  # refused: either verdict is right, each is checked
+            assert err.file == "x.kvlayout.json", name  # noqa: PT017
+            assert err.hint, name  # noqa: PT017
             refused += 1
             continue
         except Exception as exc:  # noqa: BLE001 - the point of the test
@@ -128,8 +130,8 @@ def test_reading_text_and_reading_data_agree(source: str) -> None:
     assert Artifact.from_text(json.dumps(data, indent=4)).text() == art.text()
     for name, edited in _variants(data)[::10]:
         verdicts = []
-        for read in (lambda: Artifact.from_text(json.dumps(resign(edited)), origin="x"),
-                     lambda: Artifact.from_dict(copy.deepcopy(resign(edited)), origin="x")):
+        for read in (lambda e=edited: Artifact.from_text(json.dumps(resign(e)), origin="x"),
+                     lambda e=edited: Artifact.from_dict(copy.deepcopy(resign(e)), origin="x")):
             try:
                 read()
                 verdicts.append("accepted")
@@ -214,7 +216,7 @@ def test_a_value_of_another_json_type_is_refused(edit: tuple[str, str]) -> None:
     """Edits Python's == cannot see (16.0 for 16, 0 for false), and values JSON
     parsers read differently, are refused: by the format's types or by the hash."""
     text = kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text()
-    with pytest.raises(ArtifactError, match="sha256|artifact format|JSON") as info:
+    with pytest.raises(ArtifactError, match=r"sha256|artifact format|JSON") as info:
         Artifact.from_text(_retyped(text, *edit), origin="x.kvlayout.json")
     assert info.value.hint
 
@@ -223,28 +225,47 @@ _ENVELOPE = ('{"format": "kvspec.layout/3", "compiler": "kvspec 0.3.0", "source_
              + "0" * 64 + '", "body": {"layers": %s}}')
 
 
-@pytest.mark.parametrize("text,first", [
+#: kvspec.load maps onto torch tensors: without the runtime extra it refuses to run.
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="kvspec.load needs torch (the runtime extra)")
+
+_UNHOLDABLE = pytest.mark.parametrize("text,first", [
     ("[" * 5000 + "]" * 5000, "1:66: error: an artifact is nested more than 64 levels deep"),
     (_ENVELOPE % ('{"a": ' * 990 + "1" + "}" * 990),
      "1:541: error: an artifact is nested more than 64 levels deep"),
     ('{"format": "kvspec.layout/3", "body": 1' + "0" * 5000 + "}",
      "1:39: error: a number with 5,001 digits: more than an artifact can hold"),
 ], ids=["deeper-than-json-recurses", "deep-objects", "5001-digits"])
+
+
+@_UNHOLDABLE
 def test_json_no_artifact_can_hold_is_refused_at_its_spot(
         text: str, first: str, tmp_path: Path) -> None:
     """Deep nesting and numbers too long: an error, positioned where there is a
     spot to name, never a RecursionError or a ValueError, from every command that
-    reads an artifact and from load."""
+    reads an artifact and from reading it."""
     path = tmp_path / "x.kvlayout.json"
     path.write_text(text)
     for args in (["explain", str(path)], ["plan", str(path), "--memory", "1GiB"],
                  ["diff", str(path), str(path)]):
-        code, out, err = invoke(args)
+        code, _, err = invoke(args)
         assert code == (2 if args[0] == "diff" else 1), (args, err)  # diff: 1 is "differ"
         assert err.splitlines()[0].startswith(f"{path}:{first}"), (args, err)
         assert "  hint: " in err and "Traceback" not in err
-    with pytest.raises(ArtifactError):
+    with pytest.raises(ArtifactError) as info:
+        Artifact.read(path)
+    assert str(info.value).splitlines()[0] == f"{path}:{first}"
+
+
+@needs_torch
+@_UNHOLDABLE
+def test_load_refuses_json_no_artifact_can_hold_at_its_spot(
+        text: str, first: str, tmp_path: Path) -> None:
+    path = tmp_path / "x.kvlayout.json"
+    path.write_text(text)
+    with pytest.raises(ArtifactError) as info:
         kvspec.load(path, device="meta")
+    assert str(info.value).splitlines()[0] == f"{path}:{first}"
 
 
 @pytest.mark.parametrize("depth", [100, 900, 985])
@@ -312,25 +333,34 @@ def test_a_zero_layer_stride_is_refused_at_the_tensor() -> None:
     assert line.strip() == '"layer_stride": 0,' and line[info.value.column - 1:] == "0,"
 
 
+@needs_torch
 def test_a_view_past_its_pool_is_refused_by_load_at_its_count() -> None:
     """The structure is proved again for the block count load allocates."""
     data = json.loads(kvspec.compile(ROOT / "tests/data/runtime/tiny.yaml").text())
     pool = data["body"]["stages"][0]["pools"][0]
     pool["bytes_per_block"] -= 2  # the pool ends before the last block's pages
     data["body"]["stages"][0]["bytes_per_block"] -= 2
-    with pytest.raises(ArtifactError, match="outside pool|unsound|useful"):
+    with pytest.raises(ArtifactError, match=r"outside pool|unsound|useful"):
         kvspec.load(resign(data), device="meta", num_blocks=64)
 
 
 @pytest.mark.parametrize("path", FORMAT2, ids=lambda p: p.stem)
 def test_artifacts_of_format_2_are_refused_naming_the_version(path: Path) -> None:
     """Format 2 (kvspec 0.2) artifacts are kept as fixtures: this kvspec reads
-    format 3 only, and says so, from the loader and from every command."""
+    format 3 only, and says so, from the reader and from every command."""
     with pytest.raises(ArtifactError) as info:
-        kvspec.load(path, device="meta")
-    assert info.value.message == ("this artifact is format kvspec.layout/2; this kvspec "
-                                  "reads kvspec.layout/3 only")
+        Artifact.read(path)
+    assert info.value.message == FORMAT2_REFUSED
     assert "recompile its source" in info.value.hint
     for args in (["explain", str(path)], ["plan", str(path)]):
         code, out, err = invoke(args)
         assert code == 1 and "kvspec.layout/2" in out + err, (args, out, err)
+
+
+@needs_torch
+@pytest.mark.parametrize("path", FORMAT2, ids=lambda p: p.stem)
+def test_load_refuses_format_2_naming_the_version(path: Path) -> None:
+    with pytest.raises(ArtifactError) as info:
+        kvspec.load(path, device="meta")
+    assert info.value.message == FORMAT2_REFUSED
+    assert "recompile its source" in info.value.hint

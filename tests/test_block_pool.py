@@ -9,6 +9,7 @@ chaining, extra keys, (hash, group id) keys and coarser-group views.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def check_links(queue: FreeBlockQueue, universe: list[Block]) -> None:
     """The list is doubly linked both ways; unqueued blocks carry no links."""
     queued = queue.get_all_free_blocks()
     assert len(queued) == queue.num_free_blocks == len(queue)
-    for before, after in zip(queued, queued[1:]):
+    for before, after in itertools.pairwise(queued):
         assert before.next_free is after and after.prev_free is before
     queued_ids = {id(b) for b in queued}
     for block in universe:
@@ -299,7 +300,9 @@ class FreeQueueMachine(RuleBasedStateMachine):
         check_links(self.queue, self.blocks)
 
 
-FreeQueueMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+FreeQueueMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 TestFreeQueue = FreeQueueMachine.TestCase
 
 
@@ -750,7 +753,9 @@ class BlockPoolMachine(RuleBasedStateMachine):
         assert pool.num_cached_blocks == count
 
 
-BlockPoolMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=50, deadline=None)
+BlockPoolMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None
+)
 TestBlockPool = BlockPoolMachine.TestCase
 
 
@@ -761,7 +766,9 @@ TestBlockPool = BlockPoolMachine.TestCase
 
 def test_hash_functions_serialize_as_the_reference_does() -> None:
     obj = (b"\x01" * 32, (1, 2, 3), None)
-    assert sha256(obj) == hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    assert (
+        sha256(obj) == hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    )
     assert sha256_cbor(obj) == hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
     assert get_hash_fn("sha256") is sha256
     with pytest.raises(HashingError):
@@ -773,7 +780,9 @@ def test_xxhash_variants() -> None:
     import xxhash
 
     obj = ("0", (1, 2), None)
-    assert hashing.xxhash(obj) == xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+    assert hashing.xxhash(obj) == xxhash.xxh3_128_digest(
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    )
     assert hashing.xxhash_cbor(obj) == xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
     assert get_hash_fn("xxhash_cbor") is hashing.xxhash_cbor
 
@@ -836,12 +845,18 @@ def test_hash_block_tokens_uses_the_process_none_hash(monkeypatch: pytest.Monkey
     expected = sha256((sha256("0"), tuple(tokens), None))
     assert hash_block_tokens(sha256, None, tokens) == expected
     assert hash_block_tokens(sha256, b"", tokens) == expected  # empty parent: first block
-    assert hash_block_tokens(sha256, None, tokens, none_hash=b"x") == sha256((b"x", tuple(tokens), None))
+    assert hash_block_tokens(sha256, None, tokens, none_hash=b"x") == sha256(
+        (b"x", tuple(tokens), None)
+    )
     parent = b"p" * 32
-    assert hash_block_tokens(sha256, parent, tokens, ("k",)) == sha256((parent, tuple(tokens), ("k",)))
+    assert hash_block_tokens(sha256, parent, tokens, ("k",)) == sha256(
+        (parent, tuple(tokens), ("k",))
+    )
 
 
-def test_hash_block_tokens_lazily_seeds_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hash_block_tokens_lazily_seeds_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(hashing, "_PROCESS_HASHERS", {})
     monkeypatch.setenv("PYTHONHASHSEED", "9")
     assert hash_block_tokens(sha256_cbor, None, [1]) == sha256_cbor((sha256_cbor("9"), (1,), None))
@@ -913,7 +928,11 @@ def test_multimodal_keys_carry_the_offset_inside_the_block() -> None:
 
 
 def test_mm_window() -> None:
-    feats = [MultiModalFeature("a", 0, 4), MultiModalFeature("b", 4, 4), MultiModalFeature("c", 20, 4)]
+    feats = [
+        MultiModalFeature("a", 0, 4),
+        MultiModalFeature("b", 4, 4),
+        MultiModalFeature("c", 20, 4),
+    ]
     assert get_mm_features_in_window(feats, 0, 16) == (0, 2)
     assert get_mm_features_in_window(feats, 4, 16) == (1, 2)
     assert get_mm_features_in_window(feats, 8, 16) == (2, 2)
@@ -953,7 +972,9 @@ def test_request_hasher_matches_a_manual_chain() -> None:
     mm_idx = 0
     for start in (0, 16, 32):
         keys, mm_idx = generate_block_hash_extra_keys(req, start, start + 16, mm_idx)
-        parent = hash_block_tokens(sha256_cbor, parent, range(start, start + 16), keys, none_hash=hasher.none_hash)
+        parent = hash_block_tokens(
+            sha256_cbor, parent, range(start, start + 16), keys, none_hash=hasher.none_hash
+        )
         expected.append(parent)
     assert got == expected
     assert RequestBlockHasher(16, hasher)(RequestTokens(range(15))) == []
@@ -1008,7 +1029,10 @@ def test_incremental_hashing_equals_one_pass(req: RequestTokens, block_size: int
     # Hash as the tokens arrive: a prefix first, then the rest.
     cut = data.draw(st.integers(0, req.num_tokens))
     prefix_req = RequestTokens(
-        req.token_ids[:cut], lora_name=req.lora_name, cache_salt=req.cache_salt, mm_features=req.mm_features
+        req.token_ids[:cut],
+        lora_name=req.lora_name,
+        cache_salt=req.cache_salt,
+        mm_features=req.mm_features,
     )
     first = hasher(prefix_req)
     assert first + hasher(req, first) == full
@@ -1059,13 +1083,19 @@ def test_resolve_block_hashes() -> None:
     assert resolve_block_hashes(hashes, 16, 64, **fine) is hashes
     # Alignment that does not divide the block size, or is not finer: a view.
     assert isinstance(
-        resolve_block_hashes(hashes, 16, 64, supports_fine_grained_hash_lookup=True, alignment_tokens=24),
+        resolve_block_hashes(
+            hashes, 16, 64, supports_fine_grained_hash_lookup=True, alignment_tokens=24
+        ),
         BlockHashListWithBlockSize,
     )
     assert isinstance(
-        resolve_block_hashes(hashes, 16, 64, supports_fine_grained_hash_lookup=True, alignment_tokens=64),
+        resolve_block_hashes(
+            hashes, 16, 64, supports_fine_grained_hash_lookup=True, alignment_tokens=64
+        ),
         BlockHashListWithBlockSize,
     )
-    assert isinstance(resolve_block_hashes(hashes, 16, 64, alignment_tokens=16), BlockHashListWithBlockSize)
+    assert isinstance(
+        resolve_block_hashes(hashes, 16, 64, alignment_tokens=16), BlockHashListWithBlockSize
+    )
     with pytest.raises(HashingError):
         resolve_block_hashes(hashes, 16, 40)

@@ -123,7 +123,11 @@ class TraceReplay:
 
     def _op_hash_with_extra_keys(self, step: dict[str, Any]) -> dict[str, Any]:
         block_hash = self.hasher.hash_block(None, step["tokens"], tuple(step["extra_keys"]))
-        return {"tokens": step["tokens"], "extra_keys": step["extra_keys"], "hash": block_hash.hex()}
+        return {
+            "tokens": step["tokens"],
+            "extra_keys": step["extra_keys"],
+            "hash": block_hash.hex(),
+        }
 
     def _op_block_hash_list_with_block_size(self, step: dict[str, Any]) -> dict[str, Any]:
         view = BlockHashListWithBlockSize(

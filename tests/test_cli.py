@@ -28,7 +28,7 @@ def test_compile_failure_leaves_existing_output_untouched(tmp_path: Path) -> Non
     out = tmp_path / "x.kvlayout.json"
     assert invoke(["compile", "-q", LLAMA, "-o", str(out)])[0] == 0
     previous = out.read_bytes()
-    code, _, stderr = invoke(["compile", "tests/errors/unknown-field.yaml", "-o", str(out)])
+    code, _, _ = invoke(["compile", "tests/errors/unknown-field.yaml", "-o", str(out)])
     assert code == 1
     assert out.read_bytes() == previous
     assert list(tmp_path.iterdir()) == [out]

@@ -17,7 +17,6 @@ from pathlib import Path
 import click
 import pytest
 
-from kvspec.cli import cli
 from kvspec.cli import docs as cli_docs
 from kvspec.errors import KvspecError
 from tests.conftest import CONFORMANCE, ROOT, invoke
@@ -46,7 +45,7 @@ def test_every_command_takes_format_text_and_json(name: str) -> None:
 
 def test_json_is_an_alias_of_format_json() -> None:
     assert invoke(["plan", LLAMA, "--json"]) == invoke(["plan", LLAMA, "--format", "json"])
-    code, out, err = invoke(["plan", LLAMA, "--json", "--format", "md"])
+    code, out, _ = invoke(["plan", LLAMA, "--json", "--format", "md"])
     assert code == 2 and "invalid value for --format: 'md'" in out
 
 
@@ -118,7 +117,7 @@ def test_a_budget_error_of_plan_json_keeps_the_reference_view_and_the_fields() -
 
 @pytest.mark.parametrize("args", [["compile", BAD], ["plan", BAD], ["explain", BAD],
                                   ["diff", BAD, LLAMA], ["diff", LLAMA, BAD]],
-                         ids=lambda a: " ".join(a))
+                         ids=" ".join)
 def test_every_command_gives_the_full_error(args: list[str]) -> None:
     _, _, full = invoke(["validate", BAD])
     assert "  at: " in full and "  expected: " in full and "  hint: " in full

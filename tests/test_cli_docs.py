@@ -148,7 +148,7 @@ def test_relative_links_resolve(page: str) -> None:
         if not file.exists():
             broken.append(target)
         elif anchor and file.suffix == ".md":
-            headings = re.findall(r"^#+ (.+)$", file.read_text(encoding="utf-8"), re.M)
+            headings = re.findall(r"^#+ (.+)$", file.read_text(encoding="utf-8"), re.MULTILINE)
             if anchor not in {_slug(h) for h in headings}:
                 broken.append(target)
     assert not broken, f"docs/{page}: broken links {broken}"

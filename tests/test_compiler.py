@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +15,8 @@ from kvspec.artifact import Artifact
 from kvspec.compiled import CompiledArtifact
 from kvspec.compiler import (
     PASSES,
-    Expanded,
     Composed,
+    Expanded,
     Parsed,
     Planned,
     Pooled,
@@ -95,8 +96,8 @@ def test_artifact_tamper_is_refused(tmp_path: Path) -> None:
 def test_artifact_format_mismatch_is_refused() -> None:
     data = json.loads(kvspec.compile(LLAMA).text())
     data["format"] = "kvspec.layout/99"
-    with pytest.raises(ArtifactError, match="this artifact is format kvspec.layout/99; "
-                       "this kvspec reads kvspec.layout/3 only"):
+    with pytest.raises(ArtifactError, match=re.escape("this artifact is format kvspec.layout/99; "
+                                                      "this kvspec reads kvspec.layout/3 only")):
         Artifact.from_dict(data)
 
 

@@ -67,8 +67,8 @@ def _kvspec_lines(page: dx.Page) -> list[tuple[str, str]]:
     for b in page.blocks:
         if b.lang != "text":
             continue
-        for line in b.body.splitlines():
-            line = re.split(r"\s(?:;|\||>|&&)\s|\s#\s", line.strip(), maxsplit=1)[0]
+        for text in b.body.splitlines():
+            line = re.split(r"\s(?:;|\||>|&&)\s|\s#\s", text.strip(), maxsplit=1)[0]
             if line.startswith("kvspec ") and "[OPTIONS]" not in line:
                 out.append((b.where, line))
     return out
@@ -118,12 +118,15 @@ def test_the_runtime_docs_list_every_public_attribute_and_method() -> None:
 
     cache = kvspec.load(str(ROOT / "layouts" / "llama-3.1-8b.kvlayout.json"), device="meta")
     page = ROOT / "docs" / "runtime.md"
-    for heading, obj in (("## What you get: `LoadedCache`", cache), ("## Block pool", BlockPool(4))):
+    for heading, obj in (
+        ("## What you get: `LoadedCache`", cache),
+        ("## Block pool", BlockPool(4)),
+    ):
         public = {n for n in dir(obj) if not n.startswith("_")}
         listed = _listed(page, heading)
         assert not public - listed, f"{heading}: not documented: {sorted(public - listed)}"
-        assert not listed - public, f"{heading}: documented, no such attribute: " \
-                                    f"{sorted(listed - public)}"
+        assert not listed - public, (f"{heading}: documented, no such attribute: "
+                                     f"{sorted(listed - public)}")
 
 
 # -- the runner can fail ---------------------------------------------------------------

@@ -5,18 +5,20 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 
+from kvspec.artifact.invariants import check_layout
 from kvspec.compiler import compile_source
 from tests.conftest import ROOT
 
-BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
+BLOCK = re.compile(r"```yaml\n(.*?)```", re.DOTALL)
 
 
 def _examples() -> list[tuple[str, str]]:
     out = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for i, text in enumerate(BLOCK.findall(path.read_text())):
-            if re.search(r"^kvspec: 1", text, re.M):
+            if re.search(r"^kvspec: 1", text, re.MULTILINE):
                 out.append((f"{path.name}#{i}", text))
     return out
 
@@ -30,7 +32,12 @@ def test_docs_have_examples() -> None:
 
 @pytest.mark.parametrize("name,text", EXAMPLES, ids=[n for n, _ in EXAMPLES])
 def test_example_compiles(name: str, text: str) -> None:
-    compile_source(text, name)
+    """Each example compiles as written, to the model it names, with layers, and to
+    a sound plan: no two block ids share a byte, every view inside its pool."""
+    art = compile_source(text, name)
+    assert art.name == yaml.safe_load(text)["name"]
+    assert art.layout.layers
+    assert check_layout(art.layout) == []
 
 
 @pytest.mark.parametrize("name,text", EXAMPLES, ids=[n for n, _ in EXAMPLES])

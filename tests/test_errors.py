@@ -17,7 +17,7 @@ CASES = sorted(ERRORS.glob("*.yaml"))
 @pytest.mark.parametrize("source", CASES, ids=lambda p: p.stem)
 def test_error_golden(source: Path) -> None:
     rel = str(source.relative_to(ROOT))
-    code, out, err = invoke(["validate", rel])
+    code, _, err = invoke(["validate", rel])
     got = f"{code}\n{err}"
     check_golden(source.with_suffix(".expected"), got)
     assert code == 1
@@ -28,15 +28,15 @@ def test_error_golden(source: Path) -> None:
 
 
 def test_missing_file_is_a_clear_error() -> None:
-    code, out, err = invoke(["validate", "no/such/file.yaml"])
+    code, _, err = invoke(["validate", "no/such/file.yaml"])
     assert code == 1
     assert err.startswith("no/such/file.yaml: error: no such file")
 
 
 def test_usage_error_exits_2() -> None:
-    code, out, err = invoke(["compile"])
+    code, _, err = invoke(["compile"])
     assert code == 2
     assert "error: missing argument SOURCE" in err and "hint:" in err
-    code, out, err = invoke(["plan", "layouts/llama-3.1-8b.yaml", "--memory", "lots"])
+    code, _, err = invoke(["plan", "layouts/llama-3.1-8b.yaml", "--memory", "lots"])
     assert code == 2
     assert "--memory: cannot read 'lots' as a size" in err

@@ -4,6 +4,7 @@ waste breakdown on hybrid layouts, the HTML page in headless Chromium."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -233,7 +234,7 @@ def test_block_accounting(cases, case) -> None:
             assert useful == layout.group_figures[gid].useful_bytes_per_block
         # no two layers of one group share bytes
         spans = sorted((s.start, s.end) for s in segs)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -297,8 +298,8 @@ def test_markdown(runner, cases) -> None:
     assert res.exit_code == 0
     lines = res.stdout.splitlines()
     assert lines[0] == "### KV-cache layout: `padslots`"
-    assert "| 0 | `sliding_window` | 3 | 16 | 64 KiB | 1 slot | 1,089 | " \
-           "`model.layers.{0,2,6}.self_attn.attn` |" in lines
+    assert ("| 0 | `sliding_window` | 3 | 16 | 64 KiB | 1 slot | 1,089 | "
+            "`model.layers.{0,2,6}.self_attn.attn` |") in lines
     assert "> [!WARNING]" in lines
     assert "| **total** | **32.98 KiB** | **12.9%** |  |" in lines
 

@@ -10,10 +10,10 @@ artifact, ``kvspec explain`` reads or refuses it cleanly, and reading its text
 gives the verdict ``verified`` gives of json's parse.
 
 Bounded to well under a minute on two cores (about 30 s here): fixed example
-counts (``KVSPEC_FUZZ_SOURCES``, ``_DUMPS``, ``_CONFIGS``, ``_ARTIFACTS``, ``_VALID`` change them), derandomized
-and without an example database, so CI runs the same cases every time; a 10 s
-limit per case; small inputs only (the 1 MB ones are in ``benchmarks/fuzz.py``,
-which runs tens of thousands of cases and minimises a reproducer of every
+counts (``KVSPEC_FUZZ_SOURCES``, ``_DUMPS``, ``_CONFIGS``, ``_ARTIFACTS``, ``_VALID``
+change them), derandomized and without an example database, so CI runs the same
+cases every time; a 10 s limit per case; small inputs only (the 1 MB ones are in
+``benchmarks/fuzz.py``, which runs tens of thousands of cases and minimises a reproducer of every
 defect). Every defect class it found is fixed; ``FIXED`` keeps each one's
 minimal reproducer, and a test checks that each now fails cleanly. ``KNOWN``
 lists defect classes found but not fixed yet (none now): the property tests

@@ -590,9 +590,9 @@ def test_state_dtypes_rules():
     assert ss.state_dtypes("gated_delta_net", "bfloat16") == ("bfloat16", "bfloat16")
     assert ss.state_dtypes("short_conv", "bfloat16", "auto", "float32") == ("bfloat16",)
     assert ss.state_dtypes("linear_attention", "half") == ("float16",)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown mamba_type 'mamba3'"):
         ss.state_dtypes("mamba3", "bfloat16")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unsupported cache dtype 'int4'"):
         ss.state_dtypes("mamba2", "bfloat16", "int4")
 
 
@@ -619,7 +619,7 @@ def test_family_falls_back_to_architectures():
 
 
 def test_bad_tp_rejected():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="tp must be a positive integer, got 0"):
         describe(load("llama-3.1-8b.json"), tp=0)
 
 

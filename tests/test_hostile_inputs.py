@@ -44,9 +44,9 @@ def test_the_api_reads_sizes_like_the_command_line() -> None:
 @pytest.mark.parametrize("memory", ["lots", "40GiB,", "40,000,000,000", -5, True, 2.5,
                                     "20GiB..40GiB", [1]])
 def test_the_api_refuses_what_is_not_a_size(memory: Any) -> None:
-    with pytest.raises(KvspecError, match="cannot read .* as a size"):
+    with pytest.raises(KvspecError, match=r"cannot read .* as a size"):
         kvspec.compile(LLAMA, memory=memory)
-    with pytest.raises(KvspecError, match="cannot read .* as a size"):
+    with pytest.raises(KvspecError, match=r"cannot read .* as a size"):
         kvspec.compile(LLAMA).num_blocks_for(memory=memory)
 
 
@@ -54,7 +54,10 @@ def test_loading_a_source_says_to_compile_it() -> None:
     pytest.importorskip("torch", reason="the loader needs torch")
     with pytest.raises(ArtifactError) as info:
         kvspec.load(LLAMA, device="meta")
-    assert str(info.value).splitlines()[0] == f"{LLAMA}: error: this is a layout source, not an artifact"
+    assert (
+        str(info.value).splitlines()[0]
+        == f"{LLAMA}: error: this is a layout source, not an artifact"
+    )
     assert info.value.hint == (f"compile it with `kvspec compile {LLAMA}` and use the "
                                ".kvlayout.json it writes")
 
@@ -90,13 +93,19 @@ def test_a_request_too_long_for_the_flag_points_at_max_model_len() -> None:
 
 # output paths ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [["compile", LLAMA], ["explain", LLAMA],
-                                     ["init", "--from-hf", "tests/data/hf/qwen3-8b.json"],
-                                     ["import", str(CONFORMANCE / "cases" / "gemma-2-9b-tp1.json")]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["compile", LLAMA],
+        ["explain", LLAMA],
+        ["init", "--from-hf", "tests/data/hf/qwen3-8b.json"],
+        ["import", str(CONFORMANCE / "cases" / "gemma-2-9b-tp1.json")],
+    ],
+)
 def test_an_output_under_a_file_is_a_clear_error(command: list[str], tmp_path: Path) -> None:
     blocker = tmp_path / "afile"
     blocker.write_text("keep me\n")
-    code, out, err = invoke([*command, "-o", str(blocker / "x.out")])
+    code, _, err = invoke([*command, "-o", str(blocker / "x.out")])
     assert code == 2, err
     assert f"cannot write {blocker}/x.out: {blocker} is a file, not a directory" in err
     assert "Traceback" not in err

@@ -29,7 +29,9 @@ and the groups' layer names, which are as long as the names (docs/reports.md).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import itertools
 import json
 import os
 import select
@@ -89,7 +91,8 @@ MEASURE = r"""
     if (e.closest("svg") !== null) continue;
     inside(name(e), e.getBoundingClientRect(), e.parentElement);
     if (e.scrollWidth > e.clientWidth + 0.5) {
-      if (scrolls(e)) out.scrolled.push({what: name(e), scroll: e.scrollWidth, client: e.clientWidth});
+      if (scrolls(e))
+        out.scrolled.push({what: name(e), scroll: e.scrollWidth, client: e.clientWidth});
       else if (["hidden", "clip"].includes(ox(e)))
         out.clipped.push({what: name(e), scroll: e.scrollWidth, client: e.clientWidth});
     }
@@ -99,7 +102,8 @@ MEASURE = r"""
     if (!t.textContent.trim() || t.parentElement.closest("svg")) continue;
     const r = document.createRange();
     r.selectNodeContents(t);
-    inside(JSON.stringify(t.textContent.trim().slice(0, 48)), r.getBoundingClientRect(), t.parentElement);
+    inside(JSON.stringify(t.textContent.trim().slice(0, 48)), r.getBoundingClientRect(),
+           t.parentElement);
   }
   const texts_of = (svg, sel) => [...svg.querySelectorAll(sel)].map(
     (t) => ({text: t.textContent, box: box(t.getBoundingClientRect())}));
@@ -107,7 +111,8 @@ MEASURE = r"""
     const s = svg.getBoundingClientRect();
     for (const t of svg.querySelectorAll("text")) {
       const b = t.getBoundingClientRect();
-      if (b.left < s.left - 0.5 || b.right > s.right + 0.5 || b.top < s.top - 0.5 || b.bottom > s.bottom + 0.5)
+      if (b.left < s.left - 0.5 || b.right > s.right + 0.5
+          || b.top < s.top - 0.5 || b.bottom > s.bottom + 0.5)
         out.svg.push({text: t.textContent, box: box(b), svg: box(s)});
     }
   }
@@ -125,7 +130,8 @@ MEASURE = r"""
   out.members = [...document.querySelectorAll("td.members div")].filter(
     (d) => d.getBoundingClientRect().width > 0).map((d) => box(d.getBoundingClientRect()));
   out.nums = [...block.querySelectorAll("text.num")].map((t) => ({text: t.textContent,
-    box: box(t.getBoundingClientRect()), page: box(t.previousElementSibling.getBoundingClientRect())}));
+    box: box(t.getBoundingClientRect()),
+    page: box(t.previousElementSibling.getBoundingClientRect())}));
   return out;
 })()
 """
@@ -153,7 +159,7 @@ class DevTools:
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync",
                  "--remote-debugging-pipe", f"--user-data-dir={profile}", "about:blank"],
-                preexec_fn=to_3_and_4, close_fds=False, stdin=subprocess.DEVNULL,
+                preexec_fn=to_3_and_4, close_fds=False,  # noqa: PLW1509 - no threads yet stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=err)
         os.close(hi_r)
         os.close(hi_w)
@@ -202,10 +208,8 @@ class DevTools:
             self._queue.append(self._message(deadline))
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):
             self.call("Browser.close", timeout=10)
-        except RuntimeError:
-            pass
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -331,7 +335,7 @@ def test_layer_names_are_on_screen_at_phone_width(measured, layout: str) -> None
     """The groups table is one card per group at 390 px: every layer name is inside
     the viewport (nothing scrolls, no box leaves its parent: test_nothing_overflows)."""
     m = measured[PHONE, layout]
-    assert m["members"] and all(0 <= b[0] and b[1] <= PHONE for b in m["members"]), \
+    assert m["members"] and all(b[0] >= 0 and b[1] <= PHONE for b in m["members"]), \
         m["members"]
 
 
@@ -400,7 +404,7 @@ def test_ruler_ticks_keep_their_gap(layout: str) -> None:
     rep = explain(f"layouts/{layout}.yaml")
     ticks = block_picture(rep)["ticks"]
     assert ticks[0]["text"] == "0" and ticks[-1]["text"] == short_bytes(rep.block.bytes_per_block)
-    for a, b in zip(ticks, ticks[1:]):
+    for a, b in itertools.pairwise(ticks):
         assert b["left"] - a["right"] >= TICK_GAP, (a, b)
 
 

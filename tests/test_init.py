@@ -109,12 +109,13 @@ def test_tp_splits_heads_in_the_compiler_not_the_source(tmp_path: Path) -> None:
     assert source["parallel"]["tensor"] == 2
     assert source["defaults"]["num_kv_heads"] == 8  # the model's heads
     body = compile_source(text).data["body"]
-    assert {body["specs"][lay["spec"]]["num_kv_heads"] for lay in body["layers"].values()} == {4}  # per rank
+    per_rank = {body["specs"][lay["spec"]]["num_kv_heads"] for lay in body["layers"].values()}
+    assert per_rank == {4}
 
 
 def test_tp_state_shapes_are_per_rank_and_few_heads_replicate(tmp_path: Path) -> None:
     config = DATA / "qwen3-next-80b-a3b-thinking.json"
-    text1, one = init_to(tmp_path, config)
+    _, one = init_to(tmp_path, config)
     text4, four = init_to(tmp_path, config, "--tp", "4")
     # gated_delta_net_state_shape: conv (4 - 1, (2*16*128 + 32*128) / tp), state (32 / tp, 128, 128)
     assert one["layer_types"]["gdn"]["shapes"] == [[3, 8192], [32, 128, 128]]
@@ -252,7 +253,7 @@ def test_a_gemma3_default_is_placed_where_the_text_config_has_it(tmp_path: Path)
 
 
 def test_a_missing_field_is_placed_at_its_object(tmp_path: Path) -> None:
-    path, text = _edited(tmp_path, "deepseek-v3", lambda c: c.pop("kv_lora_rank"), indent=None)
+    path, _ = _edited(tmp_path, "deepseek-v3", lambda c: c.pop("kv_lora_rank"), indent=None)
     code, _, err = invoke(["init", "--from-hf", str(path)])
     assert code == 1 and err.startswith(
         f"{path}:1:1: error: config.json has no 'kv_lora_rank', which this model family "
@@ -263,10 +264,10 @@ def test_a_config_read_as_json_reads_it(tmp_path: Path) -> None:
     """NaN, Infinity and a real of 5,000 digits are numbers, and of a key given
     twice the last counts (as ``json`` and ``transformers`` read a config);
     errors keep their place."""
-    text = (DATA / "llama-3.1-8b.json").read_text().rstrip().removesuffix("}") + \
-        ',\n  "initializer_range": NaN,\n  "rope_theta": Infinity,\n' \
-        f'  "rms_norm_eps": {"9" * 5000}.5,\n' \
-        '  "num_key_value_heads": 8,\n  "num_key_value_heads": 0\n}\n'
+    text = (DATA / "llama-3.1-8b.json").read_text().rstrip().removesuffix("}") + (
+        ',\n  "initializer_range": NaN,\n  "rope_theta": Infinity,\n'
+        f'  "rms_norm_eps": {"9" * 5000}.5,\n'
+        '  "num_key_value_heads": 8,\n  "num_key_value_heads": 0\n}\n')
     path = tmp_path / "config.json"
     path.write_text(text)
     code, _, err = invoke(["init", "--from-hf", str(path)])
@@ -280,19 +281,19 @@ def test_a_config_read_as_json_reads_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("field,value,message", [
     ("architectures", True, "config.json field 'architectures' must be a list of class names"),
-    ("architectures", ["LlamaForCausalLM", 5], "config.json field 'architectures' must be a "
-     "list of class names"),
+    ("architectures", ["LlamaForCausalLM", 5], ("config.json field 'architectures' must be a "
+      "list of class names")),
     ("model_type", 7, "config.json field 'model_type' must be a string"),
     ("text_config", "x", "config.json field 'text_config' must be an object"),
     ("torch_dtype", "bf17", "config.json field 'torch_dtype' names no dtype"),
     ("num_hidden_layers", 10**9, "config.json field 'num_hidden_layers' is out of range"),
     ("num_attention_heads", 0, "config.json field 'num_attention_heads' is out of range"),
-    ("max_position_embeddings", "8k", "config.json field 'max_position_embeddings' must be "
-     "an integer"),
-    ("num_nextn_predict_layers", "x", "config.json field 'num_nextn_predict_layers' must be "
-     "an integer"),
-    ("layer_types", ["full_attention"], "config.json field 'layer_types' lists 1 entries for "
-     "32 layers"),
+    ("max_position_embeddings", "8k", ("config.json field 'max_position_embeddings' must be "
+      "an integer")),
+    ("num_nextn_predict_layers", "x", ("config.json field 'num_nextn_predict_layers' must be "
+      "an integer")),
+    ("layer_types", ["full_attention"], ("config.json field 'layer_types' lists 1 entries for "
+      "32 layers")),
 ])
 def test_every_bad_field_is_a_placed_error(tmp_path: Path, field: str, value: object,
                                            message: str) -> None:
@@ -533,8 +534,8 @@ def test_gemma_in_float16_is_refused() -> None:
     code, _, stderr = invoke(["init", "--from-hf", str(DATA / "gemma-2-9b-it.json"),
                               "--dtype", "float16"])
     assert code == 1
-    assert "vLLM 0.33.0 refuses this config: The model type 'gemma2' does not support " \
-           "float16" in stderr
+    assert ("vLLM 0.33.0 refuses this config: The model type 'gemma2' does not support "
+            "float16") in stderr
     assert "hint: pass --dtype bfloat16" in stderr
 
 

@@ -137,8 +137,8 @@ def test_the_adapter_reads_each_group_kind(name: str, kinds: list[str]) -> None:
 
 
 def test_the_adapter_turns_caching_off_for_state_mode_none() -> None:
-    from tests.vllm.cases import source
     from kvspec.compiler import compile_source
+    from tests.vllm.cases import source
 
     art = compile_source(source("synthetic-mamba-hybrid"), "m.yaml")
     lay = from_artifact(art, 50)

@@ -20,7 +20,7 @@ DEEPSEEK = "tests/data/hf/deepseek-v3.json"
 def _init(*args: str) -> tuple[int, str]:
     code, out, err = invoke(["init", "--from-hf", DEEPSEEK, "--max-model-len", "32768", *args])
     assert code == 0, err
-    block = re.search(r"^  block_size: (\d+)$", out, re.M)
+    block = re.search(r"^  block_size: (\d+)$", out, re.MULTILINE)
     assert block is not None
     header = " ".join(line[2:] for line in out.splitlines() if line.startswith("# "))
     return int(block.group(1)), header
@@ -52,8 +52,8 @@ def test_without_a_target_the_note_says_where_16_holds_and_where_not() -> None:
 def test_a_block_size_given_wins_and_the_header_keeps_the_command_line() -> None:
     block, header = _init("--target", "blackwell", "--block-size", "64")
     assert block == 64 and "MLA" not in header
-    assert "kvspec init --from-hf tests/data/hf/deepseek-v3.json --target blackwell " \
-           "--max-model-len 32768 --block-size 64" in header
+    assert ("kvspec init --from-hf tests/data/hf/deepseek-v3.json --target blackwell "
+            "--max-model-len 32768 --block-size 64") in header
     block, header = _init("--target", "blackwell")
     assert block == 32 and "--block-size" not in header.split("Review")[0]
 

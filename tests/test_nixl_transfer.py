@@ -143,7 +143,7 @@ def test_a_plan_for_other_caches_moves_nothing(peers) -> None:
     prefill, decode = _connect(peers, art, art)
     before = decode.call("dump")
     wrong_source = plan_transfer(other, art, src_blocks=N, dst_blocks=N).plan.to_json()
-    with pytest.raises(PlanMismatchError, match="the plan was made for sha256:.*and peer"):
+    with pytest.raises(PlanMismatchError, match=r"the plan was made for sha256:.*and peer"):
         decode.call("read", wrong_source, {"0": [1]}, 5.0, b"")
     wrong_destination = plan_transfer(art, other, src_blocks=N, dst_blocks=N).plan.to_json()
     with pytest.raises(PlanMismatchError, match="and this endpoint"):

@@ -13,7 +13,6 @@ import yaml
 
 from kvspec.artifact.invariants import block_overlaps, check_artifact
 from kvspec.compiled import read, verified
-from kvspec.compiler import compile as compile_file
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
 from kvspec.pooling.decide import TIE
@@ -169,7 +168,7 @@ def test_no_two_block_ids_share_a_byte_in_any_pool(separate) -> None:
 
 def test_separate_under_vllm_is_refused_with_why(tmp_path: Path) -> None:
     path = write(tmp_path, source("separate", "vllm"))
-    code, out, err = invoke(["compile", str(path)])
+    code, _out, err = invoke(["compile", str(path)])
     assert code == 1
     assert "the separate policy cannot be served by vLLM" in err
     assert "one shared pool" in err and "serve_with: kvspec" in err
@@ -218,7 +217,7 @@ def test_auto_is_deterministic() -> None:
 def test_a_workload_no_plan_serves_is_a_clear_error(tmp_path: Path) -> None:
     text = source("auto", "kvspec", memory="2MiB")
     path = write(tmp_path, text)
-    code, out, err = invoke(["compile", str(path)])
+    code, _out, err = invoke(["compile", str(path)])
     assert code == 1 and "Traceback" not in err
     assert "hint:" in err
 
@@ -263,7 +262,7 @@ def test_simulate_against_vllm_refuses_separate_pools(tmp_path: Path, separate) 
     separate.write(path)
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival": 0, "prompt_tokens": 10, "output_tokens": 2}\n')
-    code, out, err = invoke(["simulate", str(path), "--workload", str(trace),
+    code, _out, err = invoke(["simulate", str(path), "--workload", str(trace),
                              "--against", "vllm"])
     assert code == 2
     assert "vLLM 0.33 holds one shared pool" in err
@@ -272,14 +271,14 @@ def test_simulate_against_vllm_refuses_separate_pools(tmp_path: Path, separate) 
 def test_simulate_points_at_a_bad_trace_line(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"arrival": 0, "prompt_tokens": 10, "output_tokens": 2}\n{oops\n')
-    code, out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json",
+    code, _out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json",
                              "--workload", str(trace)])
     assert code == 1
     assert err.startswith(f"{trace}:2:")
 
 
 def test_simulate_without_a_trace_says_how_to_make_one() -> None:
-    code, out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json"])
+    code, _out, err = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json"])
     assert code == 2 and "kvspec trace" in err
 
 

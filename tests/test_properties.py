@@ -17,8 +17,10 @@ from kvspec.planner import size_plan
 
 KINDS = {
     "full": lambda d: {"kind": "full_attention"},
-    "swa": lambda d: {"kind": "sliding_window", "sliding_window": d(st.sampled_from([128, 1024, 4096]))},
-    "chunk": lambda d: {"kind": "chunked_local", "attention_chunk_size": d(st.sampled_from([1024, 8192]))},
+    "swa": lambda d: {"kind": "sliding_window",
+                      "sliding_window": d(st.sampled_from([128, 1024, 4096]))},
+    "chunk": lambda d: {"kind": "chunked_local",
+                        "attention_chunk_size": d(st.sampled_from([1024, 8192]))},
     "mla": lambda d: {"kind": "mla", "num_kv_heads": 1, "head_size": 576},
     "mamba": lambda d: {"kind": "mamba", "shapes": [[3, d(st.sampled_from([1024, 4096]))],
                                                     [8, 64, 64]],
@@ -72,14 +74,14 @@ def sources(draw) -> str:
 @given(sources())
 # inputs that once crashed the compiler: DCP with sliding windows, packing that cannot
 # split a bucket evenly, a pipeline stage owning none of a packed group's layers
-@example('{"kvspec": 1, "name": "prop", "engine": {"block_size": 32, "max_model_len": 8192, "model_max_len": 32768, "layout": "LBHNC", "hybrid": false, "mamba_cache_mode": "align", "mamba_block_size": 256, "async_scheduling": true, "prefix_match_unit": 32}, "parallel": {"tensor": 1, "pipeline": 2, "decode_context": 2}, "defaults": {"dtype": "float32"}, "quantization": {"kv_cache_dtype": "fp8", "skip_layers": [4]}, "layer_types": {"swa": {"kind": "sliding_window", "sliding_window": 128, "num_kv_heads": 1, "head_size": 256}}, "layers": [{"repeat": 6, "pattern": ["swa", "swa"]}]}')
-@example('{"kvspec": 1, "name": "prop", "engine": {"block_size": 64, "max_model_len": 2048, "model_max_len": 32768, "layout": "BLHNC", "hybrid": true, "mamba_cache_mode": "align", "mamba_block_size": 256, "async_scheduling": true, "memory": "256MiB"}, "parallel": {"tensor": 2, "pipeline": 2, "decode_context": 1}, "defaults": {"dtype": "bfloat16"}, "quantization": {"kv_cache_dtype": "int8_per_token_head", "skip_layers": [8, 2]}, "layer_types": {"chunk": {"kind": "chunked_local", "attention_chunk_size": 8192, "num_kv_heads": 2, "head_size": 128}, "swa": {"kind": "sliding_window", "sliding_window": 1024, "num_kv_heads": 8, "head_size": 256}}, "layers": [{"repeat": 4, "pattern": ["chunk", "chunk", "swa", "swa"]}]}')
-@example('{"kvspec": 1, "name": "prop", "engine": {"block_size": 32, "max_model_len": 2048, "model_max_len": 32768, "layout": "BLNHC", "hybrid": true, "mamba_cache_mode": "align", "mamba_block_size": 256, "async_scheduling": true, "memory": "2GiB", "prefix_match_unit": 16}, "parallel": {"tensor": 1, "pipeline": 2, "decode_context": 1}, "defaults": {"dtype": "bfloat16"}, "quantization": {"kv_cache_dtype": "auto", "skip_layers": []}, "layer_types": {"chunk": {"kind": "chunked_local", "attention_chunk_size": 8192, "num_kv_heads": 4, "head_size": 128}, "mamba": {"kind": "mamba", "shapes": [[3, 1024], [8, 64, 64]], "dtypes": ["bfloat16", "float32"], "mamba_type": "mamba2", "layer_name": "model.layers.{index}.mixer"}}, "layers": [{"repeat": 2, "pattern": ["chunk", "mamba", "mamba", "mamba", "mamba"]}]}')
+@example('{"kvspec": 1, "name": "prop", "engine": {"block_size": 32, "max_model_len": 8192, "model_max_len": 32768, "layout": "LBHNC", "hybrid": false, "mamba_cache_mode": "align", "mamba_block_size": 256, "async_scheduling": true, "prefix_match_unit": 32}, "parallel": {"tensor": 1, "pipeline": 2, "decode_context": 2}, "defaults": {"dtype": "float32"}, "quantization": {"kv_cache_dtype": "fp8", "skip_layers": [4]}, "layer_types": {"swa": {"kind": "sliding_window", "sliding_window": 128, "num_kv_heads": 1, "head_size": 256}}, "layers": [{"repeat": 6, "pattern": ["swa", "swa"]}]}')  # noqa: E501 - a found input, verbatim
+@example('{"kvspec": 1, "name": "prop", "engine": {"block_size": 64, "max_model_len": 2048, "model_max_len": 32768, "layout": "BLHNC", "hybrid": true, "mamba_cache_mode": "align", "mamba_block_size": 256, "async_scheduling": true, "memory": "256MiB"}, "parallel": {"tensor": 2, "pipeline": 2, "decode_context": 1}, "defaults": {"dtype": "bfloat16"}, "quantization": {"kv_cache_dtype": "int8_per_token_head", "skip_layers": [8, 2]}, "layer_types": {"chunk": {"kind": "chunked_local", "attention_chunk_size": 8192, "num_kv_heads": 2, "head_size": 128}, "swa": {"kind": "sliding_window", "sliding_window": 1024, "num_kv_heads": 8, "head_size": 256}}, "layers": [{"repeat": 4, "pattern": ["chunk", "chunk", "swa", "swa"]}]}')  # noqa: E501 - a found input, verbatim
+@example('{"kvspec": 1, "name": "prop", "engine": {"block_size": 32, "max_model_len": 2048, "model_max_len": 32768, "layout": "BLNHC", "hybrid": true, "mamba_cache_mode": "align", "mamba_block_size": 256, "async_scheduling": true, "memory": "2GiB", "prefix_match_unit": 16}, "parallel": {"tensor": 1, "pipeline": 2, "decode_context": 1}, "defaults": {"dtype": "bfloat16"}, "quantization": {"kv_cache_dtype": "auto", "skip_layers": []}, "layer_types": {"chunk": {"kind": "chunked_local", "attention_chunk_size": 8192, "num_kv_heads": 4, "head_size": 128}, "mamba": {"kind": "mamba", "shapes": [[3, 1024], [8, 64, 64]], "dtypes": ["bfloat16", "float32"], "mamba_type": "mamba2", "layer_name": "model.layers.{index}.mixer"}}, "layers": [{"repeat": 2, "pattern": ["chunk", "mamba", "mamba", "mamba", "mamba"]}]}')  # noqa: E501 - a found input, verbatim
 def test_compile_is_sound_or_rejects_clearly(text: str) -> None:
     try:
         art = compile_source(text, "prop.yaml")
-    except KvspecError as err:
-        assert err.message and err.file == "prop.yaml" and "Traceback" not in err.render()
+    except KvspecError as err:  # sound or rejected clearly: each outcome is checked
+        assert err.message and err.file == "prop.yaml" and "Traceback" not in err.render()  # noqa: PT017
         return
     assert check_artifact(art) == []  # block ids never share bytes, every view in its pool
     from kvspec.reports.summary import summary

@@ -106,8 +106,9 @@ def test_skipped_layers_make_a_mixed_precision_cache_that_needs_zeroing() -> Non
 
 
 def test_per_type_override() -> None:
-    text = LLAMA.format(mode="auto").replace("attn: {kind: full_attention}",
-                                             "attn: {kind: full_attention, kv_cache_dtype: fp8_e5m2}")
+    text = LLAMA.format(mode="auto").replace(
+        "attn: {kind: full_attention}", "attn: {kind: full_attention, kv_cache_dtype: fp8_e5m2}"
+    )
     art = compile_source(text, "o.yaml")
     body = art.data["body"]
     assert body["specs"][body["groups"][0]["spec"]]["dtype"] == "float8_e5m2"

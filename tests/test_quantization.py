@@ -23,9 +23,10 @@ from kvspec.model.quant import (
     ScaleTensor,
     format_for,
     formats_of_mode,
-    quant_mode,
     layer_quant,
+    quant_mode,
 )
+from kvspec.model.quant.formats import TurboQuant
 from kvspec.model.specs import MLA, FullAttention
 from tests.conftest import CONFORMANCE, REFERENCE
 
@@ -89,7 +90,7 @@ def test_enum_values_equal_the_reference():
 def test_enum_values_parsed_from_the_reference_text():
     text = REFERENCE.read_text()
     block = text[text.index("class KVQuantMode(IntEnum):") : text.index("def is_per_token_head")]
-    parsed = {m: int(v) for m, v in re.findall(r"^\s+([A-Z0-9_]+) = (\d+)", block, re.M)}
+    parsed = {m: int(v) for m, v in re.findall(r"^\s+([A-Z0-9_]+) = (\d+)", block, re.MULTILINE)}
     assert parsed == REFERENCE_VALUES
 
 
@@ -171,8 +172,8 @@ def _reference_get_kv_quant_mode():
     end = text.index("def is_quantized_kv_cache")
     ns: dict = {}
     enum_block = text[text.index("class KVQuantMode(IntEnum):") : text.index("    @property")]
-    exec("from enum import IntEnum\n" + enum_block, ns)  # noqa: S102 - spec under test
-    exec(text[start:end], ns)  # noqa: S102
+    exec("from enum import IntEnum\n" + enum_block, ns)  # the spec under test
+    exec(text[start:end], ns)
     return ns["get_kv_quant_mode"]
 
 
@@ -254,7 +255,9 @@ def test_attention_page_sizes(s):
     assert (q.dtype, q.state_content_bytes, q.num_head_slots) == (dtype, c, slots)
     assert q.mode == quant_mode(s) and q.kv_cache_dtype == s and q.scales == ()
     assert page(q, **LLAMA) == 16 * bpt
-    assert bytes_per_token(q, block_size=16, **{k: v for k, v in LLAMA.items() if k != "kind"}) == bpt
+    assert (
+        bytes_per_token(q, block_size=16, **{k: v for k, v in LLAMA.items() if k != "kind"}) == bpt
+    )
 
 
 @pytest.mark.parametrize("s", sorted(MLA_EXPECTED))
@@ -281,8 +284,8 @@ def test_attention_formulas_other_shapes(s, hs, h):
     elif fmt.name == "nvfp4":
         want = 2 * h * bs * (hs // 2 + hs // 16)
     else:
-        assert fmt.mode.is_turboquant
-        key = hs if fmt.k_bits == 8 else math.ceil(hs * fmt.k_bits / 8) + 2  # type: ignore
+        assert isinstance(fmt, TurboQuant) and fmt.mode.is_turboquant
+        key = hs if fmt.k_bits == 8 else math.ceil(hs * fmt.k_bits / 8) + 2
         slot = key + math.ceil(hs * fmt.v_bits / 8) + 4
         want = h * bs * (slot + slot % 2)
     assert got == want
@@ -463,13 +466,19 @@ def test_error_renders_with_hint():
 @pytest.mark.parametrize("kind", ["full_attention", "sliding_window", "chunked_local",
                                   "sink_full_attention", "attention"])
 def test_decoder_kinds_accept_turboquant(kind):
-    resolve("turboquant_4bit_nc", **dict(LLAMA, kind=kind))
+    """Accepted, and the same cell as on a plain attention layer."""
+    q = resolve("turboquant_4bit_nc", **dict(LLAMA, kind=kind))
+    assert q.mode == KVQuantMode.TURBOQUANT_4BIT_NC and q.dtype == "uint8"
+    assert q == resolve("turboquant_4bit_nc", **LLAMA)
 
 
 @pytest.mark.parametrize("kind", ["cross_attention", "encoder_only", "sliding_window"])
 def test_per_token_head_and_nvfp4_accept_attention_kinds(kind):
-    resolve("int8_per_token_head", **dict(LLAMA, kind=kind))
-    resolve("nvfp4", **dict(LLAMA, kind=kind))
+    """Accepted, and the same cells as on a plain attention layer."""
+    for mode in ("int8_per_token_head", "nvfp4"):
+        q = resolve(mode, **dict(LLAMA, kind=kind))
+        assert q.mode == quant_mode(mode)
+        assert q == resolve(mode, **LLAMA)
 
 
 # ---------------------------------------------------------------------------

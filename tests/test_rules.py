@@ -23,7 +23,7 @@ def test_targets_name_gpu_classes_and_gdn_backends() -> None:
     assert target("Hopper") == rules.Target("hopper", (9, 0))
     assert target("blackwell").capability == (10, 0)
     assert target("triton") == rules.Target("triton", None, "triton")
-    with pytest.raises(ValueError, match="unknown target 'h100'.*hopper.*flashinfer"):
+    with pytest.raises(ValueError, match=r"unknown target 'h100'.*hopper.*flashinfer"):
         target("h100")
 
 

@@ -91,7 +91,7 @@ def _worker(rank: int, tmp: str) -> None:
             result = _scenarios(rank, tmp_path)
         finally:
             dist.destroy_process_group()
-    except Exception:  # reported to the parent through the result file
+    except Exception:  # noqa: BLE001 - reported to the parent through the result file
         result = {"crash": traceback.format_exc()}
     (tmp_path / f"rank{rank}.json").write_text(json.dumps(result))
 

@@ -37,7 +37,10 @@ def test_int8_per_token_head_parts_are_views_of_the_cell() -> None:
     raw = view[3, 1, 5]                                     # one cell's 136 bytes
     assert torch.equal(raw[64:68].view(torch.float32), torch.tensor([0.5]))
     assert torch.all(raw[68:132] == 7)
-    assert parts["k"].untyped_storage().data_ptr() == cache.buffers["device"].untyped_storage().data_ptr()
+    assert (
+        parts["k"].untyped_storage().data_ptr()
+        == cache.buffers["device"].untyped_storage().data_ptr()
+    )
     assert cache.scales == {}
 
 

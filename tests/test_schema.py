@@ -16,8 +16,7 @@ from click.testing import CliRunner
 
 from kvspec.artifact import Artifact
 from kvspec.artifact.read import format_problems as schema_problems
-from kvspec.artifact.text import signature
-from kvspec.artifact.format import Envelope
+from kvspec.artifact.text import canonical, sha256_of
 from kvspec.cli import cli
 from kvspec.compiler import compile_source
 from kvspec.errors import ArtifactError, KvspecError
@@ -109,12 +108,13 @@ def test_artifacts_off_the_schema_are_rejected(edit, where: str) -> None:
     problems = schema_problems(data)
     assert len(problems) == 1 and problems[0].endswith(f"- at `{where}`"), problems
     if where != "$.sha256":  # a recomputed hash does not make it readable
-        data["sha256"] = "0" * 64
+        rest = {k: v for k, v in data.items() if k != "sha256"}
+        data["sha256"] = sha256_of(canonical(rest))
         with pytest.raises(ArtifactError) as exc:
             Artifact.from_dict(data, origin="x.kvlayout.json")
         assert exc.value.file == "x.kvlayout.json"
         assert "does not match the artifact format" in exc.value.message
-        assert exc.value.path == where.removeprefix("$.").replace("[", ".[").replace(".[", "[")
+        assert exc.value.path == where.removeprefix("$.")
 
 
 def test_an_artifact_of_another_format_is_refused_naming_it() -> None:
@@ -219,7 +219,7 @@ _BASE = yaml.safe_load((ROOT / "layouts" / "llama-3.1-8b.yaml").read_text())
 @pytest.mark.parametrize("path, value", [
     *((("engine", "memory"), v) for v in (
         "40GiB", "40 gib", " 80GB ", "1.5GiB", "512MiB", "4096", "8b", "1KB", 0, 2**40,
-        "40G", "40GiBs", "40 Gi", "4,096", "1.5", "-1GiB", "", "٤٠GiB", -1, True)),
+        "40G", "40GiBs", "40 Gi", "4,096", "1.5", "-1GiB", "", "٤٠GiB", -1, True)),  # noqa: RUF001 - Arabic-Indic digits, on purpose
     *((("layer_types", "attn", "tokens_per_state"), v) for v in (
         1, 8, "1/2", " 3 / 4 ", "16", "002", "1\t/2", 0, -1, "0", "0/1", "1/0", "00", "1/2/3",
         "1.5", "½", True)),

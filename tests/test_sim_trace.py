@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def test_generated_lengths_have_the_asked_mean_and_arrivals_the_rate() -> None:
     output = sum(r.output_tokens for r in trace) / len(trace)
     assert 900 < prompt < 1100 and 180 < output < 220
     assert 900 < trace[-1].arrival < 1100  # 4000 requests at 4 per step
-    assert all(a.arrival <= b.arrival for a, b in zip(trace, trace[1:]))
+    assert all(a.arrival <= b.arrival for a, b in itertools.pairwise(trace))
 
 
 def test_spread_zero_gives_every_request_the_mean() -> None:

@@ -40,7 +40,9 @@ PAGE = 8 * 16 * 256 * 2  # 65536
 
 def test_in_flight_tokens() -> None:
     assert E.max_in_flight_tokens == 4096
-    assert Engine(max_num_batched_tokens=2048, pipeline_parallel_size=2).max_in_flight_tokens == 4096
+    assert (
+        Engine(max_num_batched_tokens=2048, pipeline_parallel_size=2).max_in_flight_tokens == 4096
+    )
     assert Engine(max_num_batched_tokens=2048, async_scheduling=False).max_in_flight_tokens == 2048
 
 

@@ -7,6 +7,7 @@ tests/test_nixl_transfer.py."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -171,7 +172,8 @@ def test_refusals_name_the_field(src: dict, dst: dict, message: str, path: str) 
 
 
 def test_head_size_differs_is_refused() -> None:
-    with pytest.raises(TransferRefused, match="head size differs .32 in SRC, 64 in DST.") as err:
+    with pytest.raises(TransferRefused,
+                       match=re.escape("head size differs (32 in SRC, 64 in DST)")) as err:
         plan_transfer(compiled("dense"), compiled("dense", head_size=16), src_file="SRC",
                       dst_file="DST", src_blocks=N, dst_blocks=N)
     assert err.value.path == "body.stages[0].tensors[0].view.cell_bytes"
@@ -179,7 +181,7 @@ def test_head_size_differs_is_refused() -> None:
 
 def test_window_and_state_split_are_refused() -> None:
     base = compiled("hybrid")
-    with pytest.raises(TransferRefused, match="window differs .32 in SRC, 64 in DST."):
+    with pytest.raises(TransferRefused, match=re.escape("window differs (32 in SRC, 64 in DST)")):
         plan_transfer(base, compiled("hybrid", window=64), src_blocks=16, dst_blocks=16)
     with pytest.raises(TransferRefused, match="is a state layer split across tensor-parallel "
                                               "ranks: its states cannot be re-split from 2 to 1"):

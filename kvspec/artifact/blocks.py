@@ -19,6 +19,7 @@ drafter's layer.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -298,7 +299,7 @@ def _pool_regions(si: int, st: Stage, counts: Mapping[str, int], n: Mapping[str,
         regions[p.allocation].append((lo, hi, p.name, pi))
     for spans in regions.values():
         spans.sort()
-        for (_, hi, a, _), (lo, _, b, pi) in zip(spans, spans[1:]):
+        for (_, hi, a, _), (lo, _, b, pi) in itertools.pairwise(spans):
             if lo < hi:
                 out.append(Problem((*here, "pools", pi, "offset"),
                                    f"stage {si}: pools {a} and {b} share bytes"))

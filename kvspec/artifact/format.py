@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from fractions import Fraction
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, cast
 
 import msgspec
 from msgspec import Meta
@@ -42,12 +42,13 @@ from msgspec import Meta
 from kvspec.model import kinds
 from kvspec.model.axes import AxisOrderName
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
+from kvspec.model.specs.uniform import UniformType
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "Affine", "Allocation", "Budget", "Bytes", "Candidate",
     "CellPart", "Envelope", "Engine", "Group", "Layer", "Layout", "LogLine", "Pool",
-    "PoolShare", "PoolingRecord", "Simulated", "Spec", "Stage", "Tensor", "Unsigned", "View", "Waste",
-    "WorkloadRecord", "at",
+    "PoolShare", "PoolingRecord", "Simulated", "Spec", "Stage", "Tensor", "Unsigned", "View",
+    "Waste", "WorkloadRecord", "at",
 ]
 
 FORMAT_VERSION = 3
@@ -60,12 +61,14 @@ Sha256 = Annotated[str, Meta(pattern="^[0-9a-f]{64}$")]
 CacheDtype = Literal[KV_CACHE_DTYPES]  # type: ignore[valid-type]
 
 
+# Every subclass repeats frozen=True: msgspec inherits it, but type checkers read
+# dataclass_transform (PEP 681) class by class and would take a subclass as mutable.
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A closed record: exactly these fields, each one written (no defaults
     left out), so decoding and encoding again gives the same text."""
 
 
-class Affine(Record):
+class Affine(Record, frozen=True):
     """``per_block * N + fixed`` bytes, ``N`` the pool's block count."""
 
     per_block: NonNeg
@@ -73,7 +76,7 @@ class Affine(Record):
 
 
 #: Bytes: an integer, or an :class:`Affine` form when it depends on ``N``.
-Bytes = Union[NonNeg, Affine]
+Bytes = NonNeg | Affine
 
 
 def at(value: int | Affine, num_blocks: int) -> int:
@@ -96,7 +99,7 @@ def affine(value: Any) -> int | Affine:
 # ---------------------------------------------------------------------------
 
 
-class Engine(Record):
+class Engine(Record, frozen=True):
     """The engine settings the plan was made for, derived values resolved."""
 
     async_scheduling: bool
@@ -145,7 +148,7 @@ _JSON_TYPES: dict[Any, Any] = {
 }
 
 
-class SpecRecord(Record, tag_field="kind", rename={"class_": "class"}):
+class SpecRecord(Record, frozen=True, tag_field="kind", rename={"class_": "class"}):
     """A layer spec as the planner describes it (:func:`kvspec.model.kinds.describe`):
     every field of its kind, the reference's class name and the derived page size."""
 
@@ -164,20 +167,20 @@ def _spec_record(kind: kinds.Kind) -> type[SpecRecord]:
             fields.append((name, _JSON_TYPES[hints[f.name]]))
     if kind.state:  # -1: one state covers the whole request
         fields.append(("tokens_per_state", int))
-    record: type[SpecRecord] = msgspec.defstruct(
+    return cast("type[SpecRecord]", msgspec.defstruct(  # a subclass of its one base
         "".join(w.title() for w in kind.name.split("_")) + "Spec", dict(fields).items(),
-        bases=(SpecRecord,), tag=kind.name, module=__name__)
-    return record
+        bases=(SpecRecord,), tag=kind.name, module=__name__))
 
 
-_LEAF_SPECS = tuple(_spec_record(k) for k in kinds.KINDS if k.spec is not kinds.UniformType)
+_LEAF_SPECS = tuple(_spec_record(k) for k in kinds.KINDS if k.spec is not UniformType)
 
 
-class UniformTypeSpec(SpecRecord, tag="uniform_type"):
+class UniformTypeSpec(SpecRecord, frozen=True, tag="uniform_type"):
     """Layers of several specs in one group (the reference's UniformTypeKVCacheSpecs)."""
 
     block_size: Pos
-    kv_cache_specs: dict[str, Union[_LEAF_SPECS]]  # type: ignore[valid-type]
+    # a union built from KINDS at import: no `X | Y` spelling, and no static type for mypy
+    kv_cache_specs: dict[str, Union[_LEAF_SPECS]]  # type: ignore[valid-type]  # noqa: UP007
 
 
 #: Any layer spec: tagged by ``kind``.
@@ -189,7 +192,7 @@ Spec = Union[(*_LEAF_SPECS, UniformTypeSpec)]  # type: ignore[valid-type]
 # ---------------------------------------------------------------------------
 
 
-class CellPart(Record):
+class CellPart(Record, frozen=True):
     """``count`` elements of ``dtype`` starting ``byte_offset`` bytes into a
     cell: one addressable part (K, V, an in-cell scale, MLA NoPE/RoPE, ...)."""
 
@@ -199,7 +202,7 @@ class CellPart(Record):
     count: Pos
 
 
-class Layer(Record):
+class Layer(Record, frozen=True):
     """One layer: its stage and group, its spec and how it is quantized."""
 
     #: The group it belongs to (None: a layer no group holds, e.g. encoder-only).
@@ -215,7 +218,7 @@ class Layer(Record):
     per_tensor_scales: bool
 
 
-class Group(Record, rename={"class_": "class"}):
+class Group(Record, frozen=True, rename={"class_": "class"}):
     """Layers sharing one block table, and what one block of it costs."""
 
     id: NonNeg
@@ -249,7 +252,7 @@ class Group(Record, rename={"class_": "class"}):
 # ---------------------------------------------------------------------------
 
 
-class Allocation(Record):
+class Allocation(Record, frozen=True):
     """One allocation of a stage's rank: ``device`` memory or pinned ``host``.
 
     Its affine quantities, and those of the pools and tensors in it, are in the
@@ -261,7 +264,7 @@ class Allocation(Record):
     size: Bytes
 
 
-class Pool(Record):
+class Pool(Record, frozen=True):
     """Blocks with ids of their own: ``num_blocks`` blocks of ``bytes_per_block``
     starting at ``offset`` in an allocation. Block 0 is the null block."""
 
@@ -282,7 +285,7 @@ class Pool(Record):
     groups: list[NonNeg]
 
 
-class View(Record):
+class View(Record, frozen=True):
     """One layer's page geometry: a view ``(B, H, N, C)`` in ``dtype``.
 
     ``C`` is ``cell_bytes / itemsize`` elements, contiguous; ``head_stride`` and
@@ -305,7 +308,7 @@ class View(Record):
     kv: list[Pos] | None
 
 
-class Tensor(Record):
+class Tensor(Record, frozen=True):
     """Same-shaped layers in one pool: layer ``layers[l]``'s page of block ``b``
     starts ``offset + l * layer_stride + b * block_stride`` bytes into the pool's
     allocation."""
@@ -325,7 +328,7 @@ class Tensor(Record):
     view: View
 
 
-class Stage(Record):
+class Stage(Record, frozen=True):
     """One pipeline stage (every tensor-parallel rank of it is alike)."""
 
     index: NonNeg
@@ -346,7 +349,7 @@ class Stage(Record):
     tensors: list[Tensor]
 
 
-class Budget(Record):
+class Budget(Record, frozen=True):
     """Capacity for the memory budget the layout was sized for."""
 
     memory: NonNeg
@@ -364,7 +367,7 @@ class Budget(Record):
 # ---------------------------------------------------------------------------
 
 
-class PoolShare(Record):
+class PoolShare(Record, frozen=True):
     """One pool of a ``separate`` plan: its share of the budget and what it holds."""
 
     name: str
@@ -376,7 +379,7 @@ class PoolShare(Record):
     budget: Budget | None
 
 
-class WorkloadRecord(Record):
+class WorkloadRecord(Record, frozen=True):
     """The workload the policy was chosen for (a summary, or a trace and its hash)."""
 
     context_tokens: float
@@ -392,7 +395,7 @@ class WorkloadRecord(Record):
     trace_sha256: Sha256 | None
 
 
-class Waste(Record):
+class Waste(Record, frozen=True):
     """Where a plan's bytes go that hold no live token or state, averaged over the
     steps where requests wait (bytes of one rank; shares of the pool's bytes)."""
 
@@ -410,7 +413,7 @@ class Waste(Record):
     idle: NonNeg
 
 
-class Simulated(Record):
+class Simulated(Record, frozen=True):
     """A simulation's summary: ``kvspec simulate``'s keys (docs/simulate.md)."""
 
     steps: NonNeg
@@ -424,7 +427,7 @@ class Simulated(Record):
     utilization_while_waiting: float | None
 
 
-class Candidate(Record):
+class Candidate(Record, frozen=True):
     """One plan the policy considered, and what it buys at the workload."""
 
     name: str
@@ -452,7 +455,7 @@ class Candidate(Record):
     note: str | None
 
 
-class PoolingRecord(Record):
+class PoolingRecord(Record, frozen=True):
     """How memory is pooled, and why: the policy asked, the plan's, the workload,
     every candidate considered and the one chosen."""
 
@@ -470,12 +473,12 @@ class PoolingRecord(Record):
     chosen: NonNeg | None
 
 
-class LogLine(Record):
+class LogLine(Record, frozen=True):
     level: str
     message: str
 
 
-class Layout(Record):
+class Layout(Record, frozen=True):
     """The artifact's body: a memory plan, sized for its engine (and budget)."""
 
     name: str
@@ -499,7 +502,7 @@ class Layout(Record):
     warnings: list[str]
 
 
-class Unsigned(Record):
+class Unsigned(Record, frozen=True):
     """Everything the artifact's ``sha256`` covers."""
 
     body: Layout
@@ -508,7 +511,7 @@ class Unsigned(Record):
     source_sha256: Sha256
 
 
-class Envelope(Unsigned):
+class Envelope(Unsigned, frozen=True):
     """A whole artifact: the format, the compiler, the source's hash, the body,
     and ``sha256`` over the canonical text of the rest."""
 

@@ -81,7 +81,11 @@ def _bounds(layout: Layout, st: Stage) -> list[str]:
     return problems
 
 
-def _intervals(layout: Layout, st: Stage, blocks: int) -> Iterator[tuple[int, int, str, int, int]]:
+#: ``(start, end, layer, block id, group)`` of a contiguous run of a page.
+_Run = tuple[int, int, str, int, int]
+
+
+def _intervals(layout: Layout, st: Stage, blocks: int) -> Iterator[_Run]:
     """``(start, end, layer, block id, group)`` of every contiguous run of every page."""
     for t in st.tensors:
         for g in geometries(layout, st, t, blocks):
@@ -92,7 +96,7 @@ def _intervals(layout: Layout, st: Stage, blocks: int) -> Iterator[tuple[int, in
                     yield base + o, base + o + run, g.layer, b, t.group
 
 
-def _clash(a: tuple, b: tuple, draft: set[str]) -> str | None:
+def _clash(a: _Run, b: _Run, draft: set[str]) -> str | None:
     (start, _, la, ba, ga), (_, _, lb, bb, gb) = a, b
     if ba != bb:
         return (f"block ids {min(ba, bb)} and {max(ba, bb)} share byte {start} "
@@ -110,7 +114,7 @@ def block_overlaps(layout: Layout, st: Stage, blocks: int, limit: int = 20) -> l
     """Violations of the block-id property on ``st`` with ``blocks`` blocks."""
     draft = set(st.draft_layer_names)
     problems: set[str] = set()
-    active: list[tuple] = []
+    active: list[_Run] = []
     for iv in sorted(_intervals(layout, st, blocks)):
         active = [a for a in active if a[1] > iv[0]]
         for other in active:

@@ -26,8 +26,8 @@ from typing import Any
 
 import msgspec
 
-from kvspec.artifact.format import FORMAT, Envelope, Unsigned
 from kvspec.artifact.blocks import memory_problems
+from kvspec.artifact.format import FORMAT, Envelope, Unsigned
 from kvspec.artifact.structure import Problem, shape_problems
 from kvspec.artifact.text import signature
 from kvspec.errors import ArtifactError, format_path
@@ -230,9 +230,7 @@ def _hostile(text: str | bytes, origin: str) -> ArtifactError | None:
     try:
         scan(s, lenient=True, what="an artifact", max_depth=MAX_DEPTH)
     except Located as exc:
-        err = exc.error(s, origin, RECOMPILE, cls=ArtifactError)
-        assert isinstance(err, ArtifactError)
-        return err
+        return exc.error(s, origin, RECOMPILE, cls=ArtifactError)
     except (RecursionError, ValueError):
         return None
     return None
@@ -244,7 +242,5 @@ def _unreadable(text: str | bytes, origin: str) -> ArtifactError:
     try:
         scan(s, lenient=True, what="an artifact", max_depth=MAX_DEPTH)
     except Located as exc:
-        err = exc.error(s, origin, RECOMPILE, cls=ArtifactError)
-        assert isinstance(err, ArtifactError)
-        return err
+        return exc.error(s, origin, RECOMPILE, cls=ArtifactError)
     return ArtifactError("not valid JSON", file=origin, hint=RECOMPILE)

@@ -29,7 +29,8 @@ import click
 
 from kvspec._version import __version__
 from kvspec.artifact.text import sha256_of as sha256_text
-from kvspec.cli.common import USAGE, command, echo_json, format_option, quiet_option
+from kvspec.cli.common import USAGE, echo_json, format_option, quiet_option
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -124,12 +125,12 @@ def _pairs(paths: Iterable[str | Path]) -> list[tuple[Path | None, Path]]:
             for art in sorted(path.glob("*" + _ARTIFACT_SUFFIX)):
                 pairs.setdefault(art, _source_for(art))
         elif path.name.endswith(_ARTIFACT_SUFFIX):
-            source = _source_for(path)
-            if source is None and not path.exists():
+            beside = _source_for(path)
+            if beside is None and not path.exists():
                 raise KvspecError("no such artifact, and no source beside it", file=str(path),
                                   hint="compile its source first (kvspec compile X.yaml), "
                                   "or give the directory holding both")
-            pairs.setdefault(path, source)
+            pairs.setdefault(path, beside)
         elif path.name.endswith(_SOURCE_SUFFIXES):
             if not path.is_file():
                 raise KvspecError("no such file", file=str(path), hint=_WHAT)
@@ -194,12 +195,14 @@ def fix(findings: list[Finding]) -> list[Finding]:
     for f in findings:
         if f.status in ("stale", "missing") and f.expected is not None:
             write_atomic(f.artifact, f.expected)
-            f = replace(f, status="fixed", detail=f"rewrote it from {f.source} (was {f.status})")
-        out.append(f)
+            out.append(replace(f, status="fixed",
+                               detail=f"rewrote it from {f.source} (was {f.status})"))
+        else:
+            out.append(f)
     return out
 
 
-@command("check", short_help="Check that committed artifacts are current.")
+@cli_command("check", short_help="Check that committed artifacts are current.")
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--fix", "do_fix", is_flag=True,
               help="Rewrite stale artifacts and write missing ones.")
@@ -260,8 +263,8 @@ def _not_current(bad: list[Finding], findings: list[Finding],
 #: ``kvspec check``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "every artifact is current (after `--fix`: current or rewritten)"),
-    (EXIT_INVALID, "an artifact is stale, missing or orphaned, a source does not "
-                   "compile, a path does not exist, or there is nothing to check"),
+    (EXIT_INVALID, ("an artifact is stale, missing or orphaned, a source does not "
+                    "compile, a path does not exist, or there is nothing to check")),
     (EXIT_USAGE, USAGE + "; a path that is neither a `.yaml` source nor a "
                  "`.kvlayout.json` artifact"),
 )

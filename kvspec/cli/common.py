@@ -42,9 +42,10 @@ from kvspec.cli.progress import progress
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, is_stdin, is_stdout, parse_size
 
-__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "write_result", "written_by", "check_output", "command", "echo_json",
-           "error", "error_document", "format_option", "note", "parents_option", "progress",
-           "quiet_option", "style", "use_color", "warn", "wants_json"]
+__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "write_result", "written_by",
+           "check_output", "command", "echo_json", "error", "error_document", "format_option",
+           "note", "parents_option", "progress", "quiet_option", "style", "use_color", "warn",
+           "wants_json"]
 
 #: ``--no-color`` sets this to False; None: colour on a terminal unless NO_COLOR or TERM=dumb.
 COLOR: bool | None = None
@@ -58,16 +59,16 @@ EXIT_INTERRUPTED = 130
 #: may narrow 1 (``diff``: the plans differ).
 EXIT_CODES = (
     (EXIT_OK, "success"),
-    (EXIT_INVALID, "the input is wrong: a file is missing, unreadable or invalid, or cannot "
-                   "be planned (the message names the file, line and column, the YAML path, "
-                   "what was expected and found, and a hint)"),
-    (EXIT_USAGE, "a usage error: an unknown option, a missing argument, a bad value or a "
-                 "refused output path (the message has the same parts)"),
+    (EXIT_INVALID, ("the input is wrong: a file is missing, unreadable or invalid, or cannot "
+                    "be planned (the message names the file, line and column, the YAML path, "
+                    "what was expected and found, and a hint)")),
+    (EXIT_USAGE, ("a usage error: an unknown option, a missing argument, a bad value or a "
+                  "refused output path (the message has the same parts)")),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C); nothing half-written is left behind"),
 )
 
 
-class ExitWith(Exception):  # noqa: N818 - not an error of its own: an exit code for one
+class ExitWith(Exception):  # not an error of its own: an exit code for one
     """``error``, exiting with ``code`` instead of its own: ``diff`` and ``verify`` exit 2
     when a side does not load, since 1 means "the plans differ" there. The message is
     the error's, whole."""
@@ -124,7 +125,7 @@ def error_document(err: KvspecError) -> dict[str, Any]:
     object per problem with the fields of the text message (type, message, file, line,
     column, path, expected, found, hint)."""
     data = err.as_dict()
-    problems = data["errors"] if "errors" in data else [data]
+    problems = data.get("errors", [data])
     return {"ok": False, "errors": problems}
 
 
@@ -148,7 +149,7 @@ def wants_json(argv: Sequence[str]) -> bool:
 # -- declaring commands ------------------------------------------------------------------
 
 def _no_color(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    global COLOR
+    global COLOR  # noqa: PLW0603 - the process's --no-color, read by every message
     if value:
         COLOR = False
 
@@ -173,21 +174,22 @@ def command(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], click.Co
 
 
 def _remember_format(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    global FORMAT
+    global FORMAT  # noqa: PLW0603 - the process's --format, read by every error
     if value is not None:
         FORMAT = value
     return value
 
 
 def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    global FORMAT
+    global FORMAT  # noqa: PLW0603 - as _remember_format
     if value:
         FORMAT = "json"
     return value
 
 
 def format_option(*choices: str, default: str | None = "text", json_alias: bool = False,
-                  help: str = "Output format.") -> Callable[[Callable[..., Any]], Any]:
+                  help: str = "Output format.",  # noqa: A002 - click's name for it
+                  ) -> Callable[[Callable[..., Any]], Any]:
     """``--format`` (``fmt`` in the command) with ``choices``; ``json_alias``: ``--json``
     too, the same as ``--format json``."""
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -195,7 +197,7 @@ def format_option(*choices: str, default: str | None = "text", json_alias: bool 
             inner = f
 
             @functools.wraps(inner)
-            def f(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN202 - the command itself
+            def f(*args: Any, **kwargs: Any) -> Any:  # the command itself
                 if kwargs.pop("as_json"):
                     if kwargs["fmt"] not in (None, default, "json"):
                         raise UsageError(f"--json and --format {kwargs['fmt']} disagree",
@@ -328,6 +330,5 @@ def default_artifact_path(source: Path) -> Path:
                          found=repr(str(source)),
                          hint="give the path of a layout source, e.g. layouts/llama-3.1-8b.yaml")
     for suffix in (".yaml", ".yml"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     return source.with_name(name + ".kvlayout.json")

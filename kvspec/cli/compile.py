@@ -9,7 +9,6 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     default_artifact_path,
     echo_json,
     format_option,
@@ -19,10 +18,11 @@ from kvspec.cli.common import (
     single_memory,
     warn,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 
 
-@command("compile", short_help="Compile a source into a frozen layout artifact.")
+@cli_command("compile", short_help="Compile a source into a frozen layout artifact.")
 @click.argument("source", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="Artifact path (default: SOURCE with .kvlayout.json, or stdout when "
@@ -47,7 +47,8 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     source itself never is.
     """
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
-    from kvspec.artifact import Artifact, is_artifact_text
+    from kvspec.artifact import is_artifact_text
+    from kvspec.compiled import CompiledArtifact
     from kvspec.compiler import PASSES, compile_until
     from kvspec.files import STDOUT, is_stdin, is_stdout
     from kvspec.reports.summary import summary, summary_data, summary_warnings
@@ -62,7 +63,7 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
     check_output(out, suffixes=(".kvlayout.json", ".json"), force=force, parents=parents,
                  inputs=(source,), ours=is_artifact_text)
     with progress(len(PASSES) + 1, label="compile", quiet=quiet) as bar:
-        artifact = compile_until(source, Artifact, memory=single_memory(memory),
+        artifact = compile_until(source, CompiledArtifact, memory=single_memory(memory),
                                  memory_name="--memory", track=bar.track)
         if not is_stdout(out):
             artifact.write(out)
@@ -85,8 +86,8 @@ def command(source: Path, output: Path | None, memory: str | None, force: bool,
 #: ``kvspec compile``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the artifact was written"),
-    (EXIT_INVALID, "the source is invalid or cannot be planned (e.g. one request "
-                   "at `max_model_len` does not fit `--memory`); nothing is written"),
+    (EXIT_INVALID, ("the source is invalid or cannot be planned (e.g. one request "
+                    "at `max_model_len` does not fit `--memory`); nothing is written")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

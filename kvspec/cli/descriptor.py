@@ -11,12 +11,12 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     format_option,
     parents_option,
     quiet_option,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 from kvspec.files import emit
 
@@ -32,7 +32,7 @@ def _ours(text: str) -> bool:
                                      '"engine_group_infos"' in text or '"layout_config"' in head)
 
 
-@command("descriptor", short_help="Print the connector descriptor of an artifact.")
+@cli_command("descriptor", short_help="Print the connector descriptor of an artifact.")
 @click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True,
               help="The rank: pipeline stage x tensor-parallel size + tensor-parallel rank.")
@@ -76,10 +76,10 @@ def command(artifact: Path, rank: int, num_blocks: int | None, target: str | Non
 
 def _summary(desc: Any) -> str:
     p = desc.parallel
-    lines = [f"{desc.name}: rank {p.rank} of {p.world_size} (tensor {p.tensor_rank} of "
-             f"{p.tensor_parallel_size}, stage {p.pipeline_stage} of "
-             f"{p.pipeline_parallel_size}), {desc.axis_order}, kv_cache_dtype "
-             f"{desc.kv_cache_dtype}", f"identity {desc.identity}",
+    lines = [(f"{desc.name}: rank {p.rank} of {p.world_size} (tensor {p.tensor_rank} of "
+              f"{p.tensor_parallel_size}, stage {p.pipeline_stage} of "
+              f"{p.pipeline_parallel_size}), {desc.axis_order}, kv_cache_dtype "
+              f"{desc.kv_cache_dtype}"), f"identity {desc.identity}",
              f"{'region':<12} {'memory':<6} {'bytes':>15}"]
     lines += [f"{r.id:<3}{r.name:<9} {r.memory:<6} {r.length:>15,}" for r in desc.regions]
     lines.append(f"{'group':<5} {'kind':<16} {'layers':>6} {'block':>5} {'blocks':>8} "
@@ -94,8 +94,8 @@ def _summary(desc: Any) -> str:
 #: ``kvspec descriptor``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the descriptor (or its export) was printed"),
-    (EXIT_INVALID, "the artifact cannot be read, the rank or block count is not one it "
-                   "has, or the `--as` format cannot express the cache (the field named)"),
+    (EXIT_INVALID, ("the artifact cannot be read, the rank or block count is not one it "
+                    "has, or the `--as` format cannot express the cache (the field named)")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -14,15 +14,15 @@ import click
 from kvspec.cli.common import (
     EXIT_DIFFER,
     ExitWith,
-    command,
     format_option,
     single_memory,
     stdin_once,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@command("diff", short_help="Compare two layouts: groups, pages, capacity.")
+@cli_command("diff", short_help="Compare two layouts: groups, pages, capacity.")
 @click.argument("a", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("b", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",
@@ -54,8 +54,8 @@ def command(a: Path, b: Path, memory: str | None, fmt: str, quiet: bool) -> int:
 EXITS = (
     (EXIT_OK, "the plans are identical"),
     (EXIT_DIFFER, "the plans differ (nothing is printed on stderr)"),
-    (EXIT_USAGE, "an error: a bad command line, or a side that does not load or "
-                 "compile (never 1, so CI does not read a broken layout as a change)"),
+    (EXIT_USAGE, ("an error: a bad command line, or a side that does not load or "
+                  "compile (never 1, so CI does not read a broken layout as a change)")),
 )
 #: Pages to read next (docs/cli.md).
 SEE_ALSO = ("reports.md",)

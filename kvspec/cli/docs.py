@@ -38,13 +38,13 @@ ORDER = ("init", "validate", "compile", "plan", "explain", "diff", "check", "sch
 
 DEFAULT_EXITS = (
     (EXIT_OK, "success"),
-    (EXIT_INVALID, "invalid input: the message names the file, line and column, the YAML "
-                   "path, what was expected and found, and a hint"),
+    (EXIT_INVALID, ("invalid input: the message names the file, line and column, the YAML "
+                    "path, what was expected and found, and a hint")),
     (EXIT_USAGE, USAGE),
 )
 
 
-def _module(name: str):  # noqa: ANN202
+def _module(name: str):
     module = "import_" if name == "import" else name.replace("-", "_")
     return importlib.import_module(f"kvspec.cli.{module}")
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import USAGE, command, format_option
+from kvspec.cli.common import USAGE, format_option
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 
-@command("engine-args", short_help="Print the vllm serve flags that reproduce a plan.")
+@cli_command("engine-args", short_help="Print the vllm serve flags that reproduce a plan.")
 @click.argument("artifact", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--engine", type=click.Choice(["vllm"]), required=True,
               help="The serving engine to print flags for.")
@@ -26,11 +27,11 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
             fmt: str) -> None:
     """Print the vllm serve flags that reproduce a plan.
 
-    The command line for ARTIFACT's plan: the plugin's environment line (KVSPEC_LAYOUT, KVSPEC_MODE), then block size, max
-    model length, KV-cache dtype, prefix caching (which decides the Mamba cache
-    mode), the hybrid manager, the scheduler settings the plan depends on, the
-    budget (--kv-cache-memory-bytes or --num-gpu-blocks-override) and TP/PP/DCP.
-    Settings with no flag are listed as comments. Needs no vLLM."""
+    The command line for ARTIFACT's plan: the plugin's environment line (KVSPEC_LAYOUT,
+    KVSPEC_MODE), then block size, max model length, KV-cache dtype, prefix caching
+    (which decides the Mamba cache mode), the hybrid manager, the scheduler settings the
+    plan depends on, the budget (--kv-cache-memory-bytes or --num-gpu-blocks-override)
+    and TP/PP/DCP. Settings with no flag are listed as comments. Needs no vLLM."""
     # deferred: the artifact reader and the vLLM bridge's flags load when it runs
     from kvspec.compiled import read
     from kvspec.integrations.vllm.engine_args import as_json, engine_args, render_shell

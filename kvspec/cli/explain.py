@@ -9,7 +9,6 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     format_option,
     note,
@@ -18,6 +17,7 @@ from kvspec.cli.common import (
     quiet_option,
     single_memory,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 
 #: The suffixes of each output format; the first names the format's files in messages.
@@ -28,7 +28,7 @@ FORMAT_BY_SUFFIX = {s: fmt for fmt, suffixes in SUFFIXES.items() for s in suffix
 ALL_SUFFIXES = tuple(dict.fromkeys([s[0] for s in SUFFIXES.values()] + list(FORMAT_BY_SUFFIX)))
 
 
-@command("explain", short_help="Explain what a layout does with memory.")
+@cli_command("explain", short_help="Explain what a layout does with memory.")
 @click.argument("layout", type=click.Path(path_type=Path))
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",
               help="Memory per rank for the capacity (40GiB, 42949672960). "
@@ -80,10 +80,10 @@ def _suffix(path: Path) -> str:
 
 #: ``kvspec explain``'s exit codes and what each means (docs/cli.md).
 EXITS = (
-    (EXIT_OK, "the report was printed or written (a budget too small for one "
-              "request still gets a report, with a warning)"),
-    (EXIT_INVALID, "the layout does not exist, does not compile, or is a tampered "
-                   "artifact"),
+    (EXIT_OK, ("the report was printed or written (a budget too small for one "
+               "request still gets a report, with a warning)")),
+    (EXIT_INVALID, ("the layout does not exist, does not compile, or is a tampered "
+                    "artifact")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

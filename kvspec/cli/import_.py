@@ -9,7 +9,6 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     format_option,
     parents_option,
@@ -17,6 +16,7 @@ from kvspec.cli.common import (
     write_result,
     written_by,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import (
     EXIT_INVALID,
     EXIT_OK,
@@ -26,7 +26,7 @@ from kvspec.errors import (
 )
 
 
-@command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
+@cli_command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               callback=dash_is_stdout, help="Where to write the source, a .yaml file "
@@ -74,8 +74,8 @@ def command(dump: Path, output: Path | None, force: bool, parents: bool, fmt: st
 #: ``kvspec import``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
-    (EXIT_INVALID, "the dump cannot be read, is not a per-layer spec dump, or does "
-                   "not plan"),
+    (EXIT_INVALID, ("the dump cannot be read, is not a per-layer spec dump, or does "
+                    "not plan")),
     (EXIT_USAGE, USAGE + "; the output file exists, `kvspec import` did not write it and "
                  "`--force` was not given"),
 )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Literal
 
 import click
 
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     format_option,
     parents_option,
@@ -18,15 +18,18 @@ from kvspec.cli.common import (
     write_result,
     written_by,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import is_stdin, shown
 from kvspec.integrations.rules import GDN_PREFILL_BACKENDS, GPU_TARGETS
 from kvspec.model.quant import KV_CACHE_DTYPES
 
 
-def _max_model_len(text: str | None) -> int | str | None:
-    if text is None or text == "auto":
-        return text
+def _max_model_len(text: str | None) -> int | Literal["auto"] | None:
+    if text is None:
+        return None
+    if text == "auto":
+        return "auto"
     try:
         value = int(text.replace("_", ""))
     except ValueError:
@@ -49,7 +52,7 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
     return name.lower() or str(config.get("model_type") or "model")
 
 
-@command("init", short_help="Write a layout source from a Hugging Face config.json.")
+@cli_command("init", short_help="Write a layout source from a Hugging Face config.json.")
 @click.option("--from-hf", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="The model's Hugging Face config.json (-: read it from stdin).")
 @click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),
@@ -127,7 +130,8 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
                          "directory holding it")
     check_output(output, suffixes=(".yaml", ".yml"), force=force, parents=parents,
                  inputs=(source,), ours=written_by("init"))
-    config, config_text = {}, None
+    config: dict[str, Any] = {}
+    config_text: str | None = None
     if config_path is not None:
         from kvspec.integrations.hf.config import read_config  # deferred: PyYAML
         config, config_text = read_config(config_path)
@@ -152,10 +156,10 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
 #: ``kvspec init``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the source was written (or printed)"),
-    (EXIT_INVALID, "the config.json cannot be read, a field its family reads is missing "
-                   "or not what it should be (the message gives its line and column), its "
-                   "architecture is not a supported family (the message lists them), or "
-                   "vLLM 0.33.0 refuses the config (the message gives vLLM's reason)"),
+    (EXIT_INVALID, ("the config.json cannot be read, a field its family reads is missing "
+                    "or not what it should be (the message gives its line and column), its "
+                    "architecture is not a supported family (the message lists them), or "
+                    "vLLM 0.33.0 refuses the config (the message gives vLLM's reason)")),
     (EXIT_USAGE, USAGE + "; the output file exists, `kvspec init` did not write it and "
                  "`--force` was not given"),
 )

@@ -10,10 +10,11 @@
   recognised by its content (``ours``), or with ``--force``; the command's input
   never is, even with ``--force``.
 
->>> check_output(Path("report.pdf"), suffixes=(".html", ".md"))
+>>> check_output(Path("report.pdf"), suffixes=(".html", ".md"))  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-kvspec.errors.UsageError: kvspec: error: report.pdf: this command writes .html or .md files, not .pdf
+kvspec.errors.UsageError: kvspec: error: report.pdf: this command writes .html or .md files,
+  not .pdf
   found: report.pdf
   hint: name the output report.html or report.md (or - for stdout)
 """
@@ -75,8 +76,7 @@ def check_output(output: str | Path | None, *, suffixes: Sequence[str], force: b
                          hint=f"name the output {_or([stem + s for s in suffixes[:4]])} "
                          "(or - for stdout)")
     parent = path.parent
-    if not parent.exists() and not path.is_symlink():
-        if not parents:
-            raise UsageError(f"{path}: the directory {parent} does not exist", found=str(path),
-                             hint="create it first, or pass --parents to create it")
+    if not parent.exists() and not path.is_symlink() and not parents:
+        raise UsageError(f"{path}: the directory {parent} does not exist", found=str(path),
+                         hint="create it first, or pass --parents to create it")
     refuse_overwrite(path, force, inputs=inputs, ours=ours)

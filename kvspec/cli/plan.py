@@ -10,7 +10,6 @@ import click
 
 from kvspec.cli.common import (
     USAGE,
-    command,
     echo_json,
     format_option,
     parse_bytes,
@@ -18,16 +17,18 @@ from kvspec.cli.common import (
     quiet_option,
     warn,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 
 if TYPE_CHECKING:
     from kvspec.artifact.format import PoolingRecord
     from kvspec.model.plan import Plan
+    from kvspec.planner.size import Sizing
     from kvspec.pooling import PoolLayout
     from kvspec.source.where import SourceMap
 
 
-@command("plan", short_help="Print the plan of a layout for a memory budget.")
+@cli_command("plan", short_help="Print the plan of a layout for a memory budget.")
 @click.argument("layout", type=click.Path(path_type=Path))
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",
               help="Memory per rank (40GiB, 42949672960), or a sweep "
@@ -62,15 +63,20 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
                              quiet=quiet)
     plan, budget, where = _plan_of(layout)
     if memory and ".." in memory:
-        rows = []
+        rows: list[tuple[int, Sizing | None, KvspecError | None]] = []
         for b in parse_memory_range(memory):
             try:
                 rows.append((b, size_plan(plan, memory=b), None))
             except KvspecError as err:
                 rows.append((b, None, err))
         if as_json:
-            echo_json([reference_view(plan, r) if r else {"memory": b, **error_view(e)}
-                       for b, r, e in rows])
+            sweep = []
+            for b, r, e in rows:  # each row: a sizing or its error
+                if r:
+                    sweep.append(reference_view(plan, r))
+                elif e:
+                    sweep.append({"memory": b, **error_view(e)})
+            echo_json(sweep)
         else:
             click.echo(sweep_table(rows))
         return EXIT_OK
@@ -193,12 +199,12 @@ def _plan_of(path: Path) -> tuple[Plan, int | None, SourceMap]:
 
 #: ``kvspec plan``'s exit codes and what each means (docs/cli.md).
 EXITS = (
-    (EXIT_OK, "the plan was printed (a sweep is printed even when some budgets "
-              "cannot serve one request: those rows say so)"),
-    (EXIT_INVALID, "the source is invalid, there is no budget (no `--memory`, "
-                   "`--num-blocks` or `engine.memory`), or the budget cannot serve "
-                   "one request (with `--format json`: the reference view with `ok: false` and "
-                   "the error)"),
+    (EXIT_OK, ("the plan was printed (a sweep is printed even when some budgets "
+               "cannot serve one request: those rows say so)")),
+    (EXIT_INVALID, ("the source is invalid, there is no budget (no `--memory`, "
+                    "`--num-blocks` or `engine.memory`), or the budget cannot serve "
+                    "one request (with `--format json`: the reference view with `ok: false` and "
+                    "the error)")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

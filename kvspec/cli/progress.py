@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import IO, Any, TypeVar
+from typing import IO, Any, TextIO, TypeVar
 
 import click
 
@@ -58,7 +58,7 @@ class Progress:
     """A bar over ``length`` steps that appears only after ``delay`` seconds (and
     only on a terminal); :meth:`advance` marks a step done."""
 
-    def __init__(self, length: int | None, label: str, stream: IO[str], enabled: bool,
+    def __init__(self, length: int | None, label: str, stream: TextIO, enabled: bool,
                  delay: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.length, self.label, self.stream = length, label, stream
         self.enabled, self.delay, self.clock = enabled, delay, clock
@@ -111,7 +111,7 @@ class Progress:
 
 @contextmanager
 def progress(length: int | None, *, label: str, quiet: bool = False,
-             stream: IO[str] | None = None, delay: float | None = None) -> Iterator[Progress]:
+             stream: TextIO | None = None, delay: float | None = None) -> Iterator[Progress]:
     """A :class:`Progress` for ``length`` steps (None: unknown) labelled ``label``,
     drawn on ``stream`` (stderr) when it is a terminal, after ``delay`` seconds."""
     out = stream if stream is not None else sys.stderr

@@ -8,13 +8,13 @@ import click
 
 from kvspec.cli.common import (
     USAGE,
-    command,
     echo_json,
     format_option,
     note,
     parents_option,
     quiet_option,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.reports.schemas import (
     SCHEMA_FILES,
@@ -24,7 +24,7 @@ from kvspec.reports.schemas import (
 )
 
 
-@command("schema", short_help="Generate (or --check) the JSON Schemas.")
+@cli_command("schema", short_help="Generate (or --check) the JSON Schemas.")
 @click.option("-o", "--output-dir", "directory", default="schemas", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory of source.schema.json, artifact.schema.json and "

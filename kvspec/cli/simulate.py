@@ -14,7 +14,6 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     echo_json,
     format_option,
     parents_option,
@@ -22,6 +21,7 @@ from kvspec.cli.common import (
     progress,
     quiet_option,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit
 
@@ -51,7 +51,7 @@ def _ours(text: str) -> bool:
     return text.lstrip().startswith("{") and '"mean_running"' in text[:4096]
 
 
-@command("simulate", short_help="Replay a request trace through a layout's pools.")
+@cli_command("simulate", short_help="Replay a request trace through a layout's pools.")
 @click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--workload", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="The request trace (JSONL, docs/simulate.md; `kvspec trace` makes one). "
@@ -139,7 +139,7 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
                              hint="give --memory instead: each pool gets its share of it")
         counts = {pools[0][0]: num_blocks}
     elif given is not None:
-        shares = {p.name: p.share for p in art.pools} or {"device": 1}
+        shares = {p.name: float(p.share) for p in art.pools} or {"device": 1.0}
         try:
             counts = {n: size_plan(x.plan, memory=int(given * shares[n])).num_blocks
                       for n, x in pools}
@@ -222,10 +222,7 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
     from kvspec.integrations.vllm.replay import replay
 
     art = target.artifact
-    if target.counts is not None:
-        num_blocks = target.counts[target.pools[0][0]]
-    else:
-        num_blocks = None
+    num_blocks = target.counts[target.pools[0][0]] if target.counts is not None else None
     with progress(len(trace) if len(trace) >= BAR_FROM else None,
                   label="vLLM's scheduler", quiet=quiet or len(trace) < BAR_FROM) as bar:
         result, _ = replay(art, trace, num_blocks, progress=_advance(bar))
@@ -257,8 +254,8 @@ def _table(data: dict[str, Any], sides: list[str]) -> str:
 #: ``kvspec simulate``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the trace was replayed and its figures printed"),
-    (EXIT_INVALID, "the layout or the trace is invalid (file:line), or the pools cannot "
-                   "serve one of its requests"),
+    (EXIT_INVALID, ("the layout or the trace is invalid (file:line), or the pools cannot "
+                   "serve one of its requests")),
     (EXIT_USAGE, USAGE + "; --against vllm without vLLM installed, or with separate pools"),
 )
 #: Pages to read next (docs/cli.md).

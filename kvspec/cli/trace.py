@@ -12,12 +12,12 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     echo_json,
     format_option,
     parents_option,
     quiet_option,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import emit
 
@@ -32,7 +32,7 @@ def _ours(text: str) -> bool:
     return isinstance(row, dict) and {"arrival", "prompt_tokens", "output_tokens"} <= set(row)
 
 
-@command("trace", short_help="Write a seeded synthetic request trace (JSONL).")
+@cli_command("trace", short_help="Write a seeded synthetic request trace (JSONL).")
 @click.option("-n", "--requests", type=click.IntRange(min=1, max=10_000_000), default=1000,
               show_default=True, help="Requests in the trace.")
 @click.option("--prompt-mean", type=click.FloatRange(min=1), default=1024.0, show_default=True,

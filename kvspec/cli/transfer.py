@@ -12,7 +12,6 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    command,
     dash_is_stdout,
     echo_json,
     format_option,
@@ -20,6 +19,7 @@ from kvspec.cli.common import (
     parents_option,
     quiet_option,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 from kvspec.files import shown, write_atomic
 
@@ -29,7 +29,7 @@ def _ours(text: str) -> bool:
     return text.startswith('{"destination":') and '"kvspec_transfer_plan":' in text[:100_000]
 
 
-@command("transfer", short_help="Decide and plan block transfers between two artifacts.")
+@cli_command("transfer", short_help="Decide and plan block transfers between two artifacts.")
 @click.argument("src", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("dst", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--src-num-blocks", type=click.IntRange(min=1),
@@ -116,8 +116,8 @@ def _text(t: Any) -> str:
 #: ``kvspec transfer``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "blocks can move: compatible or re-mappable (the plan is written with `-o`)"),
-    (EXIT_INVALID, "refused (the message names the field and where it differs), or an "
-                   "artifact cannot be read"),
+    (EXIT_INVALID, ("refused (the message names the field and where it differs), or an "
+                    "artifact cannot be read")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -8,7 +8,6 @@ import click
 
 from kvspec.cli.common import (
     USAGE,
-    command,
     echo_json,
     error,
     error_document,
@@ -18,10 +17,11 @@ from kvspec.cli.common import (
     stdin_once,
     warn,
 )
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@command("validate", short_help="Check sources without writing anything.")
+@cli_command("validate", short_help="Check sources without writing anything.")
 @click.argument("sources", nargs=-1, required=True, type=click.Path(path_type=Path))
 @format_option("text", "json", help="text: one line per source (problems on stderr); "
                "json: one object per source on stdout (docs/cli.md).")
@@ -69,8 +69,8 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
 #: ``kvspec validate``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "every source is valid"),
-    (EXIT_INVALID, "a source has problems (every source is checked, and all problems of "
-                   "each are reported together)"),
+    (EXIT_INVALID, ("a source has problems (every source is checked, and all problems of "
+                    "each are reported together)")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

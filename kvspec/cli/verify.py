@@ -11,11 +11,12 @@ from pathlib import Path
 
 import click
 
-from kvspec.cli.common import ExitWith, command, format_option, single_memory
+from kvspec.cli.common import ExitWith, format_option, single_memory
+from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError
 
 
-@command("verify", short_help="Check a plan against the installed vLLM's own planner.")
+@cli_command("verify", short_help="Check a plan against the installed vLLM's own planner.")
 @click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--against", type=click.Choice(["vllm"]), required=True,
               help="The engine whose own planner checks the plan (the installed vLLM).")
@@ -57,13 +58,13 @@ def command(layout: Path, against: str, memory: str | None, allow_by_design: boo
 
 #: ``kvspec verify``'s exit codes and what each means (docs/cli.md).
 EXITS = (
-    (EXIT_OK, "kvspec and the installed vLLM plan the same (with `--allow-by-design`: "
-              "they differ only where the by-design table says so)"),
-    (EXIT_INVALID, "the plans differ; the table names each field, both values and, "
-                   "where one explains it, the by-design rule"),
-    (EXIT_USAGE, "the check cannot run: vLLM is not installed (the message names the "
-                 "extra) or is another version, the layout does not load, or a bad "
-                 "command line"),
+    (EXIT_OK, ("kvspec and the installed vLLM plan the same (with `--allow-by-design`: "
+               "they differ only where the by-design table says so)")),
+    (EXIT_INVALID, ("the plans differ; the table names each field, both values and, "
+                    "where one explains it, the by-design rule")),
+    (EXIT_USAGE, ("the check cannot run: vLLM is not installed (the message names the "
+                  "extra) or is another version, the layout does not load, or a bad "
+                  "command line")),
 )
 #: Pages to read next (docs/cli.md).
 SEE_ALSO = ("vllm.md",)

@@ -12,10 +12,11 @@ parallel size, axis order, block size, block count) is :mod:`kvspec.connectors.t
 >>> from kvspec.artifact import Artifact
 >>> a = Artifact.read("layouts/llama-3.1-8b.kvlayout.json")
 >>> b = Artifact.read("layouts/qwen3-8b.kvlayout.json")
->>> check(Deployment.of(a, "a.json"), Deployment.of(b, "b.json"))
+>>> check(Deployment.of(a, "a.json"), Deployment.of(b, "b.json"))  # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-kvspec.connectors.compat.TransferRefused: b.json:...: error: the artifacts hold different models: meta-llama/Llama-3.1-8B-Instruct and Qwen/Qwen3-8B
+kvspec.connectors.compat.TransferRefused: b.json:...: error: the artifacts hold different models:
+  meta-llama/Llama-3.1-8B-Instruct and Qwen/Qwen3-8B
 ...
 """
 

@@ -37,7 +37,7 @@ Run(region=0, offset=4096, stride=65536, length=4096)
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
@@ -52,7 +52,8 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "Descriptor", "DescriptorError", "ExportE
            "identity_digest", "identity_of", "json_schema"]
 
 FORMAT_VERSION = 1
-FORMAT = f"kvspec.descriptor/{FORMAT_VERSION}"
+#: Spelled out (FORMAT_VERSION's): Descriptor.descriptor is this Literal.
+FORMAT: Final = "kvspec.descriptor/1"
 
 NonNeg = Annotated[int, Meta(ge=0)]
 Pos = Annotated[int, Meta(ge=1)]
@@ -70,6 +71,8 @@ class ExportError(KvspecError):
     """An exporter's target format cannot express this cache (the field and why named)."""
 
 
+# Every subclass repeats frozen=True: msgspec inherits it, but type checkers read
+# dataclass_transform (PEP 681) class by class and would take a subclass as mutable.
 class Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """A closed record: exactly these fields, each one written."""
 
@@ -84,7 +87,7 @@ class Run(msgspec.Struct, frozen=True, array_like=True):
     length: Pos
 
 
-class Region(Record):
+class Region(Record, frozen=True):
     """One allocation of this rank: what a connector registers (NIXL ``(addr, len, devId)``)."""
 
     id: NonNeg
@@ -99,7 +102,7 @@ class Region(Record):
     length: NonNeg
 
 
-class Pool(Record):
+class Pool(Record, frozen=True):
     """Blocks with ids of their own: ``num_blocks`` blocks of ``bytes_per_block`` from
     ``offset`` of region ``region``; block 0 is the null block."""
 
@@ -111,7 +114,7 @@ class Pool(Record):
     groups: list[NonNeg]
 
 
-class Part(Record):
+class Part(Record, frozen=True):
     """One addressable part of a layer's cell: K, V, an in-cell scale, MLA NoPE/RoPE,
     a state tensor (``shape`` then given): ``count`` elements of ``dtype`` from byte
     ``offset`` of the cell."""
@@ -124,7 +127,7 @@ class Part(Record):
     shape: list[Pos] | None
 
 
-class Layer(Record):
+class Layer(Record, frozen=True):
     """One layer of this rank: its page of block ``b`` is ``(H, N, C)`` at
     ``offset + b * block_stride + h * head_stride + n * state_stride`` of its region,
     ``C`` = ``cell_bytes`` contiguous bytes holding ``parts``."""
@@ -167,7 +170,7 @@ class Layer(Record):
     runs: list[Run]
 
 
-class Group(Record):
+class Group(Record, frozen=True):
     """Layers sharing one block table, and the bytes one of its blocks holds here."""
 
     id: NonNeg
@@ -204,7 +207,7 @@ class Group(Record):
     runs: list[Run]
 
 
-class Parallel(Record):
+class Parallel(Record, frozen=True):
     """Where this rank sits: ``rank = pipeline_stage * tensor_parallel_size + tensor_rank``
     (tensor-parallel innermost, vLLM's order)."""
 
@@ -220,7 +223,7 @@ class Parallel(Record):
     layers: list[str]
 
 
-class Descriptor(Record):
+class Descriptor(Record, frozen=True):
     """One rank's KV cache geometry, for connectors."""
 
     descriptor: Literal["kvspec.descriptor/1"]
@@ -266,7 +269,7 @@ class Descriptor(Record):
 # ---------------------------------------------------------------------------
 
 
-class IdentityGroup(Record):
+class IdentityGroup(Record, frozen=True):
     id: NonNeg
     kind: str
     block_size: Pos
@@ -277,7 +280,7 @@ class IdentityGroup(Record):
     layers: list[str]
 
 
-class IdentityPool(Record):
+class IdentityPool(Record, frozen=True):
     name: str
     allocation: str
     offset: fmt.Bytes
@@ -286,7 +289,7 @@ class IdentityPool(Record):
     groups: list[NonNeg]
 
 
-class IdentityStage(Record):
+class IdentityStage(Record, frozen=True):
     index: NonNeg
     layers: list[str]
     allocations: list[fmt.Allocation]
@@ -294,7 +297,7 @@ class IdentityStage(Record):
     tensors: list[fmt.Tensor]
 
 
-class Identity(Record):
+class Identity(Record, frozen=True):
     """What the identity digest covers (see the module's docstring)."""
 
     descriptor: str
@@ -308,7 +311,7 @@ class Identity(Record):
     hash_block_size: Pos
     groups: list[IdentityGroup]
     layers: dict[str, fmt.Layer]
-    specs: list[fmt.Spec]  # type: ignore[valid-type]
+    specs: list[fmt.Spec]
     cells: list[list[fmt.CellPart]]
     stages: list[IdentityStage]
 

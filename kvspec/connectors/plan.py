@@ -424,8 +424,11 @@ def _read_side(data: Any, at: tuple) -> Side:
     regions = []
     for i, item in enumerate(_list(side["regions"], at + ("regions",))):
         r = _fields(item, at + ("regions", i), Region._fields)
-        regions.append(Region(*(_str(r[k], at + ("regions", i, k)) if k == "name" else
-                                _int(r[k], at + ("regions", i, k)) for k in Region._fields)))
+        where = at + ("regions", i)
+        regions.append(Region(rank=_int(r["rank"], where + ("rank",)),
+                              id=_int(r["id"], where + ("id",)),
+                              name=_str(r["name"], where + ("name",)),
+                              length=_int(r["length"], where + ("length",))))
     return Side(_str(side["digest"], at + ("digest",)), tuple(regions),
                 {k: _int(v, at + ("num_blocks", k)) for k, v in counts.items()})
 

@@ -127,7 +127,7 @@ def _group_pairs(src: Deployment, dst: Deployment) -> dict[int, GroupPair]:
         names = [n for n in g.layers if n in dst.where]
         if not names:
             continue
-        found = sorted({src.art.body.layers[n].group for n in names} - {None})
+        found = sorted(x for x in {src.art.body.layers[n].group for n in names} if x is not None)
         path = ("body", "groups", g.id)
         if len(found) != 1:
             raise dst.refuse(f"group {g.id} of {dst.file} holds layers of {len(found)} groups "
@@ -163,7 +163,7 @@ def _layer_runs(src: Deployment, dst: Deployment, d: Layer, tensor_rank: int,
             totals[sig] = heads_total(src, dst, d.name)
         total = totals[sig]
     states = 1 if pair.unit is None else _unit_states(pair.unit, dst, d)
-    out = []
+    out: list[tuple[tuple[int], tuple[int, ...]]] = []
     for src_t, a, b, k in _segments(kind.latent or kind.state, s0.heads, d.heads, src.tp,
                                     dst.tp, tensor_rank, total):
         s = src.layer(d.name, src_t)

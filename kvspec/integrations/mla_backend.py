@@ -100,8 +100,10 @@ def mla_block_note(t: Target, kv_cache_dtype: str, qk_nope_head_dim: int | None,
     """The header note of an MLA source: which backend its ``block_size`` assumes.
 
     >>> from kvspec.integrations.rules import target
-    >>> print(mla_block_note(target(None), "auto", 128, 16))
-    block_size 16 is what vLLM 0.33.0 sets for MLA on volta, turing, ampere, ada (TRITON_MLA) and hopper (FLASH_ATTN_MLA); on blackwell it is 32 (FLASHINFER_MLA): say where it runs with --target.
+    >>> print(mla_block_note(target(None), "auto", 128, 16))  # doctest: +NORMALIZE_WHITESPACE
+    block_size 16 is what vLLM 0.33.0 sets for MLA on volta, turing, ampere, ada (TRITON_MLA)
+    and hopper (FLASH_ATTN_MLA); on blackwell it is 32 (FLASHINFER_MLA): say where it runs
+    with --target.
     """
     chosen = mla_backend(t, kv_cache_dtype, qk_nope_head_dim)
     if chosen is not None:

@@ -46,7 +46,7 @@ class Affine:
         o = Affine.of(other)
         return Affine(self.a - o.a, self.b - o.b)
 
-    def __mul__(self, k: int) -> Affine:
+    def __mul__(self, k: int | Affine) -> Affine:
         if isinstance(k, Affine):
             if k.a and self.a:
                 raise ValueError("a product of two block-dependent quantities is not affine")

@@ -107,7 +107,7 @@ class Engine:
         "(disable_hybrid_kv_cache_manager).", source="engine.hybrid",
         vllm="disable_hybrid_kv_cache_manager", flag="--disable-hybrid-kv-cache-manager",
         off="--enable-hybrid-kv-cache-manager", to_vllm=lambda e: not e.hybrid)
-    axis_order: AxisOrder = _setting(
+    axis_order: AxisOrder = _setting(  # noqa: RUF009 - _setting returns a dataclasses.field
         DEFAULT_AXIS_ORDER, "Physical order of the axes [L, B, H, N, C].",
         source="engine.layout", vllm="kv_cache_layout",
         env="VLLM_KV_CACHE_LAYOUT", to_data=_axis_name, from_data=AxisOrder.parse,
@@ -129,7 +129,7 @@ class Engine:
         None, "A fixed block count (the budget is then what those blocks cost).",
         source="engine.num_blocks", artifact="num_blocks", vllm="num_gpu_blocks_override",
         flag="--num-gpu-blocks-override")
-    mamba_cache_mode: MambaCacheMode = _setting(
+    mamba_cache_mode: MambaCacheMode = _setting(  # noqa: RUF009 - as axis_order
         "none", "How state layers cache: none (one state per request), align, all.",
         source="engine.mamba_cache_mode", vllm="mamba_cache_mode", flag="--mamba-cache-mode")
     mamba_block_size: int | None = _setting(

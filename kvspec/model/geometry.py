@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod
+from typing import overload
 
 from kvspec.errors import PLANNER_BUG, PlanError
 from kvspec.model.affine import Affine
@@ -31,8 +32,14 @@ from kvspec.model.dtypes import dtype_size
 from kvspec.model.specs.base import LayerSpec
 
 
+@overload
+def page_shape(spec: LayerSpec, num_blocks: int,
+               kernel_block_size: int | None = None) -> tuple[int, int, int, int]: ...
+@overload
+def page_shape(spec: LayerSpec, num_blocks: Affine,
+               kernel_block_size: int | None = None) -> tuple[Affine, int, int, int]: ...
 def page_shape(spec: LayerSpec, num_blocks: int | Affine,
-               kernel_block_size: int | None = None) -> tuple:
+               kernel_block_size: int | None = None) -> tuple[int | Affine, int, int, int]:
     """``(B, H, N, C)`` of one layer, C in bytes; kernel blocks split B."""
     block = kernel_block_size if kernel_block_size is not None else spec.block_size
     if block <= 0 or spec.block_size % block:
@@ -46,7 +53,7 @@ def page_shape(spec: LayerSpec, num_blocks: int | Affine,
             spec.state_content_size_bytes)
 
 
-def _check_padded_grid(order: tuple[int, ...], shape: tuple, grid_end: int,
+def _check_padded_grid(order: tuple[int, ...], shape: tuple[int | Affine, ...], grid_end: int,
                        axis_order: AxisOrder) -> None:
     extra = [shape[d] for d in order[:grid_end] if d not in (DIM_L, DIM_B)]
     if any(e != 1 for e in extra):

@@ -61,7 +61,8 @@ class Kind:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("full_attention", a.FullAttention, "full_attention", "full", quant_class="full", separable=True),
+    Kind("full_attention", a.FullAttention, "full_attention", "full", quant_class="full",
+         separable=True),
     Kind("sliding_window", a.SlidingWindow, "sliding_window", "sliding",
          required=("sliding_window",), quant_class="sliding", separable=True),
     Kind("chunked_local", a.ChunkedLocal, "chunked_local_attention", "local",
@@ -74,7 +75,8 @@ KINDS: tuple[Kind, ...] = (
          quant_class="encoder"),
     Kind("sink_full_attention", a.SinkFullAttention, "sink_full_attention", "sink",
          quant_class="sink", separable=True),
-    Kind("mamba", MambaState, "mamba", "mamba", required=("shapes", "dtypes"), state=True, separable=True),
+    Kind("mamba", MambaState, "mamba", "mamba", required=("shapes", "dtypes"), state=True,
+         separable=True),
     Kind("hidden_state", m.HiddenState, "mla_attention", "hidden", latent=True),
     Kind("kpool_tail", a.KpoolTail, "sliding_window", "tail", required=("sliding_window",)),
     Kind("circular_buffer", a.CircularBuffer, "unknown", "ring"),

@@ -47,13 +47,14 @@ def compact_layers(names: Sequence[str]) -> tuple[str, ...]:
             order.append(key)
         families[key].append(int(m.group(2)))
     out = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(key)
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
             continue
-        nums = sorted(set(families[key]))
-        out.append(f"{key[0]}{nums[0]}{key[1]}" if len(nums) == 1
-                   else f"{key[0]}{{{_runs(nums)}}}{key[1]}")
+        head, tail = item
+        nums = sorted(set(families[item]))
+        out.append(f"{head}{nums[0]}{tail}" if len(nums) == 1
+                   else f"{head}{{{_runs(nums)}}}{tail}")
     return tuple(out)
 
 

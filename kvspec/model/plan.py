@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvspec.model.affine import Affine
 from kvspec.model.engine import Engine
@@ -121,7 +121,7 @@ class Tensor:
     pool: str = "device"
     role: str = ""
 
-    def at(self, num_blocks: int) -> dict[str, object]:
+    def at(self, num_blocks: int) -> dict[str, Any]:
         """The reference's ``KVCacheTensor`` fields for ``num_blocks``."""
         return {"size": self.size.at(num_blocks), "layers": list(self.layers),
                 "layer_stride": self.layer_stride.at(num_blocks),

@@ -85,7 +85,7 @@ class _Tables:
         self._by_text: dict[bytes, int] = {}
 
     def _add_spec(self, spec: LayerSpec) -> int:
-        record = msgspec.convert(kinds.describe(spec), fmt.Spec)  # type: ignore[arg-type]
+        record = msgspec.convert(kinds.describe(spec), fmt.Spec)
         key = canonical(record)
         index = self._by_text.get(key)
         if index is None:
@@ -179,7 +179,8 @@ def _memory(st: Stage, layout: Layout) -> tuple[list[fmt.Allocation], list[fmt.P
     if "host" in sizes:
         pools.append(fmt.Pool(name="host", allocation="host", offset=0,
                               bytes_per_block=max(st.bytes_per_block, 1), num_blocks=None,
-                              share=None, min_num_blocks=need, groups=sorted({t.group for t in st.tensors if t.host_resident})))
+                              share=None, min_num_blocks=need,
+                              groups=sorted({t.group for t in st.tensors if t.host_resident})))
     return allocations, pools
 
 

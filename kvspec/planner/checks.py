@@ -46,18 +46,18 @@ def state_slot_warnings(engine: Engine, stage: Stage, num_blocks: int) -> list[s
         return []
     seqs = engine.max_num_seqs
     if seqs > num_blocks:
-        return [f"{STATE_BLOCKS} {seqs} is more than the pool's {num_blocks} blocks: vLLM "
-                f"0.33.0 refuses to start with full CUDA graphs (its default: 'max_num_seqs "
-                f"({seqs}) exceeds available Mamba cache blocks ({num_blocks})'); lower "
-                f"max_num_seqs to {num_blocks} or less, or give the KV cache more memory"]
+        return [(f"{STATE_BLOCKS} {seqs} is more than the pool's {num_blocks} blocks: vLLM "
+                 f"0.33.0 refuses to start with full CUDA graphs (its default: 'max_num_seqs "
+                 f"({seqs}) exceeds available Mamba cache blocks ({num_blocks})'); lower "
+                 f"max_num_seqs to {num_blocks} or less, or give the KV cache more memory")]
     per_request = sum(g.blocks_per_request(engine) for g in groups)
     slots = (num_blocks - 1) // per_request if per_request else 0
     if slots >= seqs:
         return []
-    return [f"{STATE_SLOTS} {slots} requests' states at once in {num_blocks} blocks "
-            f"({per_request} state blocks per request), below max_num_seqs {seqs}: more "
-            f"running requests wait for blocks; lower max_num_seqs to {max(slots, 1)} to "
-            "match, or give the KV cache more memory"]
+    return [(f"{STATE_SLOTS} {slots} requests' states at once in {num_blocks} blocks "
+             f"({per_request} state blocks per request), below max_num_seqs {seqs}: more "
+             f"running requests wait for blocks; lower max_num_seqs to {max(slots, 1)} to "
+             "match, or give the KV cache more memory")]
 
 
 def _inflated_blocks(engine: Engine, plan: Plan) -> list[str]:
@@ -85,9 +85,9 @@ def _scheduler_block(engine: Engine, stage: Stage) -> list[str]:
         sched = engine.block_size
     if sched < LCM_WARN * engine.block_size * engine.decode_context_parallel_size:
         return []
-    return [f"the scheduler block (LCM of the groups' block sizes) is {sched} tokens, "
-            f"{sched // engine.block_size}x the configured block_size {engine.block_size}: "
-            "chunked prefill and prefix-cache hits align to it"]
+    return [(f"the scheduler block (LCM of the groups' block sizes) is {sched} tokens, "
+             f"{sched // engine.block_size}x the configured block_size {engine.block_size}: "
+             "chunked prefill and prefix-cache hits align to it")]
 
 
 def _padding(engine: Engine, stage: Stage) -> list[str]:

@@ -8,7 +8,8 @@ planner's order; the first whose shape the model has makes the groups.
 >>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
 >>> w = SlidingWindow(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16",
 ...                   sliding_window=4096)
->>> [(g.strategy, g.layer_names) for g in group_layers(Engine(), {"l0": w, "l1": f, "l2": w, "l3": f})]
+>>> groups = group_layers(Engine(), {"l0": w, "l1": f, "l2": w, "l3": f})
+>>> [(g.strategy, g.layer_names) for g in groups]
 [('hybrid_page', ('l0', 'l2')), ('hybrid_page', ('l1', 'l3'))]
 """
 

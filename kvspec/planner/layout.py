@@ -24,7 +24,7 @@ from kvspec.model.plan import (
 from kvspec.model.quant.cells import Quantized
 from kvspec.model.specs import Attention, MambaState, UniformType, layer_specs
 from kvspec.planner.checks import early_checks
-from kvspec.planner.size import finite, Sizing, block_sizes, memory_usage, min_blocks_to_serve
+from kvspec.planner.size import Sizing, block_sizes, finite, memory_usage, min_blocks_to_serve
 
 
 def _group_figures(gid: int, group: Group, engine: Engine, plan: Plan) -> GroupFigures:

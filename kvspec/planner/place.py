@@ -104,12 +104,16 @@ def _head_split(spec: LayerSpec, order: AxisOrder) -> tuple[int, Affine, Affine]
     return spec.num_heads, strides[DIM_H], strides[DIM_B]
 
 
+#: A layer holding a slot: its name, its group and its page split (:func:`_head_split`).
+_SlotOwner = tuple[str, int, tuple[int, Affine, Affine]]
+
+
 def check_slot_aliasing(order: AxisOrder, groups: dict[int, Group],
                         tensors: Sequence[Tensor]) -> None:
     """Refuse layers of different groups that share a slot but split their
     pages differently when heads lie outside blocks: block *b* of one would
     write the bytes of other blocks of the other."""
-    seen: dict[Affine, tuple[str, int, tuple[int, Affine, Affine]]] = {}
+    seen: dict[Affine, _SlotOwner] = {}
     for t in tensors:
         split = _head_split(groups[t.group].layer_spec(t.layers[0]), order)
         for i, name in enumerate(t.layers):
@@ -118,7 +122,7 @@ def check_slot_aliasing(order: AxisOrder, groups: dict[int, Group],
                 raise _aliasing_error(order, other, (name, t.group, split))
 
 
-def _aliasing_error(order: AxisOrder, a: tuple, b: tuple) -> PlanError:
+def _aliasing_error(order: AxisOrder, a: _SlotOwner, b: _SlotOwner) -> PlanError:
     (na, ga, (ha, _, ba)), (nb, gb, (hb, _, bb)) = a, b
     return PlanError(
         f"layers {na} (group {ga}: {ha} head slot(s), {ba} bytes per block and head) and "

@@ -107,7 +107,8 @@ def _respec(spec: LayerSpec, engine: Engine) -> LayerSpec:
     if spec.block_size == engine.block_size:
         return spec
     if isinstance(spec, (Attention, MambaState)):
-        return replace(spec, block_size=engine.block_size)
+        respecced: LayerSpec = replace(spec, block_size=engine.block_size)
+        return respecced
     return spec
 
 
@@ -147,7 +148,7 @@ def demand_shares(plans: Sequence[tuple[LayerClass, Plan]], tokens: int
     if total == 0:
         return [Fraction(1, len(plans))] * len(plans)
     shares = [Fraction(d, total).limit_denominator(1 << 20) for d in demand]
-    shares[-1] = 1 - sum(shares[:-1])  # exactly 1 in all
+    shares[-1] = 1 - sum(shares[:-1], Fraction(0))  # exactly 1 in all
     return shares
 
 

@@ -29,11 +29,12 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from kvspec.errors import NotEnoughMemoryError, PlanError
-from kvspec.model.engine import BudgetRef, Engine, SettingRef
 from kvspec.artifact.format import Budget
 from kvspec.artifact.sizing import blocks_for as sized_blocks
+from kvspec.errors import NotEnoughMemoryError, PlanError
+from kvspec.model.engine import BudgetRef, Engine, SettingRef
 from kvspec.model.plan import Group, Layout, Plan, Stage
 from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.place import bytes_per_block
@@ -245,7 +246,7 @@ class StageSizing:
 
     index: int
     num_blocks: int
-    tensors: tuple[dict[str, object], ...]
+    tensors: tuple[dict[str, Any], ...]
     memory_usage: int
     estimated_max_model_len: int
 

@@ -16,8 +16,8 @@ from kvspec.passes.parse import Parsed
 from kvspec.passes.plan import plan
 from kvspec.passes.size import Sized, size
 from kvspec.passes.validate import validate
-from kvspec.pooling.figures import capacity_curve
 from kvspec.pooling.evaluate import Evaluation, WorkloadTrace, evaluate, workload_trace
+from kvspec.pooling.figures import capacity_curve
 from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
 __all__ = ["Candidate", "choose", "decide", "precheck"]
@@ -91,7 +91,7 @@ def _scaled(pools: tuple[PoolLayout, ...], factor: float
     target = min(Fraction(95, 100), (a * Fraction(factor)).limit_denominator(1 << 20))
     out = [(p.name, (p.share * target / a if p in fixed else p.share * (1 - target) / (1 - a))
             .limit_denominator(1 << 20)) for p in pools]
-    out[-1] = (out[-1][0], 1 - sum(s for _, s in out[:-1]))
+    out[-1] = (out[-1][0], 1 - sum((s for _, s in out[:-1]), Fraction(0)))
     return tuple(out)
 
 
@@ -243,7 +243,8 @@ def decide(sized: Sized, pooling: Pooling
     trace = workload_trace(workload, sized) if workload is not None else None
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     cands, evaluations = [], []
-    for c in candidates(sized, pooling, tokens):
+    for listed in candidates(sized, pooling, tokens):
+        c = listed
         try:
             e = evaluate(c, trace, sized)
         except KvspecError as err:

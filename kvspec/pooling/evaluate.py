@@ -17,19 +17,35 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
+from kvspec.model.plan import Layout
 from kvspec.model.pooling import PoolingRef, Workload
+from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling import figures
-from kvspec.model.plan import Layout
-from kvspec.model.specs import MambaState
+from kvspec.pooling.layouts import PoolLayout
 from kvspec.runtime.manager import from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
 
 __all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
+
+
+class Candidate(Protocol):
+    """What evaluating reads of a candidate (:class:`kvspec.pooling.decide.Candidate`,
+    which imports this module)."""
+
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def pools(self) -> tuple[PoolLayout, ...]: ...
+    @property
+    def layouts(self) -> tuple[Layout, ...]: ...
+    @property
+    def note(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +100,16 @@ class Evaluation:
     static_requests: float | None
     workload_requests: float | None
     physical_limit: float | None
-    simulated: dict[str, float] | None = None
+    simulated: dict[str, Any] | None = None
     tokens_held: float | None = None
     waste: fmt.Waste | None = None
     binding_pool: str | None = None
 
 
-def _static(candidate: object, tokens: int) -> tuple[float | None, float | None, str | None]:
+def _static(candidate: Candidate, tokens: int) -> tuple[float | None, float | None, str | None]:
     """Static requests at max_model_len and at ``tokens``, and the binding pool."""
-    layouts = [(p.name, p.layout) for p in getattr(candidate, "pools", ())] or \
-        [("device", getattr(candidate, "layout"))]
+    layouts = [(p.name, p.layout) for p in candidate.pools] or \
+        [("device", candidate.layout)]
     at_max = [(figures.static_requests(x), n) for n, x in layouts]
     at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
     if any(v is None for v, _ in at_max + at_tokens):
@@ -102,9 +118,8 @@ def _static(candidate: object, tokens: int) -> tuple[float | None, float | None,
     return min(v for v, _ in at_max), low[0], low[1]  # type: ignore[type-var]
 
 
-def _pool_layouts(candidate: object) -> list[tuple[str, Layout]]:
-    pools = getattr(candidate, "pools", ())
-    return [(p.name, p.layout) for p in pools] or [("device", getattr(candidate, "layout"))]
+def _pool_layouts(candidate: Candidate) -> list[tuple[str, Layout]]:
+    return [(p.name, p.layout) for p in candidate.pools] or [("device", candidate.layout)]
 
 
 def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int, bool]]:
@@ -149,16 +164,14 @@ def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float 
                              per_request=round(per_request), idle=round(idle))
 
 
-def evaluate(candidate: object, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
+def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
     """``candidate``'s figures at the workload; simulated when there is a budget."""
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
-    layouts = [p.layout for p in getattr(candidate, "pools", ())] or \
-        [getattr(candidate, "layout")]
     budget = sized.budget_bytes
-    live = sum(figures.live_bytes(x, tokens) for x in layouts)
+    live = sum(figures.live_bytes(x, tokens) for x in candidate.layouts)
     physical = budget / live if budget is not None and live else None
-    if trace is None or budget is None or getattr(candidate, "note", None):
+    if trace is None or budget is None or candidate.note:
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
     engine = sized.layout.engine
     layouts = _pool_layouts(candidate)

@@ -19,9 +19,9 @@ from fractions import Fraction
 from kvspec.errors import KvspecError
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Layout
+from kvspec.model.pooling import Pooling, PoolingRef
 from kvspec.model.quant.cells import Quantized
 from kvspec.model.specs import LayerSpec
-from kvspec.model.pooling import Pooling, PoolingRef
 from kvspec.passes.size import Sized
 from kvspec.planner import build_layout, size_plan
 from kvspec.planner.separate import PoolPlan, plan_separate
@@ -57,8 +57,8 @@ def pool_layouts(name: str, model: str | None, engine: Engine,
     """The separate plan of these layers, each pool sized for its share of
     ``budget`` (when there is one): what compiling and re-planning both run."""
     out = []
-    for p in plan_separate(engine, stage_specs, pooling, tokens):
-        p = _fitted(p, max_model_len)
+    for planned in plan_separate(engine, stage_specs, pooling, tokens):
+        p = _fitted(planned, max_model_len)
         sizing = None
         if budget is not None:
             memory = int(budget * p.share)

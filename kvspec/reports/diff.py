@@ -33,8 +33,8 @@ from kvspec.reports.explain import (
     capacity,
     environment,
     group_padding,
-    read_subject,
     pages_text,
+    read_subject,
 )
 from kvspec.reports.format import compact_layers, human_bytes
 

@@ -10,7 +10,7 @@ policy weighed with what each buys at the workload.
    candidate  block  groups  at max_model_len  at workload  simulated mean / peak  util. waiting  physical limit
 -  ---------  -----  ------  ----------------  -----------  ---------------------  -------------  --------------
 *    unified     16       1             2.50x        150.0                      -              -           160.0
-"""
+"""  # noqa: E501 (the doctest's expected table is wider than a line)
 
 from __future__ import annotations
 
@@ -126,8 +126,8 @@ def _legend(record: PoolingRecord) -> list[str]:
     out = ["  at max_model_len: every request priced at max_model_len (vLLM's start-up figure)",
            "  at workload: priced at the tokens a running request holds on average",
            "  simulated: running requests while the trace is replayed through vLLM v1's scheduling",
-           "  physical limit: requests whose live tokens and one state per state layer alone fill "
-           "the budget"]
+           ("  physical limit: requests whose live tokens and one state per state layer alone fill "
+           "the budget")]
     if record.chosen is None:
         return out
     c = record.candidates[record.chosen]

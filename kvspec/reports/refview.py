@@ -45,7 +45,10 @@ def views_of(sizing: Sizing, stage: int = 0) -> list[dict[str, Any]]:
     out = []
     for index, (tensor, fields) in enumerate(zip(st.tensors, result.tensors)):
         spec = st.groups[tensor.group].layer_spec(tensor.layers[0])
-        blocks = st.draft_num_blocks if tensor.pool == "draft" else sizing.num_blocks
+        blocks = sizing.num_blocks
+        if tensor.pool == "draft":
+            assert st.draft_num_blocks is not None, "a draft tensor's stage has a draft pool"
+            blocks = st.draft_num_blocks
         geoms = view_geometry(tensor.layers, int(fields["layer_stride"]),
                               int(fields["block_stride"]), int(fields["offset"]), spec, blocks,
                               plan.engine.axis_order)
@@ -85,7 +88,7 @@ def reference_view(plan: Plan, sizing: Sizing, *, with_views: bool = False) -> d
 def error_view(error: KvspecError) -> dict[str, Any]:
     data = error.as_dict()
     return {"ok": False, "error": {"type": type(error).__name__, "message": error.message},
-            "errors": data["errors"] if "errors" in data else [data],
+            "errors": data.get("errors", [data]),
             "num_blocks": None, "draft_num_blocks": None, "pool_bytes_per_block": None,
             "groups": None, "kv_cache_tensors": None, "workers": None,
             "scheduler_block_size": None, "hash_block_size": None, "max_concurrency": None,

@@ -63,16 +63,16 @@ def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
     rows = [[i, ref_kind_name(g.spec), len(g.layer_names), g.spec.block_size, _pages(g),
              g.padding_slots, layers_brief(g.layer_names)] for i, g in enumerate(layout.groups)]
     per_block = st0.bytes_per_block
-    out = [f"{layout.name}: {len(layout.layers)} layers in {len(layout.groups)} group(s), "
-           f"layout {eng.axis_order.name}, block_size {eng.block_size}, "
-           f"max_model_len {eng.max_model_len}",
+    out = [(f"{layout.name}: {len(layout.layers)} layers in {len(layout.groups)} group(s), "
+            f"layout {eng.axis_order.name}, block_size {eng.block_size}, "
+            f"max_model_len {eng.max_model_len}"),
            table(rows, ["group", "kind", "layers", "block", "layer page", "pad slots",
                         "members"]),
            f"bytes per block: {human_bytes(per_block)} ({per_block} B)"
            + (f" + fixed {human_bytes(st0.fixed_bytes)}" if st0.fixed_bytes else ""),
-           f"one request at max_model_len: "
-           f"{human_bytes(layout.stage_figures[0].memory_per_request)}, "
-           f"needs at least {layout.min_num_blocks():,} blocks"]
+           (f"one request at max_model_len: "
+            f"{human_bytes(layout.stage_figures[0].memory_per_request)}, "
+            f"needs at least {layout.min_num_blocks():,} blocks")]
     b = layout.budget
     if b is not None:
         out.append(f"for {human_bytes(b.memory)}: {b.num_blocks:,} blocks, "
@@ -98,8 +98,8 @@ def _pooled_summary(artifact: CompiledArtifact) -> list[str]:
              pool.name, layers_brief(g.layers)]
             for pool in artifact.pools for g in body.groups if g.id in
             {x for st in body.stages for p in st.pools if p.name == pool.name for x in p.groups}]
-    out = [f"{body.name}: {len(body.layers)} layers in {len(artifact.pools)} pool(s), "
-           f"layout {eng.axis_order}, max_model_len {eng.max_model_len}",
+    out = [(f"{body.name}: {len(body.layers)} layers in {len(artifact.pools)} pool(s), "
+            f"layout {eng.axis_order}, max_model_len {eng.max_model_len}"),
            table(rows, ["group", "kind", "layers", "block", "layer page", "pool", "members"])]
     b = body.budget
     if b is not None:
@@ -155,24 +155,24 @@ def plan_table(plan: Plan, sizing: Sizing, *, warnings: bool = True) -> str:
             for i, g in enumerate(plan.groups)]
     per_request = blocks_per_request(engine, st0.groups)
     lines = [
-        f"{len(plan.specs)} layers, {len(plan.groups)} group(s), layout "
-        f"{engine.axis_order.name}, {len(plan.stages)} pipeline stage(s)",
+        (f"{len(plan.specs)} layers, {len(plan.groups)} group(s), layout "
+         f"{engine.axis_order.name}, {len(plan.stages)} pipeline stage(s)"),
         table(rows, ["group", "kind", "layers", "block", "layer page", "pad slots",
                      "blocks/request"]),
         f"memory per rank:      {human_bytes(sizing.available)}",
-        f"one request:          {human_bytes(sizing.stages[0].memory_usage)} at "
-        f"{engine.max_model_len:,} tokens ({per_request:,} blocks + the null block)",
+        (f"one request:          {human_bytes(sizing.stages[0].memory_usage)} at "
+         f"{engine.max_model_len:,} tokens ({per_request:,} blocks + the null block)"),
         f"bytes per block:      {human_bytes(st0.bytes_per_block)} ({st0.bytes_per_block} B)",
         f"blocks:               {sizing.num_blocks:,}"
         + (f" (+ drafter pool {st0.draft_num_blocks:,})" if st0.draft_num_blocks else ""),
         f"KV capacity:          {sizing.kv_cache_size_tokens:,} tokens",
-        f"max concurrency:      {sizing.max_concurrency:.2f}x at "
-        f"{engine.max_model_len:,} tokens",
+        (f"max concurrency:      {sizing.max_concurrency:.2f}x at "
+         f"{engine.max_model_len:,} tokens"),
         f"max_model_len:        {engine.max_model_len:,}"
         + (" (auto-fit)" if engine.auto_max_model_len else ""),
         f"longest that fits:    {sizing.estimated_max_model_len:,}",
-        f"block sizes:          scheduler {sizing.scheduler_block_size}, "
-        f"prefix hash {sizing.hash_block_size}",
+        (f"block sizes:          scheduler {sizing.scheduler_block_size}, "
+         f"prefix hash {sizing.hash_block_size}"),
     ]
     if len(sizing.stages) > 1:
         lines.append("per stage:            " + ", ".join(

@@ -206,7 +206,7 @@ class BlockPool(PrefixCachePool):
                     return
         if blocks.__class__ is not list:
             blocks = list(blocks)
-        self._touch_all(blocks, group_id)  # type: ignore[arg-type]
+        self._touch_all(blocks, group_id)
 
     def free(self, blocks: Iterable[Block]) -> None:
         """Drop one hold on each block, in order; blocks no longer held go to the
@@ -225,7 +225,7 @@ class BlockPool(PrefixCachePool):
         ...     print(err.message)
         block 1 is freed but not held (freed twice?)
         """
-        self._release(blocks if blocks.__class__ is list else list(blocks))  # type: ignore[arg-type]
+        self._release(blocks if blocks.__class__ is list else list(blocks))
 
     def free_blocks(self, ordered: Iterable[Block]) -> None:
         """Drop one hold on each block, as vLLM 0.33's ``BlockPool.free_blocks``:

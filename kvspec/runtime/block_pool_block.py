@@ -23,7 +23,7 @@ from kvspec.errors import KvspecError
 from kvspec.runtime.hashing_keys import GROUP_ID_BYTES, split_block_hash_with_group_id
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvspec.runtime.hashing_keys import BlockHash, BlockHashKey
+    from kvspec.runtime.hashing_keys import BlockHashKey, CacheKey
 
 __all__ = [
     "Block",
@@ -93,7 +93,7 @@ class Block:
         self.is_null = is_null
         # the pool that owns it, if any (only ever compared by identity)
         self.pool: object | None = None
-        self._hash: BlockHash | None = None  # the block hash it is cached under
+        self._hash: CacheKey | None = None  # the block hash (or key) it is cached under
         self._block_hash_num_tokens: int | None = None
         self.prev_free: Block | None = None
         self.next_free: Block | None = None
@@ -112,9 +112,13 @@ class Block:
     @property
     def block_hash(self) -> BlockHashKey | None:
         """The (hash, group id) key of a cached block, else ``None``."""
-        if self._hash is None:
+        key = self._hash
+        if key is None:
             return None
-        return self._hash + self._group.to_bytes(GROUP_ID_BYTES, "big")  # type: ignore[union-attr]
+        # cached, so its group is known; an int key (a request-level manager's) has no
+        # bytes form, and the manager never asks for one
+        assert isinstance(key, bytes) and self._group is not None
+        return key + self._group.to_bytes(GROUP_ID_BYTES, "big")
 
     @property
     def block_hash_num_tokens(self) -> int | None:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvspec.runtime.block_pool_block import Block, BlockPoolError, BlockStateError
-from kvspec.runtime.hashing_keys import BlockHash, make_block_hash_with_group_id
+from kvspec.runtime.hashing_keys import BlockHash, CacheKey, make_block_hash_with_group_id
 from kvspec.runtime.hashing_views import resolve_block_hashes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,11 +44,12 @@ GROUP_ID_LIMIT = 1 << 32
 
 #: One group's map: block hash -> the block cached under it, or {block_id: block}
 #: (typed ``Any``: the hot paths tell the two apart by ``entry.__class__ is Block``).
-GroupMap = dict[BlockHash, Any]
+GroupMap = dict[CacheKey, Any]
 
 
 class PrefixCachePool:
-    """Prefix-cache lookups and bookkeeping, mixed into :class:`~kvspec.runtime.block_pool.BlockPool`.
+    """Prefix-cache lookups and bookkeeping, mixed into
+    :class:`~kvspec.runtime.block_pool.BlockPool`.
 
     It keeps the map in ``_cached`` (group id -> :data:`GroupMap`); the pool
     provides ``blocks``, ``null_block`` and ``free_block_queue``.
@@ -81,7 +82,7 @@ class PrefixCachePool:
             for v in group_map.values()
         )
 
-    def lookup(self, block_hash: BlockHash, group_ids: Sequence[int]) -> list[Block] | None:
+    def lookup(self, block_hash: CacheKey, group_ids: Sequence[int]) -> list[Block] | None:
         """The cached block of ``block_hash`` in each of ``group_ids``, or ``None``
         when any of them misses. The blocks are not touched.
 
@@ -96,20 +97,24 @@ class PrefixCachePool:
             try:
                 entry = self._cached[group_ids[0]].get(block_hash)
             except KeyError:  # nothing cached in this group yet
-                return self._no_group_map(group_ids[0])
+                self._no_group_map(group_ids[0])
+                return None
             if entry is None:
                 return None
             return [entry if entry.__class__ is Block else next(iter(entry.values()))]
         found: list[Block] = []
         for group_id in group_ids:
-            group_map = self._cached.get(group_id) or self._no_group_map(group_id)
-            entry = None if group_map is None else group_map.get(block_hash)
+            group_map = self._cached.get(group_id)
+            if not group_map:
+                self._no_group_map(group_id)
+                return None
+            entry = group_map.get(block_hash)
             if entry is None:
                 return None
             found.append(entry if entry.__class__ is Block else next(iter(entry.values())))
         return found
 
-    def cached_map(self, group_id: int) -> dict[BlockHash, Any] | None:
+    def cached_map(self, group_id: int) -> GroupMap | None:
         """``group_id``'s map, block hash -> block (or ``{block_id: block}`` for one
         content cached in several blocks), for callers that look up many hashes in
         a row; None while nothing is cached in the group. Read it, never change it.
@@ -123,7 +128,7 @@ class PrefixCachePool:
 
     def find_cached_prefix(
         self,
-        block_hashes: Iterable[BlockHash],
+        block_hashes: Iterable[CacheKey],
         group_id: int,
         max_blocks: int | None = None,
     ) -> list[Block]:
@@ -135,8 +140,11 @@ class PrefixCachePool:
         hits: list[Block] = []
         if not self.enable_caching:
             return hits
-        group_map = self._cached.get(group_id) or self._no_group_map(group_id)
-        if group_map is None or (max_blocks is not None and max_blocks <= 0):
+        group_map = self._cached.get(group_id)
+        if not group_map:
+            self._no_group_map(group_id)
+            return hits
+        if max_blocks is not None and max_blocks <= 0:
             return hits
         get, append = group_map.get, hits.append
         for block_hash in block_hashes:
@@ -170,7 +178,7 @@ class PrefixCachePool:
         self._check_group(group_id)
         if block_size is None:
             block_size = self.hash_block_size
-        hashes: Sequence[BlockHash] = block_hashes
+        hashes: Sequence[CacheKey] = block_hashes
         if self.hash_block_size is not None and block_size is not None:
             hashes = resolve_block_hashes(block_hashes, self.hash_block_size, block_size)
         if len(hashes) < num_full_blocks or len(blocks) < num_full_blocks:
@@ -200,7 +208,7 @@ class PrefixCachePool:
             else:
                 entry[block.block_id] = block
 
-    def cache_block(self, block: Block, block_hash: BlockHash, group_id: int,
+    def cache_block(self, block: Block, block_hash: CacheKey, group_id: int,
                     num_tokens: int | None = None) -> None:
         """Cache one held block under ``block_hash`` for ``group_id``, the prefix of
         ``num_tokens`` tokens (a request-level manager's step, unchecked: the caller
@@ -235,7 +243,7 @@ class PrefixCachePool:
         else:
             entry[block.block_id] = block
 
-    def cache_run(self, blocks: Sequence[Block], block_hashes: Sequence[BlockHash],
+    def cache_run(self, blocks: Sequence[Block], block_hashes: Sequence[CacheKey],
                   group_id: int, num_tokens: int, block_size: int) -> None:
         """:meth:`cache_block` for a request's run of full blocks: ``blocks[k]`` under
         ``block_hashes[k]``, the prefix of ``num_tokens + k * block_size`` tokens
@@ -314,7 +322,9 @@ class PrefixCachePool:
         does not hold it under that hash."""
         group_map = self._cached.get(block._group)  # type: ignore[arg-type]
         block_hash = block._hash
-        entry = None if group_map is None else group_map.get(block_hash)  # type: ignore[arg-type]
+        if group_map is None or block_hash is None:
+            return False
+        entry = group_map.get(block_hash)
         if entry is None:
             return False
         if entry.__class__ is Block:
@@ -333,7 +343,6 @@ class PrefixCachePool:
         """No map for ``group_id`` (nothing cached in it yet): check that the id
         fits a key, as a lookup by key would, and miss."""
         make_block_hash_with_group_id(b"", group_id)  # raises HashingError if not
-        return None
 
     def _check_group(self, group_id: int) -> None:
         limit = self.num_groups if self.num_groups is not None else GROUP_ID_LIMIT

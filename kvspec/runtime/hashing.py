@@ -39,6 +39,7 @@ import os
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, TypeAlias
 
 import cbor2
@@ -73,11 +74,12 @@ from kvspec.runtime.hashing_views import (
     resolve_block_hashes,
 )
 
+_xxhash: ModuleType | None
 try:  # optional: only the non-cryptographic hash functions need it
-    import xxhash as _xxhash
+    import xxhash as _xxhash_module
 
-    if not hasattr(_xxhash, "xxh3_128_digest"):  # too old to have XXH3-128
-        _xxhash = None
+    # too old to have XXH3-128: as if absent
+    _xxhash = _xxhash_module if hasattr(_xxhash_module, "xxh3_128_digest") else None
 except ImportError:  # pragma: no cover - depends on the environment
     _xxhash = None
 
@@ -110,7 +112,7 @@ class _FromEnv(enum.Enum):
 #: Seed argument meaning "read PYTHONHASHSEED from the process environment".
 FROM_ENV = _FromEnv.FROM_ENV
 
-Seed: TypeAlias = str | None | _FromEnv
+Seed: TypeAlias = str | _FromEnv | None
 
 
 # --------------------------------------------------------------------------
@@ -265,7 +267,8 @@ def hash_block_tokens(
     '0508356e'
     """
     if not parent_block_hash:
-        parent_block_hash = none_hash if none_hash is not None else _process_hasher(hash_fn).none_hash
+        parent_block_hash = (none_hash if none_hash is not None
+                             else _process_hasher(hash_fn).none_hash)
     return hash_fn((parent_block_hash, tuple(token_ids), extra_keys))
 
 

@@ -35,6 +35,9 @@ __all__ = [
 BlockHash: TypeAlias = bytes
 #: A block hash followed by its group id as 4 big-endian bytes.
 BlockHashKey: TypeAlias = bytes
+#: What a pool caches a block under: a block hash, or the int key a request-level
+#: manager derives from the request's tokens (:mod:`kvspec.runtime.manager`).
+CacheKey: TypeAlias = BlockHash | int
 #: Any callable that turns a Python object into a digest.
 HashFunction: TypeAlias = Callable[[Any], bytes]
 
@@ -46,7 +49,9 @@ class HashingError(KvspecError):
     """A prefix-hashing input is invalid (group id out of range, bad block sizes)."""
 
 
-class HashFunctionUnavailableError(HashingError, ImportError):
+# ImportError's writable ``path`` (the module file) is shadowed by KvspecError's read-only
+# ``path`` (where in the input): this error is never about a module file.
+class HashFunctionUnavailableError(HashingError, ImportError):  # type: ignore[override]
     """A hash function needs an optional package that is not installed."""
 
 

@@ -271,9 +271,9 @@ class RequestBlockHasher:
         tokens = request.token_ids
         hash_block = self.hasher.hash_block
         new_hashes: list[BlockHash] = []
-        for start in range(start, num_tokens - size + 1, size):
-            end = start + size
-            extra_keys, mm_idx = generate_block_hash_extra_keys(request, start, end, mm_idx)
-            parent = hash_block(parent, tokens[start:end], extra_keys)
+        for begin in range(start, num_tokens - size + 1, size):
+            end = begin + size
+            extra_keys, mm_idx = generate_block_hash_extra_keys(request, begin, end, mm_idx)
+            parent = hash_block(parent, tokens[begin:end], extra_keys)
             new_hashes.append(parent)
         return new_hashes

@@ -65,7 +65,8 @@ class BlockHashListWithBlockSize(Sequence[BlockHash]):
         if isinstance(idx, slice):
             return [self._at(i) for i in range(*idx.indices(len(self)))]
         if not isinstance(idx, int):
-            raise TypeError(f"block hash list indices must be int or slice, not {type(idx).__name__}")
+            raise TypeError("block hash list indices must be int or slice, "
+                            f"not {type(idx).__name__}")
         n = len(self)
         if idx < 0:
             idx += n

@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 from kvspec.artifact import Artifact
+from kvspec.artifact.blocks import allocation_blocks, memory_problems, stage_counts
 from kvspec.artifact.format import Pool, Stage, at
 from kvspec.artifact.read import unsound
-from kvspec.artifact.blocks import allocation_blocks, memory_problems, stage_counts
 from kvspec.connectors.describe import describe_loaded
 from kvspec.connectors.descriptor import Descriptor
 from kvspec.errors import KvspecError

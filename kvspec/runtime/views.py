@@ -23,6 +23,7 @@ This module imports torch; the geometry is the artifact's own (each tensor's
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from fractions import Fraction
 
@@ -211,7 +212,7 @@ def conventions(view: torch.Tensor) -> tuple[str, ...]:
         if axes[-1][0] > 1 and axes[-1][1] != 1:
             continue
         strides = [s for n, s in axes if n > 1]
-        if all(a >= b for a, b in zip(strides, strides[1:])):
+        if all(a >= b for a, b in itertools.pairwise(strides)):
             out.append(name)
     return tuple(out)
 
@@ -363,8 +364,9 @@ class CellParts(Mapping[str, Mapping[str, torch.Tensor]]):
         return len(self._parts)
 
 
-def per_tensor_scales(names: list[str], device: torch.device) -> tuple[torch.Tensor | None,
-                                                                       dict[str, dict[str, torch.Tensor]]]:
+def per_tensor_scales(
+        names: list[str], device: torch.device,
+) -> tuple[torch.Tensor | None, dict[str, dict[str, torch.Tensor]]]:
     """One float32 allocation ``(layers, 2)`` of per-tensor K/V scale constants,
     set to 1.0 (the engine's default until calibrated scales are loaded), and
     each layer's ``{"k_scale": (), "v_scale": ()}`` views of it."""

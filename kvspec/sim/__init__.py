@@ -36,8 +36,8 @@ from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
 __all__ = ["SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
-           "admit", "batch_depth", "generate_trace", "parse_trace", "read_trace", "run", "run_artifact",
-           "simulate", "simulate_artifact", "write_trace"]
+           "admit", "batch_depth", "generate_trace", "parse_trace", "read_trace", "run",
+           "run_artifact", "simulate", "simulate_artifact", "write_trace"]
 
 
 def batch_depth(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:

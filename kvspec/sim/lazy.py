@@ -145,8 +145,8 @@ class LazySet:
         if r.lazy_from < 0:
             return
         end = r.lazy_end
-        steps = (self.scheduled if self.scheduled < end else end) - r.lazy_from
-        outputs = (self.updated if self.updated < end else end) - r.lazy_from
+        steps = min(end, self.scheduled) - r.lazy_from
+        outputs = min(end, self.updated) - r.lazy_from
         if outputs < 0:
             outputs = 0
         ds, du = steps - r.lazy_steps, outputs - r.lazy_outputs
@@ -200,8 +200,7 @@ class LazySet:
         self.materialize(r)
         if r.lazy_from < 0:
             return range(0)
-        pending = range(self.updated if self.updated > r.lazy_from else r.lazy_from,
-                        r.lazy_end)
+        pending = range(max(r.lazy_from, self.updated), r.lazy_end)
         r.lazy_from = -1
         return pending
 

@@ -76,7 +76,7 @@ class LiveBytes:
             return 0
         live = self.full * computed + self.state
         for window, per_token in self.windows:
-            live += per_token * (computed if computed < window else window)
+            live += per_token * min(window, computed)
         for chunk, per_token in self.chunks:
             live += per_token * (computed - (computed - 1) // chunk * chunk)
         for window, per_token in self.rswa:

@@ -152,14 +152,13 @@ class Scheduler:
                 return 0
             budget -= ahead
             done += ahead
-            if lazy.is_lazy(r):
-                if self._event(r, step):
-                    budget -= 1
-                    done += 1
-                    if budget == 0:
-                        self._unschedule(done, step)
-                        return 0
-                    continue
+            if lazy.is_lazy(r) and self._event(r, step):
+                budget -= 1
+                done += 1
+                if budget == 0:
+                    self._unschedule(done, step)
+                    return 0
+                continue
             n = self._tokens(r, budget, step)
             if n <= 0:
                 continue
@@ -327,11 +326,10 @@ class Scheduler:
         r.num_tokens += 1
         r.num_output_tokens += 1
         stop = r.num_output_tokens >= r.max_tokens or r.num_tokens >= self.max_model_len
-        if not stale:
-            if had_placeholders:
-                r.placeholders -= 1
-                if r.status == RUNNING:
-                    self.manager.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
+        if not stale and had_placeholders:
+            r.placeholders -= 1
+            if r.status == RUNNING:
+                self.manager.cache_blocks(r, r.num_computed_tokens - r.num_in_flight_tokens)
         return stop
 
     # -- what a step record reads ---------------------------------------------------

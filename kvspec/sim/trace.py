@@ -3,7 +3,7 @@
 Each line is one object::
 
     {"arrival": 0, "prompt_tokens": 1800, "output_tokens": 210}
-    {"arrival": 3, "prompt_tokens": 900, "output_tokens": 64, "prefix_id": "sys", "prefix_tokens": 512}
+    {"arrival": 3, "prompt_tokens": 900, "output_tokens": 64, "prefix_id": 1, "prefix_tokens": 512}
 
 * ``arrival`` -- the engine step the request joins the waiting queue at (an
   integer, not decreasing from one line to the next);

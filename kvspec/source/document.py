@@ -105,7 +105,7 @@ class Document:
     def error(self, message: str, path: Sequence[str | int], *, key: bool = False,
               cls: type[SourceError] = SourceError, **kw: Any) -> SourceError:
         pos = self.key_position(path) if key else self.position(path)
-        line, col = pos if pos else (None, None)
+        line, col = pos or (None, None)
         return cls(message, file=self.file, line=line, column=col,
                    path=format_path(path), **kw)
 
@@ -185,6 +185,7 @@ class _Builder:
                 stack.extend((item, path + (i,), value, i)
                              for i, item in reversed(list(enumerate(node.value))))
             else:
+                assert isinstance(node, yaml.MappingNode)  # yaml's third kind of node
                 value = self.built[id(node)] = {}
                 stack.extend(reversed(self.mapping(node, path, value)))
             if isinstance(parent, list) and parent is out:

@@ -18,10 +18,10 @@ from kvspec.errors import KvspecError, Location, PlanError, format_path, raise_a
 from kvspec.model import kinds
 from kvspec.model.engine import SETTINGS, Engine
 from kvspec.model.names import layers_brief
+from kvspec.model.pooling import Pooling
 from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
 from kvspec.model.stages import split_stages
-from kvspec.model.pooling import Pooling
 from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer, expand_layers
 from kvspec.source.pooling import pooling_of
@@ -86,7 +86,7 @@ def _loc(doc: Document, path: tuple) -> Location:
 
 def _duplicates(layers: list[ExpandedLayer], doc: Document) -> list[KvspecError]:
     seen: set[str] = set()
-    errors = []
+    errors: list[KvspecError] = []
     for layer in layers:
         if layer.name in seen:
             errors.append(doc.error(f"layer name {layer.name!r} is used twice", layer.path,

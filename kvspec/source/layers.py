@@ -38,7 +38,8 @@ class ExpandedLayer(NamedTuple):
     layer of every compile, in a quarter of a frozen dataclass's time)."""
 
     name: str
-    index: int | None
+    # the layer's index; the field hides tuple.index, which nothing calls on a layer
+    index: int | None  # type: ignore[assignment]
     fields: dict[str, Any]
     #: YAML path of the entry that produced this layer (for error positions).
     path: Path
@@ -77,8 +78,8 @@ def template_problem(template: str) -> str | None:
         if field is None:
             continue
         if field != "index" or spec or conversion:
-            return f"{{{field}{'!' + conversion if conversion else ''}" \
-                   f"{':' + spec if spec else ''}}} is not {{index}}"
+            return (f"{{{field}{'!' + conversion if conversion else ''}"
+                    f"{':' + spec if spec else ''}}} is not {{index}}")
     return None
 
 
@@ -124,10 +125,10 @@ class _Expander:
         """The defaults merged with a layer type's fields (None: the defaults alone),
         once per type."""
         if type_name not in self._typed:
-            self._typed[type_name] = merge_fields(
-                (self.source.defaults, ("defaults",)),
-                (self.source.layer_types[type_name] if type_name is not None else None,
-                 ("layer_types", type_name)))
+            parts: list[tuple[LayerFields | None, Path]] = [(self.source.defaults, ("defaults",))]
+            if type_name is not None:
+                parts.append((self.source.layer_types[type_name], ("layer_types", type_name)))
+            self._typed[type_name] = merge_fields(*parts)
         return self._typed[type_name]
 
     def render(self, template: str, path: tuple) -> str:
@@ -154,7 +155,8 @@ class _Expander:
     def pattern(self, entry: PatternEntry, base: tuple) -> None:
         plan = self._pattern_plan(entry, base)
         if plan is None:  # a problem in the pattern: reported layer by layer below
-            return self._pattern_slow(entry, base)
+            self._pattern_slow(entry, base)
+            return
         layers, index = self.layers, self.index
         for _ in range(entry.repeat):
             for path, members in plan:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import datetime
 import difflib
+from collections.abc import Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from kvspec.errors import ErrorList, SourceError
 from kvspec.files import size_hint
@@ -37,9 +38,10 @@ def clean_loc(loc: tuple) -> tuple:
 
 def allowed_fields(parent: tuple) -> list[str]:
     """The fields the mapping at ``parent`` may have."""
-    table = {(): m.Source, ("engine",): m.EnginePolicy, ("parallel",): m.Parallelism,
-             ("quantization",): m.Quantization, ("defaults",): m.LayerFields,
-             ("engine", "draft"): m.DraftPolicy}
+    table: dict[tuple[str, ...], type[BaseModel]] = {
+        (): m.Source, ("engine",): m.EnginePolicy, ("parallel",): m.Parallelism,
+        ("quantization",): m.Quantization, ("defaults",): m.LayerFields,
+        ("engine", "draft"): m.DraftPolicy}
     if parent in table:
         return list(table[parent].model_fields)
     if len(parent) == 2 and parent[0] == "layer_types":
@@ -49,7 +51,7 @@ def allowed_fields(parent: tuple) -> list[str]:
     return []
 
 
-def schema_error(doc: Document, err: dict[str, Any]) -> SourceError:
+def schema_error(doc: Document, err: Mapping[str, Any]) -> SourceError:
     loc = clean_loc(err["loc"])
     kind = err["type"]
     found = err.get("input")
@@ -146,7 +148,7 @@ EXPECTED = {"int_type": "an integer", "int_parsing": "an integer",
             "model_attributes_type": "a mapping", "float_type": "a number"}
 
 
-def expected_of(err: dict[str, Any]) -> str:
+def expected_of(err: Mapping[str, Any]) -> str:
     """What the value should have been (custom types carry it as their message)."""
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind in EXPECTED:
@@ -181,7 +183,7 @@ KIND_SYNONYMS = {"full": "full_attention", "attention": "full_attention",
                  "ssm": "mamba", "cross": "cross_attention", "encoder": "encoder_only"}
 
 
-def _literal_error(doc: Document, loc: tuple, err: dict[str, Any], found: Any,
+def _literal_error(doc: Document, loc: tuple, err: Mapping[str, Any], found: Any,
                    found_s: str | None) -> SourceError:
     expected = (err.get("ctx") or {}).get("expected")
     hint = None

@@ -96,7 +96,7 @@ def pooling_of(source: Source, doc: Document,
     if p.split is not None:
         split = tuple((name, Fraction(share).limit_denominator(10_000))
                       for name, share in p.split.items())
-        total = sum(s for _, s in split)
+        total = sum((s for _, s in split), Fraction(0))
         if abs(total - 1) > Fraction(1, 1000):
             found.append(doc.error(f"the split's shares sum to {float(total):.4g}, not 1",
                                    ("pooling", "split"), expected="shares summing to 1",

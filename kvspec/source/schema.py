@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -83,7 +83,8 @@ MaxLen = Annotated[int | str, PlainValidator(_max_len), WithJsonSchema(
 #: The ``kind`` a source may give a layer: every declarable kind of the registry.
 LayerKind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
 
-MambaType = Literal[tuple(MAMBA_TYPES)]  # type: ignore[valid-type]
+_MAMBA_TYPE_NAMES = tuple(MAMBA_TYPES)
+MambaType = Literal[_MAMBA_TYPE_NAMES]  # type: ignore[valid-type]
 
 
 
@@ -165,7 +166,7 @@ def _entry_tag(value: Any) -> str:
 
 
 Entry = Annotated[
-    Union[Annotated[PatternEntry, Tag("pattern")], Annotated[LayerEntry, Tag("layer")]],
+    Annotated[PatternEntry, Tag("pattern")] | Annotated[LayerEntry, Tag("layer")],
     Discriminator(_entry_tag)]
 
 

@@ -28,7 +28,7 @@ def _layers(source: Source, doc: Document, ex: Expansion) -> list[KvspecError]:
 
 def _skip_layers(source: Source, doc: Document, ex: Expansion) -> list[KvspecError]:
     indices = {layer.index for layer in ex.layers if layer.index is not None}
-    errors = []
+    errors: list[KvspecError] = []
     for i, idx in enumerate(source.quantization.skip_layers):
         if idx not in indices:
             shown = f"{min(indices)}..{max(indices)}" if indices else "none"

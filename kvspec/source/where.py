@@ -77,5 +77,5 @@ class SourceMap:
         if path is None:
             return Location(self.file)
         pos = self.doc.position(path) if self.doc is not None else None
-        line, column = pos if pos else (None, None)
+        line, column = pos or (None, None)
         return Location(self.file, line, column, format_path(path))

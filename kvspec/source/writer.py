@@ -13,7 +13,9 @@ one decoder layer with several caches).
 ...         "num_kv_heads": 8, "head_size": 128, "dtype": "bfloat16"}, "full") for i in range(4)]
 >>> src = layers_section(recs)
 >>> src["layer_name"], src["defaults"], src["layer_types"], src["layers"]
-('model.layers.{index}.attn', {'num_kv_heads': 8, 'head_size': 128, 'dtype': 'bfloat16'}, {'full': {'kind': 'full_attention'}}, [{'repeat': 4, 'pattern': ['full']}])
+... # doctest: +NORMALIZE_WHITESPACE
+('model.layers.{index}.attn', {'num_kv_heads': 8, 'head_size': 128, 'dtype': 'bfloat16'},
+ {'full': {'kind': 'full_attention'}}, [{'repeat': 4, 'pattern': ['full']}])
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def compare(case: dict[str, Any], expected: dict[str, Any], *, planner=None) -> 
         if got != want:
             problems.append(f"{what}: got {json.dumps(got)[:300]}, want {json.dumps(want)[:300]}")
 
-    engine, stages = read_dump(case)
+    _, stages = read_dump(case)
     for name, spec in {n: s for st in stages for n, s in st.items()}.items():
         want = expected["input_specs"][name]
         check(f"input {name} page_size_bytes", spec.page_size_bytes, want["page_size_bytes"])

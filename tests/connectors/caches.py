@@ -56,8 +56,9 @@ def compiled(name: str, **changes: Any) -> Artifact:
 def load(art: Artifact | str, num_blocks: int, rank: int = 0, seed: int | None = None):
     """Rank ``rank``'s cache of ``art`` (an artifact or its text) on the CPU, every
     byte of its allocations seeded random (``seed``), zero (``-1``) or 0x5A (None)."""
-    import kvspec
     import torch  # deferred: the peer processes import this module before torch
+
+    import kvspec
 
     if isinstance(art, str):
         art = Artifact.from_text(art)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-
 from typing import Any
 
 
@@ -73,7 +72,7 @@ def main() -> None:
     for name, request in json.load(sys.stdin).items():
         try:
             out[name] = probe(request)
-        except Exception as exc:  # reported to the test, which shows it
+        except Exception as exc:  # noqa: BLE001 - reported to the test, which shows it
             out[name] = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(out))
 

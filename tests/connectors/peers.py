@@ -10,6 +10,7 @@ artifact text it is sent with ``kvspec.load`` on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -39,7 +40,7 @@ def _serve(conn: Any) -> None:
             conn.send(("ok", _handle(nixl, TransferPlan, state, cmd, *args)))
         except KvspecError as err:
             conn.send(("error", err))
-        except Exception:
+        except Exception:  # noqa: BLE001 - any crash goes back to the test, with its traceback
             conn.send(("crash", traceback.format_exc()))
 
 
@@ -147,10 +148,8 @@ class Peer:
 
     def close(self) -> None:
         if self.process.is_alive():
-            try:
+            with contextlib.suppress(TimeoutError, OSError, EOFError):
                 self.call("exit", timeout=10)
-            except (TimeoutError, OSError, EOFError):
-                pass
         self.process.join(5)
         if self.process.is_alive():
             self.process.kill()

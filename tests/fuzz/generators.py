@@ -415,7 +415,7 @@ def m_add_field(rng: random.Random, text: str) -> str:
     value = rng.choice(FIELD_VALUES)
     if rng.random() < 0.6:   # a layer: a flow mapping or a block one that has a kind
         flows = [m.end() for m in re.finditer(r"\{(?=[^{}\n]*\bkind:)", text)]
-        blocks = [m for m in re.finditer(r"(?m)^([ -]*)kind:.*$", text)]
+        blocks = list(re.finditer(r"(?m)^([ -]*)kind:.*$", text))
         field = rng.choice(LAYER_FIELDS)
         if flows and (not blocks or rng.random() < 0.7):
             at = rng.choice(flows)
@@ -436,10 +436,10 @@ def m_add_field(rng: random.Random, text: str) -> str:
     return text + f"\n{section}: {{{field}: {value}}}\n"
 
 
-TEXT_OPS = [m_add_field, m_add_field, m_add_field, m_delete_line, m_duplicate_line, m_swap_lines, m_indent, m_deep_nesting,
-            m_huge_number, m_huge_number, m_wrong_type, m_wrong_type, m_escape, m_tag,
-            m_anchor, m_rename_key, m_rename_key, m_template, m_parallel, m_engine_value,
-            m_engine_value, m_many_keys, m_many_layers, m_splice, m_control]
+TEXT_OPS = [m_add_field, m_add_field, m_add_field, m_delete_line, m_duplicate_line, m_swap_lines,
+            m_indent, m_deep_nesting, m_huge_number, m_huge_number, m_wrong_type, m_wrong_type,
+            m_escape, m_tag, m_anchor, m_rename_key, m_rename_key, m_template, m_parallel,
+            m_engine_value, m_engine_value, m_many_keys, m_many_layers, m_splice, m_control]
 BYTE_OPS = [m_flip_bits, m_insert_bytes, m_delete_bytes, m_truncate, m_non_utf8]
 _BIG_OPS = {m_duplicate_line, m_deep_nesting, m_many_keys, m_many_layers}
 #: The largest input a mutation makes: kvspec must answer any input up to 1 MB in

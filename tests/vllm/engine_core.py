@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from kvspec.compiled import CompiledArtifact as Artifact
 from kvspec.compiled import read as read_artifact
 from kvspec.integrations.vllm.guard import Expectation
 

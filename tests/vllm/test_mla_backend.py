@@ -59,16 +59,16 @@ def test_each_backend_is_vllms(name: str) -> None:
     capability = _returned(cls, "supports_compute_capability")
     code = compile(ast.Expression(capability), name, "eval")
     for major in (7, 8, 9, 10, 12):
-        runs = eval(code, {"capability": SimpleNamespace(major=major)})  # noqa: S307
+        runs = eval(code, {"capability": SimpleNamespace(major=major)})
         assert runs == (major in ours.majors), (name, major)
 
 
-def _priorities():  # noqa: ANN202 - vLLM's function, the backends as their names
+def _priorities():  # vLLM's function, the backends as their names
     source = (VLLM / "platforms" / "cuda.py").read_text()
     fn = next(n for n in ast.parse(source).body
               if isinstance(n, ast.FunctionDef) and n.name == "_get_backend_priorities")
     namespace = {"AttentionBackendEnum": SimpleNamespace(**{n: n for n in _names(fn)})}
-    exec("from __future__ import annotations\n" + ast.get_source_segment(source, fn),  # noqa: S102
+    exec("from __future__ import annotations\n" + ast.get_source_segment(source, fn),
          namespace)
     return namespace["_get_backend_priorities"]
 
@@ -88,7 +88,7 @@ def test_the_priorities_are_vllms(major: int) -> None:
 
 def test_the_preferred_block_is_vllms_rule() -> None:
     source = (VLLM / "v1" / "attention" / "backend.py").read_text()
-    assert "if cls.supports_block_size(default_block_size):\n            return default_block_size" \
-        in source
+    assert ("if cls.supports_block_size(default_block_size):\n"
+            "            return default_block_size") in source
     assert "return min(s.base if isinstance(s, MultipleOf) else s for s in supported_sizes)" \
         in source

@@ -88,7 +88,8 @@ def test_padded_pages_in_one_allocation_are_refused() -> None:
 def _worker(meta: dict, desc):
     """A bare vLLM NIXL worker holding just what ``_compute_desc_ids`` reads."""
     from vllm.distributed.kv_transfer.kv_connector.v1.ssm_conv_transfer_utils import (
-        MambaConvSplitInfo)
+        MambaConvSplitInfo,
+    )
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     base_worker, _ = _nixl()

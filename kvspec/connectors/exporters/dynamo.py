@@ -28,9 +28,12 @@ not one (``dtype_width_bytes``), heads outside blocks (``LHBNC``, ``BHLNC``).
 >>> out["layout_config"]["inner_dim"], list(out["layout_type_details"])
 (2048, ['LayerSeparate'])
 >>> export(describe(Artifact.read("layouts/gpt-oss-120b.kvlayout.json")))
+... # doctest: +NORMALIZE_WHITESPACE
 Traceback (most recent call last):
 ...
-kvspec.connectors.descriptor.ExportError: kvspec: error: Dynamo KVBM's LayoutDescriptor cannot express this cache: it has 2 groups (sliding_window, full_attention), and one LayoutConfig is one geometry
+kvspec.connectors.descriptor.ExportError: kvspec: error: Dynamo KVBM's LayoutDescriptor cannot
+  express this cache: it has 2 groups (sliding_window, full_attention), and one LayoutConfig is
+  one geometry
 ...
 """
 

@@ -31,7 +31,8 @@ one strided page per layer (heads outside blocks): those are refused.
 >>> from kvspec.artifact import Artifact
 >>> from kvspec.connectors.describe import describe
 >>> out = export(describe(Artifact.read("layouts/gpt-oss-120b.kvlayout.json")))
->>> out["layout_hints"], [(g["engine_kv_format"], len(g["layer_indices"])) for g in out["kernel_groups"]]
+>>> out["layout_hints"], [(g["engine_kv_format"], len(g["layer_indices"]))
+...                       for g in out["kernel_groups"]]
 ({'kv_layout': 'NHD'}, [('NL_X_NB_BS_NH_CS', 18), ('NL_X_NB_BS_NH_CS', 18)])
 >>> out["attn_window"]["num_chunks_in_sw"]
 [1, -1]

@@ -57,7 +57,7 @@ FIELDS = ("engine_id", "agent_metadata", "kv_caches_base_addr", "device_id", "nu
 RUNTIME_FIELDS = ("engine_id", "agent_metadata", "attn_backend_name")
 #: Descriptors per state layer and block: conv sub-projections + the temporal state
 #: (``ssm_conv_transfer_utils.derive_mamba_conv_split``); other types vLLM refuses.
-_STATE_DESCRIPTORS = {"MAMBA1": 2, "MAMBA2": 4, "GDN_ATTN": 4}
+_STATE_DESCRIPTORS: dict[str | None, int] = {"MAMBA1": 2, "MAMBA2": 4, "GDN_ATTN": 4}
 _SHARED = -1
 
 

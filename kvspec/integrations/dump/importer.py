@@ -50,8 +50,13 @@ _COPIED = ("max_num_batched_tokens", "max_num_seqs", "axis_order", "async_schedu
            "max_num_encoder_input_tokens", "speculative_method", "num_prefill_lookahead_tokens")
 #: ``(config key, key under engine:)`` of each: vLLM's name and the source's
 #: (:data:`kvspec.model.engine.SETTINGS`).
-_ENGINE_FIELDS = tuple((setting(n).vllm, setting(n).source_key.removeprefix("engine."))
-                       for n in _COPIED)
+def _names(name: str) -> tuple[str, str]:
+    s = setting(name)
+    assert s.vllm is not None and s.source_key is not None, name  # each of _COPIED has both
+    return s.vllm, s.source_key.removeprefix("engine.")
+
+
+_ENGINE_FIELDS = tuple(_names(n) for n in _COPIED)
 
 
 def cache_mode(layer: DumpLayer) -> str:

@@ -7,6 +7,8 @@ YAML's composer, which keeps positions, only when there is an error).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -114,7 +116,7 @@ class Dump(BaseModel):
 _FORMAT = "see tests/conformance/FORMAT.md for the dump format"
 
 
-def _message(err: dict[str, Any]) -> tuple[str, str | None, str]:
+def _message(err: Mapping[str, Any]) -> tuple[str, str | None, str]:
     """``(message, expected, hint)`` of one pydantic error."""
     kind, loc = err["type"], err["loc"]
     if kind == "missing":
@@ -157,10 +159,8 @@ def validated(data: Any, file: str = "<dump>", text: str | None = None) -> Dump:
     except ValidationError as exc:
         doc = Document(data, file)
         if text is not None:
-            try:
+            with contextlib.suppress(SourceError):
                 doc = positions(text, file)
-            except SourceError:
-                pass
         errors = []
         for e in exc.errors(include_url=False):
             message, expected, hint = _message(e)

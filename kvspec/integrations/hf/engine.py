@@ -60,16 +60,18 @@ def hybrid(facts: ModelFacts, pages: tuple[int, int] | None, options: InitOption
     types = tuple(sorted({lay.mamba_type or "" for lay in facts.layers if lay.kind == STATE}))
     if not types:
         return None
+    block_size = options.block_size
+    assert block_size is not None, "source_text settles the block size first"
     mode = rules.mamba_cache_mode(options.prefix_caching)
     backend = rules.gdn_prefill_backend(target, head_k_dim) if GDN in types else None
     alignment = rules.prefill_checkpoint_alignment(types, mode, backend or "")
     if pages is None:  # no attention layer: nothing to align to
-        return Hybrid(options.block_size, 0, 0, mode, types, backend, alignment)
+        return Hybrid(block_size, 0, 0, mode, types, backend, alignment)
     per_token, state = pages
     mla = any(lay.kind == LATENT for lay in facts.layers)
 
     def block(align_to: int | None) -> int:
-        return rules.hybrid_block_size(options.block_size, per_token, state, mla=mla,
+        return rules.hybrid_block_size(block_size, per_token, state, mla=mla,
                                        checkpoint_alignment=align_to, align=mode == "align")
 
     size = block(alignment)

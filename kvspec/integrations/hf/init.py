@@ -106,9 +106,9 @@ def layer_names(facts: ModelFacts, config: Mapping[str, Any]) -> dict[str, str]:
 def _layer_fields(layer: LayerFacts, hyb: Hybrid | None) -> dict[str, Any]:
     if layer.kind == STATE:
         assert layer.state_shapes is not None and layer.state_dtypes is not None
-        fields = {"kind": STATE, "mamba_type": layer.mamba_type,
-                  "shapes": [list(s) for s in layer.state_shapes],
-                  "dtypes": list(layer.state_dtypes)}
+        fields: dict[str, Any] = {"kind": STATE, "mamba_type": layer.mamba_type,
+                                  "shapes": [list(s) for s in layer.state_shapes],
+                                  "dtypes": list(layer.state_dtypes)}
         if hyb is not None:  # as vLLM's spec has them; only align mode reads them
             fields.update(hyb.state_fields(layer.mamba_type or ""))
         return fields
@@ -221,7 +221,7 @@ def source_text(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     """The reviewed-to-be source text for ``facts``, after the engine's
     config-stage rules (:mod:`kvspec.integrations.rules`); it compiles."""
     target = _target(options)
-    asked, block_notes = options, []
+    asked, block_notes = options, list[str]()
     if options.block_size is None:  # the engine's choice: vLLM's default, or the MLA backend's
         block, block_notes = _engine_block_size(facts, config, options, target)
         options = dataclasses.replace(options, block_size=block)

@@ -32,6 +32,7 @@ from kvspec.model.plan import Plan
 from kvspec.model.specs import (
     Attention,
     FullAttention,
+    LayerSpec,
     MambaState,
     SlidingWindow,
     SlidingWindowMLA,
@@ -89,7 +90,7 @@ def _strategy(name: str) -> Callable[[Plan], bool]:
     return lambda plan: any(g.strategy == name for g in plan.groups)
 
 
-def _any_spec(test: Callable[[object], bool]) -> Callable[[Plan], bool]:
+def _any_spec(test: Callable[[LayerSpec], bool]) -> Callable[[Plan], bool]:
     return lambda plan: any(test(s) for s in plan.specs.values())
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.compiled import CompiledArtifact, read
+from kvspec.compiled import CompiledArtifact
 from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
@@ -138,10 +138,12 @@ def _scheduler(engine: Engine) -> list[Flag]:
 
 def _budget(artifact: CompiledArtifact, pin_blocks: bool) -> list[Flag]:
     layout = artifact.layout
-    if layout.engine.num_gpu_blocks_override is not None or (pin_blocks and layout.budget):
-        n = layout.engine.num_gpu_blocks_override or layout.budget.num_blocks  # type: ignore
+    pinned = layout.engine.num_gpu_blocks_override  # positive when given
+    if pinned is None and pin_blocks and layout.budget is not None:
+        pinned = layout.budget.num_blocks
+    if pinned is not None:
         return [_flag("num_gpu_blocks_override", layout.engine, "the block count",
-                      value=str(n))]
+                      value=str(pinned))]
     if layout.budget is not None:
         return [Flag("--kv-cache-memory-bytes", str(layout.budget.memory),
                      f"the KV cache budget per rank ({layout.budget.num_blocks} blocks)")]
@@ -166,8 +168,8 @@ def _no_flag(artifact: CompiledArtifact) -> list[tuple[str, str]]:
     out = []
     if any(isinstance(s, MambaState) for g in layout.groups for s in layer_specs(g.spec)):
         out.append((f"mamba_cache_mode {engine.mamba_cache_mode}",
-                    f"follows {setting('enable_prefix_caching').flag} "
-                    f"({setting('mamba_cache_mode').flag} has no effect in vLLM {TARGET})"))
+                    (f"follows {setting('enable_prefix_caching').flag} "
+                     f"({setting('mamba_cache_mode').flag} has no effect in vLLM {TARGET})")))
     if engine.speculative_method is not None:
         out.append((f"speculative_method {engine.speculative_method}",
                     "set the drafter with --speculative-config '{\"method\": ...}'"))
@@ -186,9 +188,9 @@ def conflicts(plan: Plan) -> list[str]:
     want = "align" if engine.enable_prefix_caching else "none"
     if engine.mamba_cache_mode in (want, "all"):
         return []
-    return [f"mamba_cache_mode is {engine.mamba_cache_mode}, but vLLM {TARGET} runs a hybrid "
-            f"{'with' if engine.enable_prefix_caching else 'without'} prefix caching in mode "
-            f"{want}: set engine.mamba_cache_mode: {want} (kvspec init does) and recompile"]
+    return [(f"mamba_cache_mode is {engine.mamba_cache_mode}, but vLLM {TARGET} runs a hybrid "
+             f"{'with' if engine.enable_prefix_caching else 'without'} prefix caching in mode "
+             f"{want}: set engine.mamba_cache_mode: {want} (kvspec init does) and recompile")]
 
 
 def engine_args(artifact: CompiledArtifact, path: str, *, model: str | None = None,
@@ -204,8 +206,8 @@ def engine_args(artifact: CompiledArtifact, path: str, *, model: str | None = No
 
 def render_shell(args: EngineArgs) -> str:
     """A shell command (one flag a line) with the no-flag settings as comments."""
-    lines = [f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
-             f"vLLM {TARGET}"]
+    lines = [(f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
+              f"vLLM {TARGET}")]
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in args.env.items())
     lines.append(f"{env} \\")
     words = [f"vllm serve {shlex.quote(args.model)}"]

@@ -99,8 +99,8 @@ class Expectation:
         drifts = list(drifts)
         if not drifts:
             return
-        lines = [f"kvspec: {what} does not match the layout artifact {self.path} "
-                 f"({self.fingerprint}, KVSPEC_MODE={self.mode}):"]
+        lines = [(f"kvspec: {what} does not match the layout artifact {self.path} "
+                  f"({self.fingerprint}, KVSPEC_MODE={self.mode}):")]
         lines += ["  " + d.line() for d in drifts[:12]]
         if len(drifts) > 12:
             lines.append(f"  ... and {len(drifts) - 12} more")

@@ -78,7 +78,8 @@ def target_choices(options: InitOptions, config: dict[str, Any]) -> dict[str, An
     except ValueError as exc:
         raise UsageError(f"--target: {exc}", found=options.target,
                          hint="see docs/engine-rules.md") from None
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text = nested if isinstance(nested, dict) else config
     out: dict[str, Any] = {"gdn_prefill_backend": rules.gdn_prefill_backend(
         target, text.get("linear_key_head_dim"))}
     if options.target is not None and options.dtype is None:
@@ -152,7 +153,8 @@ def to_dump(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
         "enable_prefix_caching": engine["enable_prefix_caching"],
         "disable_hybrid_kv_cache_manager": engine["disable_hybrid_kv_cache_manager"],
         "tensor_parallel_size": options.tp, "pipeline_parallel_size": options.pp,
-        "decode_context_parallel_size": options.dcp, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
+        "decode_context_parallel_size": options.dcp,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
         "num_hidden_layers": facts["num_hidden_layers"]}
     if engine["mamba_cache_mode"] not in (None, "none"):
         config["mamba_cache_mode"] = engine["mamba_cache_mode"]

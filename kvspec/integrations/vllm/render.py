@@ -39,8 +39,8 @@ def _rows(v: Verdict) -> list[list[str]]:
 def _agreed(v: Verdict) -> str:
     kv = v.kvspec
     if kv.get("ok") is False:
-        return "both refuse the budget (estimated max_model_len " \
-               f"{kv.get('estimated_max_model_len')})"
+        return ("both refuse the budget (estimated max_model_len "
+                f"{kv.get('estimated_max_model_len')})")
     groups = len(kv.get("groups") or [])
     tensors = sum(len(w["kv_cache_tensors"]) for w in kv.get("workers") or [])
     return (f"same {groups} group(s), {tensors} tensor(s), num_blocks {kv.get('num_blocks')}, "
@@ -51,8 +51,8 @@ def _agreed(v: Verdict) -> str:
 
 def render_text(v: Verdict) -> str:
     lines = [f"kvspec verify --against vllm: {v.path}",
-             f"  vLLM {v.vllm_version}, budget {human_bytes(v.memory)} per rank "
-             f"({v.memory_origin})"]
+             (f"  vLLM {v.vllm_version}, budget {human_bytes(v.memory)} per rank "
+              f"({v.memory_origin})")]
     if v.agrees:
         lines.append("  " + _agreed(v))
     else:

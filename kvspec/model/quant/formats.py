@@ -277,6 +277,7 @@ class QuantFormat:
             self.check_model_dtype(kv_cache_dtype, layer.model_dtype)
         dtype = self.dtype_for(kv_cache_dtype, layer.model_dtype)
         placement = self.scale_placement
+        scales: tuple[ScaleTensor, ...]
         if state_content_bytes is not None or num_head_slots is not None:
             scb, slots, scales = state_content_bytes, num_head_slots, ()
         else:
@@ -410,9 +411,17 @@ class TurboQuant(QuantFormat):
 
 
 _ALL = ATTENTION_CLASSES | MLA_CLASSES
-_FP8 = dict(storage_dtype="float8_e4m3fn", applies_to=_ALL, scale_placement="per_tensor",
-            per_tensor_scales=True)
-_PTH = dict(applies_to=ATTENTION_CLASSES, scale_placement="in_cell")
+
+
+def _fp8(name: str, kv_cache_dtypes: tuple[str, ...],
+         storage_dtype: str = "float8_e4m3fn") -> QuantFormat:
+    return QuantFormat(name, kv_cache_dtypes, KVQuantMode.FP8_PER_TENSOR, storage_dtype, _ALL,
+                       "per_tensor", per_tensor_scales=True)
+
+
+def _pth(name: str, mode: KVQuantMode, storage_dtype: str, per_byte: int = 1) -> PerTokenHead:
+    return PerTokenHead(name, (name,), mode, storage_dtype, ATTENTION_CLASSES, "in_cell",
+                        per_byte=per_byte)
 
 
 def _tq(name: str, k_bits: int, v_bits: int) -> TurboQuant:
@@ -424,21 +433,17 @@ def _tq(name: str, k_bits: int, v_bits: int) -> TurboQuant:
 FORMATS: tuple[QuantFormat, ...] = (
     QuantFormat("auto", ("auto",), KVQuantMode.NONE, None, _ALL),
     Explicit("explicit", ("float16", "bfloat16"), KVQuantMode.NONE, None, _ALL),
-    QuantFormat("fp8_e4m3", ("fp8", "fp8_e4m3"), KVQuantMode.FP8_PER_TENSOR, **_FP8),
-    QuantFormat("fp8_e5m2", ("fp8_e5m2",), KVQuantMode.FP8_PER_TENSOR,
-                **{**_FP8, "storage_dtype": "float8_e5m2"}),
-    QuantFormat("fp8_inc", ("fp8_inc",), KVQuantMode.FP8_PER_TENSOR, **_FP8),
+    _fp8("fp8_e4m3", ("fp8", "fp8_e4m3")),
+    _fp8("fp8_e5m2", ("fp8_e5m2",), "float8_e5m2"),
+    _fp8("fp8_inc", ("fp8_inc",)),
     DeepSeekMLA("fp8_ds_mla", ("fp8_ds_mla",), KVQuantMode.FP8_PER_TENSOR, "uint8",
                 MLA_CLASSES, "in_cell", model_dtypes=("bfloat16",),
                 records=((576, 656), (128, 132)),
                 geometry_hint="DeepSeek-V4 records (584 B for 512 dims, V4.1: 528 B) depend "
                               "on the model version: pass state_content_bytes explicitly"),
-    PerTokenHead("int8_per_token_head", ("int8_per_token_head",),
-                 KVQuantMode.INT8_PER_TOKEN_HEAD, "int8", **_PTH),
-    PerTokenHead("fp8_per_token_head", ("fp8_per_token_head",),
-                 KVQuantMode.FP8_PER_TOKEN_HEAD, "float8_e4m3fn", **_PTH),
-    PerTokenHead("int4_per_token_head", ("int4_per_token_head",),
-                 KVQuantMode.INT4_PER_TOKEN_HEAD, "uint8", **_PTH, per_byte=2),
+    _pth("int8_per_token_head", KVQuantMode.INT8_PER_TOKEN_HEAD, "int8"),
+    _pth("fp8_per_token_head", KVQuantMode.FP8_PER_TOKEN_HEAD, "float8_e4m3fn"),
+    _pth("int4_per_token_head", KVQuantMode.INT4_PER_TOKEN_HEAD, "uint8", per_byte=2),
     NvFp4("nvfp4", ("nvfp4", "nvfp4_4over6"), KVQuantMode.NVFP4, "uint8", ATTENTION_CLASSES,
           "in_cell", per_tensor_scales=True, model_dtypes=_16_BIT),
     DeepSeekMLA("nvfp4_ds_mla", ("nvfp4_ds_mla",), KVQuantMode.NVFP4_DS_MLA, "uint8",

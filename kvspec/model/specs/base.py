@@ -27,9 +27,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from kvspec.model.engine import Engine
+
+_T = TypeVar("_T")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -77,7 +79,14 @@ MERGE_RULES: dict[str, Callable[[str, list[Any]], Any]] = {
     "agree": _agree, "any": _any, "window": _window}
 
 
-@cache
+def per_class(fn: Callable[[type], _T]) -> Callable[[type], _T]:
+    """``functools.cache`` for a function of a class, typed as taking any class:
+    mypy does not see ``type[X]`` as ``Hashable`` (python/mypy#11470), so the
+    cache wrapper's own signature would refuse a ``type[LayerSpec]`` variable."""
+    return cache(fn)
+
+
+@per_class
 def merge_fields(cls: type) -> tuple[tuple[str, Callable[[str, list[Any]], Any]], ...]:
     """``(field name, rule)`` of every init field of ``cls``, once per class.
 
@@ -89,12 +98,12 @@ def merge_fields(cls: type) -> tuple[tuple[str, Callable[[str, list[Any]], Any]]
     return tuple((name, MERGE_RULES[how]) for how, name in rules)
 
 
-@cache
+@per_class
 def init_field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
-@cache
+@per_class
 def init_field_set(cls: type) -> frozenset[str]:
     return frozenset(init_field_names(cls))
 
@@ -163,13 +172,17 @@ class PaddedPage:
     page the kind computes (:meth:`_unpadded_page`), once per spec, and padded."""
 
     __slots__ = ()
+    # fields of the LayerSpec dataclass this is mixed into (annotations only: the
+    # mixin is no dataclass, so they are not fields of its own)
+    _page_memo: int
+    page_size_padded: int | None
 
     def _unpadded_page(self) -> int:
         raise NotImplementedError
 
     @property
     def unpadded_page_size_bytes(self) -> int:
-        page = self._page_memo  # type: ignore[attr-defined]
+        page = self._page_memo
         if not page:
             page = self._unpadded_page()
             object.__setattr__(self, "_page_memo", page)
@@ -177,7 +190,7 @@ class PaddedPage:
 
     @property
     def page_size_bytes(self) -> int:
-        padded = self.page_size_padded  # type: ignore[attr-defined]
+        padded = self.page_size_padded
         return padded if padded is not None else self.unpadded_page_size_bytes
 
 
@@ -260,7 +273,7 @@ class LayerSpec:
         return cdiv(max_len, self.block_size)
 
     def with_block_size(self, block_size: int) -> LayerSpec:
-        return replace(self, block_size=block_size)
+        return dataclasses.replace(self, block_size=block_size)
 
     # -- merging and bucketing --------------------------------------------------
     @classmethod

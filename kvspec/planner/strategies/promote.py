@@ -62,8 +62,12 @@ def promote_local_specs(specs: Mapping[str, LayerSpec]) -> dict[str, LayerSpec]:
     full_sizes = {s.block_size for s in values if isinstance(s, FullAttention)}
     full_block = next(iter(full_sizes)) if len(full_sizes) == 1 else None
     if has_full and has_local:
-        # layers sharing a spec share its promotion
-        promote = once_per_object(lambda s: _promoted(s, _target(s), full_block or s.block_size))
+        def promote_one(spec: Attention) -> LayerSpec:
+            target = _target(spec)
+            assert target is not None  # only local kinds are promoted
+            return _promoted(spec, target, full_block or spec.block_size)
+
+        promote = once_per_object(promote_one)  # layers sharing a spec share its promotion
         for name, spec in specs.items():
             if _target(spec) is not None:
                 assert isinstance(spec, Attention)

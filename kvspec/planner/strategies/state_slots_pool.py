@@ -62,8 +62,8 @@ def arrangement_of(groups: Sequence[Group]) -> SlotArrangement | None:
     attn_id, attn = by_role["attention"][0]
     assert isinstance(attn.spec, UniformType)
     inner = attn.spec.specs
-    mla = tuple(n for n in attn.layer_names if inner[n].tokens_per_state == 1)
-    idx = tuple(n for n in attn.layer_names if inner[n].tokens_per_state > 1)
+    mla = tuple(n for n in attn.layer_names if inner[n].tokens_per_state_value == 1)
+    idx = tuple(n for n in attn.layer_names if inner[n].tokens_per_state_value > 1)
     if not mla or not idx:
         return None
     tails = by_role.get("tail")

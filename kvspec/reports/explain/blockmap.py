@@ -113,7 +113,7 @@ def _starts(tensor: Tensor, per_block: int, page: int) -> list[int]:
     out = []
     for i in range(len(tensor.layers)):
         at = tensor.offset + tensor.layer_stride * i
-        out.append(at.b if outer else (at.a if at.a else at.b))
+        out.append(at.b if outer else (at.a or at.b))
     return out
 
 

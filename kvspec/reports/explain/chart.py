@@ -38,12 +38,11 @@ def _short(n: float) -> str:
 def _budget_mark(report: Report, px, py, top: float, ph: float) -> dict[str, Any] | None:
     if report.memory is None:
         return None
-    cap = report.capacity
-    fits = cap is not None and cap.fits
+    cap = report.capacity if report.capacity is not None and report.capacity.fits else None
     mem = human_bytes(report.memory)
     return {"x": px(report.memory / 2**30), "y1": top, "y2": top + ph,
-            "text": f"budget {mem}", "y": py(cap.kv_tokens) if fits else None,
-            "title": f"{mem}: {cap.kv_tokens:,} tokens" if fits
+            "text": f"budget {mem}", "y": py(cap.kv_tokens) if cap is not None else None,
+            "title": f"{mem}: {cap.kv_tokens:,} tokens" if cap is not None
             else f"{mem}: does not fit one request"}
 
 

@@ -72,7 +72,7 @@ def is_report_text(text: str) -> bool:
             data = json.loads(text)
         except (ValueError, RecursionError):
             return False
-        return isinstance(data, dict) and _REPORT_KEYS <= data.keys()
+        return isinstance(data, dict) and data.keys() >= _REPORT_KEYS
     return False
 
 

@@ -64,8 +64,8 @@ _KINDS = (
      "token slots of held blocks beyond their requests' tokens"),
     ("per-request constants", "per_request",
      "state blocks beyond the one live state, window blocks beyond the window"),
-    ("idle", "idle", "blocks no running request holds: free, cached, or in a pool that is "
-                     "not the one running out"),
+    ("idle", "idle", ("blocks no running request holds: free, cached, or in a pool that is "
+                     "not the one running out")),
 )
 
 

@@ -36,8 +36,6 @@ class GroupManager(Protocol):
     scale: int
     align: int
     retention: int | None
-    need: int
-    chunk: int
 
     def block_key(self, r: RequestState, i: int) -> int: ...
 

@@ -157,8 +157,9 @@ class KVCacheManager:
             if full:
                 keep = cdiv(hit, m.bs)
                 for gid in gids:
-                    if found[gid] is not None:
-                        del found[gid][keep:]  # type: ignore[index]
+                    held = found[gid]
+                    if held is not None:
+                        del held[keep:]
         return [b if b is not None else [] for b in found], hit, longest - hit
 
     # -- allocation ---------------------------------------------------------
@@ -182,7 +183,7 @@ class KVCacheManager:
         need = min(main + lookahead, self.max_model_len)
         processed = total - r.num_in_flight_tokens
         for m in self.managers:
-            m.drop_skipped(r, processed if processed > 0 else 0)
+            m.drop_skipped(r, max(0, processed))
         if not self._fits(r, need, group_hits, total, main, False):
             return False
         if hits is not None and max(r.num_cached) < 0:

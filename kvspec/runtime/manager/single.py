@@ -85,7 +85,7 @@ class GroupManager:
         new = required - max(skipped, len(hits) + held)
         free_hits = sum(1 for b in hits[max(0, skipped - held):]
                         if b.ref_count == 0 and not b.is_null)
-        return (new if new > 0 else 0) + free_hits
+        return max(0, new) + free_hits
 
     def adopt_hits(self, r: RequestState, hits: list[Block], local: int) -> None:
         table = r.tables[self.gid]
@@ -146,7 +146,7 @@ class GroupManager:
         if done < 0:
             done = 0
         hashed = r.num_tokens // self.hbs * self.hbs
-        full = (num_tokens if num_tokens < hashed else hashed) // self.bs
+        full = min(hashed, num_tokens) // self.bs
         if done >= full:
             return
         mask = self.mask(r, done, full)
@@ -214,7 +214,7 @@ class SlidingManager(GroupManager):
 
     def skipped_tokens(self, num_computed: int) -> int:
         skipped = num_computed - self.window + 1 - self.extra
-        return skipped if skipped > 0 else 0
+        return max(0, skipped)
 
     def mask(self, r: RequestState, start: int, end: int) -> list[bool] | None:
         return lookup.window_mask(self, r, start, end)

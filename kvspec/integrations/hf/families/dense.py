@@ -106,7 +106,8 @@ def _gemma2(ctx: Ctx) -> list[LayerFacts]:
     if types is not None:
         return from_layer_types(cfg, types)
     window = cfg_int(cfg, "sliding_window", 4096)
-    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None) for i in range(n)]
+    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
+            for i in range(n)]
 
 
 # transformers ``Gemma3TextConfig`` defaults used when ``text_config`` omits a
@@ -152,7 +153,8 @@ def _gpt_oss(ctx: Ctx) -> list[LayerFacts]:
     if types is not None:
         return from_layer_types(cfg, types)
     window = cfg_int(cfg, "sliding_window", 128)
-    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None) for i in range(n)]
+    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
+            for i in range(n)]
 
 
 def _llama4(ctx: Ctx) -> list[LayerFacts]:

@@ -14,7 +14,6 @@ from functools import cache
 from typing import Any
 
 import torch
-
 from vllm.v1 import kv_cache_interface as kvi
 from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
