@@ -422,7 +422,7 @@ class Candidate(Record):
     #: Requests whose live tokens and states alone would fill the budget.
     physical_limit: float | None
     #: The simulation's summary (``kvspec simulate``'s keys), None when not simulated.
-    simulated: dict[str, float] | None
+    simulated: dict[str, int | float] | None
     #: Mean tokens the running requests hold while requests wait (simulated).
     tokens_held: float | None
     waste: Waste | None
