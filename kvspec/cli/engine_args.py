@@ -42,16 +42,14 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
     neither engine."""
     # deferred: the artifact reader and the engines' flags load when it runs
     from kvspec.compiled import read
+    from kvspec.integrations.sglang import server_args as sglang
+    from kvspec.integrations.vllm import engine_args as vllm
 
     art = read(artifact)
     if engine == "sglang":
-        from kvspec.integrations.sglang import server_args as sglang
-
         found = sglang.server_args(art, str(artifact), model=model)
         data, text = sglang.as_json(found), sglang.render_shell(found)
     else:
-        from kvspec.integrations.vllm import engine_args as vllm
-
         args = vllm.engine_args(art, str(artifact), model=model, mode=mode,
                                 pin_blocks=pin_blocks)
         data, text = vllm.as_json(args), vllm.render_shell(args)

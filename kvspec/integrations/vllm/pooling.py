@@ -66,7 +66,7 @@ def decision_notes(artifact: CompiledArtifact) -> list[str]:
     out = [f"pooling: {record.asked} (serve_with {record.serve_with}) chose "
            f"'{chosen.name}': {_figure(chosen)}"]
     if record.chosen != 0:
-        out.append(f"pooling: the source's own engine settings ('{source.name}') run "
+        out.append(f"pooling: the source's own engine settings ('{source.name}'): "
                    f"{_figure(source)}; the flags below are the chosen plan's")
         if chosen.block_size != source.block_size:
             out.append(f"pooling: block size {source.block_size} -> {chosen.block_size}")
