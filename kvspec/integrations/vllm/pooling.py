@@ -12,8 +12,11 @@ from the source's own settings. Needs no vLLM.
 >>> from kvspec.compiled import read
 >>> refusal(read("layouts/llama-3.1-8b.kvlayout.json")) is None
 True
->>> print(refusal(read("layouts/example-pooling-separate.kvlayout.json"))[0])
-the plan holds 2 separate pools (sliding_window_1024 41.9%, full_attention 58.1% of the budget); vLLM 0.33 keeps every group in one shared pool with one page size, so it cannot hold them
+>>> why, where = refusal(read("layouts/example-pooling-separate.kvlayout.json"))
+>>> where
+'body.pooling.policy'
+>>> why.split(" (")[0], why.split("; ")[1][:36]
+('the plan holds 2 separate pools', 'vLLM 0.33 keeps every group in one s')
 """
 
 from __future__ import annotations
