@@ -21,10 +21,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.compiled import CompiledArtifact
+from kvspec.compiled import CompiledArtifact, read
+from kvspec.errors import KvspecError
 from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
+from kvspec.integrations.vllm.guard import UNSERVABLE
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
+from kvspec.integrations.vllm.pooling import SERVE_SEPARATE, decision_notes, refusal
 from kvspec.model.engine import Engine, setting
 from kvspec.model.plan import Plan
 from kvspec.model.specs import Attention, MambaState, layer_specs
@@ -32,6 +35,8 @@ from kvspec.model.stages import layer_index
 
 #: dtypes ``--dtype`` takes.
 _MODEL_DTYPES = ("bfloat16", "float16", "float32")
+#: ``--mode`` values: the plugin's modes, or ``auto`` (enforce where the plan needs it).
+MODES = ("auto", "verify", "enforce")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ class EngineArgs:
     no_flag: tuple[tuple[str, str], ...] = field(default=())
     #: Settings vLLM would not run as planned whatever the flags.
     conflicts: tuple[str, ...] = field(default=())
+    #: The pooling decision: what was chosen and what it changed (comment lines).
+    notes: tuple[str, ...] = field(default=())
+    #: Why the plugin's mode is what it is (``--mode auto``).
+    mode_why: str | None = None
 
 
 def _model_dtype(artifact: CompiledArtifact) -> str | None:
@@ -193,21 +202,52 @@ def conflicts(plan: Plan) -> list[str]:
              f"{want}: set engine.mamba_cache_mode: {want} (kvspec init does) and recompile")]
 
 
+def plugin_mode(artifact: CompiledArtifact, mode: str = "auto") -> tuple[str, str | None]:
+    """The plugin's ``KVSPEC_MODE`` for ``artifact`` and why: ``mode`` as asked, or
+    for ``auto``, ``enforce`` where the plan differs from what vLLM plans by design
+    (a by-design rule with compared fields: only the plugin gives vLLM the
+    artifact's placement), else ``verify`` (vLLM plans it, the plugin checks)."""
+    if mode != "auto":
+        return mode, None
+    rules = [r.id for r in applicable(artifact.layout.plan)
+             if r.fields and r.id not in UNSERVABLE]
+    if rules:
+        return "enforce", ("enforce: vLLM plans this differently by design (" +
+                           ", ".join(rules) + "); the plugin serves the artifact's placement")
+    return "verify", None
+
+
+def servable(artifact: CompiledArtifact, path: str) -> None:
+    """A :class:`KvspecError` when vLLM 0.33 cannot hold ``artifact``'s pools."""
+    why = refusal(artifact)
+    if why is not None:
+        raise KvspecError(f"vLLM {TARGET} cannot serve this artifact: {why[0]}", file=path,
+                          path=why[1], found=f"pooling: {artifact.body.pooling.policy}",
+                          expected="a unified plan (one pool)", hint=SERVE_SEPARATE)
+
+
 def engine_args(artifact: CompiledArtifact, path: str, *, model: str | None = None,
-                mode: str = "verify", pin_blocks: bool = False) -> EngineArgs:
-    """The ``vllm serve`` flags and environment that reproduce ``artifact``'s plan."""
+                mode: str = "auto", pin_blocks: bool = False) -> EngineArgs:
+    """The ``vllm serve`` flags and environment that reproduce ``artifact``'s plan
+    (the plan ``pooling: auto`` chose, when it chose one); a :class:`KvspecError`
+    for a plan of separate pools, which vLLM 0.33 cannot hold."""
+    servable(artifact, path)
     layout = artifact.layout
+    mode, why = plugin_mode(artifact, mode)
     flags = [*_parallel(layout.engine), *_cache(artifact), *_scheduler(layout.engine),
              *_budget(artifact, pin_blocks)]
     return EngineArgs(model or layout.model or "MODEL", path, artifact.fingerprint,
                       _env(artifact, path, mode), tuple(flags), tuple(_no_flag(artifact)),
-                      tuple(conflicts(layout.plan)))
+                      tuple(conflicts(layout.plan)), tuple(decision_notes(artifact)), why)
 
 
 def render_shell(args: EngineArgs) -> str:
     """A shell command (one flag a line) with the no-flag settings as comments."""
-    lines = [(f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
-              f"vLLM {TARGET}")]
+    lines = [f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
+             f"vLLM {TARGET}"]
+    lines += [f"# {note}" for note in args.notes]
+    if args.mode_why:
+        lines.append(f"# KVSPEC_MODE={args.mode_why}")
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in args.env.items())
     lines.append(f"{env} \\")
     words = [f"vllm serve {shlex.quote(args.model)}"]
@@ -226,4 +266,5 @@ def as_json(args: EngineArgs) -> dict[str, Any]:
             "flags": [{"flag": f.flag, "value": f.value, "sets": f.why} for f in args.flags],
             "argv": ["vllm", "serve", args.model] + [w for f in args.flags for w in f.words()],
             "no_flag": [{"setting": s, "why": w} for s, w in args.no_flag],
-            "conflicts": list(args.conflicts)}
+            "conflicts": list(args.conflicts), "pooling": list(args.notes),
+            "mode_why": args.mode_why}

@@ -19,6 +19,7 @@ from typing import Any
 from kvspec.compiled import CompiledArtifact, read
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm.by_design import Rule, applicable
+from kvspec.integrations.vllm.pooling import SERVE_SEPARATE, refusal
 from kvspec.integrations.vllm.specs import engine_settings, same_value, spec_differences, to_vllm
 from kvspec.model.plan import Layout
 from kvspec.model.specs import MambaState
@@ -76,6 +77,11 @@ class Expectation:
                               expected=" or ".join(MODES), found=mode,
                               hint="verify: vLLM plans and must match the artifact; "
                               "enforce: vLLM serves the artifact's placement (docs/vllm.md)")
+        pools = refusal(artifact)
+        if pools is not None:
+            raise PluginError(f"KVSPEC_LAYOUT={path}: vLLM cannot serve this artifact in "
+                              f"any KVSPEC_MODE: {pools[0]}", path=pools[1],
+                              hint=SERVE_SEPARATE)
         self.path, self.mode = path, mode
         self.fingerprint = artifact.fingerprint
         self.layout: Layout = artifact.layout
