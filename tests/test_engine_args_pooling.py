@@ -65,7 +65,7 @@ def test_vllm_is_the_default_engine() -> None:
 
 @pytest.mark.parametrize("name", ["pooling-separate", "pooling-auto"])
 def test_vllm_refuses_separate_pools_naming_why_and_what_serves_them(name: str) -> None:
-    code, out, err = invoke(["engine-args", _layout(name), "--format", "json"])
+    code, out, _err = invoke(["engine-args", _layout(name), "--format", "json"])
     assert code == 1
     error = json.loads(out)["errors"][0]
     assert "one shared pool" in error["message"] and error["path"] == "body.pooling.policy"
@@ -183,7 +183,7 @@ def test_sglangs_own_parser_and_pool_sizing_take_the_flags(tmp_path: Path) -> No
         cases.append((data["argv"], sorted(want)))
         pools.append((want, {p["role"]: p["sglang"] for p in data["pools"]}))
     run = subprocess.run([str(SGLANG), "-c", _CHECK], input=json.dumps(cases), text=True,
-                         capture_output=True, timeout=600, cwd=tmp_path)
+                         capture_output=True, timeout=600, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])
     for (want, sizes), result in zip(pools, results):

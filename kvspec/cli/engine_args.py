@@ -63,8 +63,8 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
 #: ``kvspec engine-args``'s exit codes and what each means (docs/cli.md).
 EXITS = (
     (EXIT_OK, "the flags were printed"),
-    (EXIT_INVALID, "the artifact cannot be read, fails verification, or holds pools the "
-                   "engine cannot serve"),
+    (EXIT_INVALID, ("the artifact cannot be read, fails verification, or holds pools the "
+                   "engine cannot serve")),
     (EXIT_USAGE, USAGE),
 )
 #: Pages to read next (docs/cli.md).

@@ -210,9 +210,9 @@ def _dtype_flags(artifact: CompiledArtifact, path: str) -> list[Flag]:
                       where="body.engine.kv_cache_dtype", found=mode,
                       hint=f"SGLang takes {', '.join(sorted(set(_KV_DTYPES)))}")
     out = [Flag("--kv-cache-dtype", _KV_DTYPES[mode], "quantization of the KV cache")]
-    states = [s for s in body.specs if getattr(s, "dtypes", None)]
+    states: list[Any] = [s for s in body.specs if getattr(s, "dtypes", None)]
     if states:
-        ssm = states[0].dtypes[-1]  # type: ignore[attr-defined]
+        ssm = states[0].dtypes[-1]
         if ssm in _SSM_DTYPES:
             out.append(Flag("--mamba-ssm-dtype", ssm, "the SSM state's dtype (the state slot's "
                             "bytes)"))
@@ -314,8 +314,8 @@ def server_args(artifact: CompiledArtifact, path: str, *, model: str | None = No
 
 def render_shell(args: ServerArgs) -> str:
     """A shell command (one flag a line), the pools and notes as comments."""
-    lines = [f"# sglang serve flags giving the pools of {args.artifact} ({args.fingerprint}), "
-             f"SGLang {TARGET}"]
+    lines = [(f"# sglang serve flags giving the pools of {args.artifact} ({args.fingerprint}), "
+             f"SGLang {TARGET}")]
     for p in args.pools:
         unit = "state slots" if p.role == "state" else "tokens"
         size = "-" if p.sglang is None else f"{p.sglang:,} {unit}"

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvspec.compiled import CompiledArtifact, read
+from kvspec.compiled import CompiledArtifact
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm import TARGET
 from kvspec.integrations.vllm.by_design import applicable
@@ -220,9 +220,10 @@ def plugin_mode(artifact: CompiledArtifact, mode: str = "auto") -> tuple[str, st
 def servable(artifact: CompiledArtifact, path: str) -> None:
     """A :class:`KvspecError` when vLLM 0.33 cannot hold ``artifact``'s pools."""
     why = refusal(artifact)
-    if why is not None:
+    record = artifact.body.pooling
+    if why is not None and record is not None:
         raise KvspecError(f"vLLM {TARGET} cannot serve this artifact: {why[0]}", file=path,
-                          path=why[1], found=f"pooling: {artifact.body.pooling.policy}",
+                          path=why[1], found=f"pooling: {record.policy}",
                           expected="a unified plan (one pool)", hint=SERVE_SEPARATE)
 
 
@@ -243,8 +244,8 @@ def engine_args(artifact: CompiledArtifact, path: str, *, model: str | None = No
 
 def render_shell(args: EngineArgs) -> str:
     """A shell command (one flag a line) with the no-flag settings as comments."""
-    lines = [f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
-             f"vLLM {TARGET}"]
+    lines = [(f"# vllm serve flags reproducing {args.artifact} ({args.fingerprint}), "
+             f"vLLM {TARGET}")]
     lines += [f"# {note}" for note in args.notes]
     if args.mode_why:
         lines.append(f"# KVSPEC_MODE={args.mode_why}")

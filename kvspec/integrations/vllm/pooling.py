@@ -44,9 +44,9 @@ def refusal(artifact: CompiledArtifact) -> tuple[str, str] | None:
     if record is None or record.policy != "separate":
         return None
     pools = ", ".join(map(_share, record.pools))
-    return (f"the plan holds {len(record.pools)} separate pools ({pools} of the budget); "
+    return ((f"the plan holds {len(record.pools)} separate pools ({pools} of the budget); "
             "vLLM 0.33 keeps every group in one shared pool with one page size, so it "
-            "cannot hold them", "body.pooling.policy")
+            "cannot hold them"), "body.pooling.policy")
 
 
 def _figure(c: fmt.Candidate) -> str:
@@ -66,8 +66,8 @@ def decision_notes(artifact: CompiledArtifact) -> list[str]:
         return []
     chosen = record.candidates[record.chosen]
     source = record.candidates[0]
-    out = [f"pooling: {record.asked} (serve_with {record.serve_with}) chose "
-           f"'{chosen.name}': {_figure(chosen)}"]
+    out = [(f"pooling: {record.asked} (serve_with {record.serve_with}) chose "
+           f"'{chosen.name}': {_figure(chosen)}")]
     if record.chosen != 0:
         out.append(f"pooling: the source's own engine settings ('{source.name}'): "
                    f"{_figure(source)}; the flags below are the chosen plan's")
