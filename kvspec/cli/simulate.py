@@ -24,6 +24,9 @@ from kvspec.cli.common import (
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit
+from kvspec.reports.format import table
+from kvspec.runtime.manager import from_layouts
+from kvspec.sim import read_trace, simulate
 
 #: The summary's keys, in the order the table prints them (kvspec.sim.SUMMARY_KEYS).
 ROWS = (("steps", "steps to finish", "{:,}"), ("mean_running", "mean running", "{:.2f}"),
@@ -160,9 +163,6 @@ def _blocks(target: Target) -> list[tuple[str, int]]:
 
 
 def _trace(path: Path | None, target: Target) -> tuple[Any, ...]:
-    # deferred: the simulator loads when the command runs
-    from kvspec.sim import read_trace
-
     if path is not None:
         return tuple(read_trace(path))
     if target.source_trace is not None:
@@ -183,10 +183,6 @@ def _settings(target: Target, max_num_seqs: int | None) -> dict[str, Any]:
 
 def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
               quiet: bool) -> Any:
-    # deferred: the simulator and the manager load when the command runs
-    from kvspec.runtime.manager import from_layouts
-    from kvspec.sim import simulate
-
     layout = from_layouts(list(target.pools), target.counts)
     with progress(len(trace) if len(trace) >= BAR_FROM else None,
                   label="simulating", quiet=quiet or len(trace) < BAR_FROM) as bar:
@@ -219,6 +215,7 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
                          "own engine settings", hint="drop --max-num-seqs, or set "
                          "engine.max_num_seqs in the source")
     bridge.adapter()
+    # deferred: vLLM (and its torch), for --against vllm only, after the check above
     from kvspec.integrations.vllm.replay import replay
 
     art = target.artifact
@@ -230,9 +227,6 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
 
 
 def _table(data: dict[str, Any], sides: list[str]) -> str:
-    # deferred: the report helpers load when the command runs
-    from kvspec.reports.format import table
-
     def cell(side: str, key: str, spec: str) -> str:
         value = data[side][key]
         return "-" if value is None else spec.format(value)

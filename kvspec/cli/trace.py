@@ -20,6 +20,8 @@ from kvspec.cli.common import (
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import emit
+from kvspec.sim import generate_trace
+from kvspec.sim.trace import trace_text
 
 
 def _ours(text: str) -> bool:
@@ -72,10 +74,6 @@ def command(requests: int, prompt_mean: float, prompt_spread: float, output_mean
     prefixes for --prefix-share of the requests; seeded, so the same options give the
     same trace. One JSON object per line: arrival, prompt_tokens, output_tokens
     (and prefix_id, prefix_tokens)."""
-    # deferred: the simulator's trace module loads when the command runs
-    from kvspec.sim import generate_trace
-    from kvspec.sim.trace import trace_text
-
     check_output(output, suffixes=(".jsonl", ".json"), force=force, parents=parents,
                  ours=_ours)
     try:
