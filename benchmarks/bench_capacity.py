@@ -51,10 +51,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-CONFORMANCE = Path(os.environ.get("KVSPEC_CONFORMANCE", "/work/shared/conformance/cases"))
+CONFORMANCE = Path(os.environ.get("KVSPEC_CONFORMANCE",
+                                  REPO.parent / "shared" / "conformance" / "cases"))
 if not CONFORMANCE.is_dir():
     CONFORMANCE = REPO / "tests" / "conformance" / "cases"
-VLLM_PYTHON = Path(os.environ.get("KVSPEC_VLLM_PYTHON", "/work/main/build/vllm/venv/bin/python"))
+VLLM_PYTHON = Path(os.environ.get("KVSPEC_VLLM_PYTHON",
+                                  REPO / "build" / "vllm" / "venv" / "bin" / "python"))
 RESULTS = REPO / "benchmarks" / "results" / "capacity.md"
 
 #: name -> (prompt mean, prompt spread, output mean, output spread); the long one
@@ -311,7 +313,7 @@ def against_vllm(rows: list[dict[str, Any]], where: Path) -> str | None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_TARGET_DEVICE": "cpu",
            "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     proc = subprocess.run([str(VLLM_PYTHON), __file__, "--replay-worker", str(jobs)],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+                          capture_output=True, text=True, env=env, cwd=REPO, check=False)
     if proc.returncode:
         return f"the vLLM replay failed: {proc.stderr.strip().splitlines()[-1:]}"
     for row, result in zip(rows, json.loads(proc.stdout.strip().splitlines()[-1])):
@@ -403,7 +405,8 @@ def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return [f"{r['case']}/{r['workload']} {r['ratios'][plan][key]:.3f}×" for r in rows
                 if r["ratios"][plan][key] is None or r["ratios"][plan][key] < GOAL_RATIO]
 
-    util = [f"{r['case']}/{r['workload']} {r['auto_kvspec']['simulated']['utilization_while_waiting']}"
+    util = [f"{r['case']}/{r['workload']} "
+            f"{r['auto_kvspec']['simulated']['utilization_while_waiting']}"
             f" ({_dominant(r['auto_kvspec'], r['max_num_seqs'])}{_separate_missing(r)})"
             for r in rows
             if (r["auto_kvspec"]["simulated"]["utilization_while_waiting"] or 0)
@@ -419,7 +422,8 @@ def goals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "vllm_scheduler_differs": [f"{r['case']}/{r['workload']}" for r in replayed
                                    if "error" not in r["vllm_scheduler"]
                                    and not r.get("vllm_scheduler_matches")],
-        "vllm_scheduler_cannot_run": [f"{r['case']}/{r['workload']} ({r['vllm_scheduler']['error']})"
+        "vllm_scheduler_cannot_run": [f"{r['case']}/{r['workload']} "
+                                      f"({r['vllm_scheduler']['error']})"
                                       for r in replayed if "error" in r["vllm_scheduler"]],
     }
     out["rows"], out["replayed"] = len(rows), len(replayed)
@@ -486,18 +490,18 @@ def _goal_lines(g: dict[str, Any]) -> list[str]:
 def report(rows: list[dict[str, Any]], skipped: list[dict], meta: dict[str, Any]) -> str:
     with_vllm = any("vllm_scheduler" in r for r in rows)
     lines = [f"# Capacity at a workload: vLLM's plan vs `auto` ({meta['date']})", "",
-             f"`python benchmarks/bench_capacity.py` — {len(rows)} rows, {meta['requests']}-"
-             f"request traces (seed 0, all arriving at step 0), {meta['seconds']:.0f} s.",
+             (f"`python benchmarks/bench_capacity.py` — {len(rows)} rows, {meta['requests']}-"
+             f"request traces (seed 0, all arriving at step 0), {meta['seconds']:.0f} s."),
              "Workloads: " + "; ".join(f"{k}: prompts ~{p:,} (spread {ps}), outputs ~{o:,} "
                                        f"(spread {os_})" for k, (p, ps, o, os_) in
                                        WORKLOADS.items()) +
              f" (long: on {', '.join(LONG_CASES)} unless `--workload long` asks for every "
              f"case where max_model_len ≥ {LONG_MIN_MODEL_LEN:,}).",
-             "GiB: the KV-cache budget per rank (*: scaled down from the case's own so the "
+             ("GiB: the KV-cache budget per rank (*: scaled down from the case's own so the "
              f"physical limit at the short workload is ~{TARGET_REQUESTS:.0f} requests, not "
              "max_num_seqs). Physical limit: requests whose live tokens and one state per state "
              "layer fill the budget. ×mean: mean running auto / vLLM; ×steps: steps vLLM / auto "
-             "(≥ 1.0× is auto no worse). Util. waiting: `utilization_while_waiting`.",
+             "(≥ 1.0× is auto no worse). Util. waiting: `utilization_while_waiting`."),
              "", "## Capacity", "", *capacity_table(rows, with_vllm), "",
              "## Waste while requests wait (shares of the pool's bytes)", "", *waste_table(rows),
              "", "## Where vLLM's plan is furthest from the physical limit", "",
@@ -567,6 +571,7 @@ def main(argv: list[str] | None = None) -> None:
     out.write_text(text)
     Path(args.json or out.with_suffix(".json")).write_text(json.dumps(
         {"meta": meta, "goals": goals(rows), "rows": rows, "skipped": skipped}, indent=1))
+    return None
 
 
 if __name__ == "__main__":
