@@ -9,7 +9,7 @@ policy weighed with what each buys at the workload.
 >>> print(candidates_table([c], chosen=0))
    candidate  block  groups  at max_model_len  at workload  simulated mean / peak  util. waiting  physical limit
 -  ---------  -----  ------  ----------------  -----------  ---------------------  -------------  --------------
-*    unified     16       1             2.50x        150.0                      -              -           160.0
+*  unified       16       1             2.50x        150.0                      -              -           160.0
 """  # noqa: E501 (the doctest's expected table is wider than a line)
 
 from __future__ import annotations

@@ -32,6 +32,9 @@ def clean_loc(loc: tuple) -> tuple:
             continue
         if isinstance(part, str) and part in _TYPE_PARTS and i > 0:
             continue
+        if part in ("mean", "distribution") and i > 0 and \
+                loc[i - 1] in ("context_tokens", "output_tokens"):
+            continue  # the tag of a token count's union (schema.Tokens)
         out.append(part)
     return tuple(out)
 

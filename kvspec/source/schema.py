@@ -244,8 +244,16 @@ class Distribution(_Strict):
         return bins
 
 
-#: Tokens per request: a mean (a number, read as ``{mean: N}``), or a distribution.
-Tokens = Distribution
+def _tokens_kind(value: Any) -> str:
+    return "distribution" if isinstance(value, dict) or isinstance(value, Distribution) \
+        else "mean"
+
+
+#: Tokens per request: a mean (a number), or a distribution. Tagged by the input's
+#: shape, so an error speaks of the one it was meant as, not both.
+Tokens = Annotated[
+    Annotated[PositiveInt, Tag("mean")] | Annotated[Distribution, Tag("distribution")],
+    Discriminator(_tokens_kind)]
 
 
 class WorkloadSpec(_Strict):
@@ -265,14 +273,6 @@ class WorkloadSpec(_Strict):
     requests: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
         500, description="Requests in the synthetic trace drawn from the summary.")
     seed: int = Field(0, ge=0, description="Seed of that synthetic trace.")
-
-    @field_validator("context_tokens", "output_tokens", mode="before")
-    @classmethod
-    def _mean(cls, value: Any) -> Any:
-        """A number is the mean of a lognormal distribution (spread 0.5)."""
-        if isinstance(value, int) and not isinstance(value, bool):
-            return {"mean": value}
-        return value
 
 
 class PoolingPolicy(_Strict):
