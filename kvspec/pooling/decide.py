@@ -201,7 +201,8 @@ def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, int, float]:
 
 def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
     """The candidate ``auto`` keeps: of those the runtime can serve, the highest
-    capacity, where capacities within :data:`TIE` of the best tie."""
+    capacity, where capacities within :data:`TIE` of the best tie (but none below
+    the unified plan's, so ``auto`` never runs fewer requests than vLLM's plan)."""
     servable = [i for i, c in enumerate(cands) if c.note is None]
     if not servable:
         why = "; ".join(f"{c.name}: {c.note}" for c in cands)
@@ -209,7 +210,9 @@ def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
                           hint="give the KV cache more memory, a shorter max_model_len, or "
                                "a workload of shorter requests")
     best = max(_capacity(evaluations[i]) for i in servable)
-    tied = [i for i in servable if _capacity(evaluations[i]) >= best * (1 - TIE)]
+    # never below vLLM's plan (the first candidate), even inside the tie band
+    least = _capacity(evaluations[0]) if cands[0].note is None else 0.0
+    tied = [i for i in servable if _capacity(evaluations[i]) >= max(best * (1 - TIE), least)]
     return max(tied, key=lambda i: _tiebreak(cands[i], evaluations[i]))
 
 

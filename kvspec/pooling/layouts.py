@@ -50,15 +50,54 @@ def _fitted(pool: PoolPlan, max_model_len: int) -> PoolPlan:
     return dataclasses.replace(pool, plan=dataclasses.replace(pool.plan, engine=engine))
 
 
+def _least(name: str, model: str | None, p: PoolPlan,
+           quantization: Mapping[str, Quantized | None]) -> int:
+    """The fewest bytes that serve one request at ``max_model_len`` in pool ``p``."""
+    layout = build_layout(name, model, p.plan, None, quantization)
+    return max(st.memory_for(fig.min_num_blocks)
+               for st, fig in zip(layout.stages, layout.stage_figures))
+
+
+def floored(shares: Sequence[Fraction], least: Sequence[int], budget: int) -> list[Fraction]:
+    """``shares`` with each pool's raised to what serves one request at max_model_len
+    (``least`` bytes of ``budget``), the others scaled down to fill the rest; the
+    shares as they were when no pool needs raising or the floors alone overfill.
+
+    >>> floored([Fraction(9, 10), Fraction(1, 10)], [100, 300], 1000)
+    [Fraction(7, 10), Fraction(3, 10)]
+    """
+    floor = [Fraction(n, budget) for n in least]
+    if all(s >= f for s, f in zip(shares, floor)) or sum(floor) >= 1:
+        return list(shares)
+    fixed = [s < f for s, f in zip(shares, floor)]
+    while True:
+        rest = 1 - sum((f for f, x in zip(floor, fixed) if x), Fraction(0))
+        free = sum((s for s, x in zip(shares, fixed) if not x), Fraction(0))
+        out = [f if x else s * rest / free for s, f, x in zip(shares, floor, fixed)]
+        more = [not x and o < f for o, f, x in zip(out, floor, fixed)]
+        if not any(more):
+            out = [o.limit_denominator(1 << 20) for o in out]
+            out[-1] = 1 - sum(out[:-1], Fraction(0))
+            return out
+        fixed = [x or m for x, m in zip(fixed, more)]
+
+
 def pool_layouts(name: str, model: str | None, engine: Engine,
                  stage_specs: Sequence[Mapping[str, LayerSpec]],
                  quantization: Mapping[str, Quantized | None], pooling: Pooling, tokens: int,
                  budget: int | None, max_model_len: int) -> tuple[PoolLayout, ...]:
     """The separate plan of these layers, each pool sized for its share of
-    ``budget`` (when there is one): what compiling and re-planning both run."""
+    ``budget`` (when there is one): what compiling and re-planning both run. Shares
+    split by demand are floored at what serves one request at ``max_model_len``, so
+    no pool is too small for the longest request the engine admits."""
+    plans = [_fitted(p, max_model_len) for p in plan_separate(engine, stage_specs, pooling,
+                                                               tokens)]
+    if budget is not None and pooling.split is None:
+        least = [_least(name, model, p, quantization) for p in plans]
+        shares = floored([p.share for p in plans], least, budget)
+        plans = [dataclasses.replace(p, share=s) for p, s in zip(plans, shares)]
     out = []
-    for planned in plan_separate(engine, stage_specs, pooling, tokens):
-        p = _fitted(planned, max_model_len)
+    for p in plans:
         sizing = None
         if budget is not None:
             memory = int(budget * p.share)

@@ -245,7 +245,7 @@ class Distribution(_Strict):
 
 
 def _tokens_kind(value: Any) -> str:
-    return "distribution" if isinstance(value, dict) or isinstance(value, Distribution) \
+    return "distribution" if isinstance(value, (dict, Distribution)) \
         else "mean"
 
 
