@@ -95,6 +95,8 @@ def test_loading_an_artifact_imports_nothing_of_the_compiler() -> None:
     code = ("import sys, kvspec.runtime, kvspec; "
             "c = kvspec.load('layouts/gemma-3-27b-it.kvlayout.json', device='meta'); "
             "assert c.views; "
+            "p = kvspec.load('layouts/pooling-auto.kvlayout.json', device='meta'); "
+            "assert len(p.pool_blocks) == 2; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('yaml', 'jinja2', 'click', 'pydantic') or m.startswith(('kvspec.planner', "
             "'kvspec.source', 'kvspec.compiler', 'kvspec.compiled', 'kvspec.reports', "
