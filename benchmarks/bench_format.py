@@ -70,6 +70,8 @@ def pydantic_type(t: Any) -> Any:
         return Literal[tuple(t.values)]
     if isinstance(t, mi.ListType):
         return list[pydantic_type(t.item_type)]  # type: ignore[misc]
+    if isinstance(t, mi.TupleType):
+        return tuple[tuple(pydantic_type(m) for m in t.item_types)]  # type: ignore[misc]
     if isinstance(t, mi.DictType):
         return dict[pydantic_type(t.key_type), pydantic_type(t.value_type)]  # type: ignore[misc]
     if isinstance(t, mi.UnionType):
