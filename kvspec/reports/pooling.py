@@ -104,12 +104,24 @@ def pooling_lines(record: PoolingRecord) -> list[str]:
             f"~{w.output_tokens:,.0f}")
         out.append(f"workload: {source}; a running request holds {w.held_tokens:,} tokens "
                    "on average")
+        if record.pools and record.chosen is not None:
+            out.append(_binding(record.candidates[record.chosen], w.held_tokens))
     if record.candidates:
         out.append("requests each candidate holds (static: the engine's accounting; "
                    "simulated: the trace replayed):")
         out.append(candidates_table(record.candidates, record.chosen))
         out += _legend(record)
     return out
+
+
+def _binding(c: Candidate, held: int) -> str:
+    """Which pool runs out first at the workload, and the static requests at half and
+    one and a half times its context."""
+    at = dict(c.curve)
+    near = {m: min(at, key=lambda t: abs(t - held * m)) for m in (0.5, 1.5)} if at else {}
+    moves = ", ".join(f"{at[t]:.1f} at {t:,} tokens" for t in near.values())
+    line = f"runs out first at the workload: pool {c.binding_pool}"
+    return line + (f"; static requests at -50% / +50% context: {moves}" if moves else "")
 
 
 def waste_line(w: Waste) -> str:
