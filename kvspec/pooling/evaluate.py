@@ -180,7 +180,8 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) ->
                       max_num_batched_tokens=engine.max_num_batched_tokens,
                       max_model_len=engine.max_model_len,
                       async_scheduling=engine.async_scheduling_resolved,
-                      pipeline_parallel_size=engine.pipeline_parallel_size)
+                      pipeline_parallel_size=engine.pipeline_parallel_size,
+                      sample_held=True)
     tokens_held, waste = _waste(result, layouts)
     return Evaluation(static, at_tokens, physical, simulated=result.as_dict(),
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)

@@ -50,20 +50,23 @@ def batch_depth(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
 def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
              max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
              async_scheduling: bool = True, pipeline_parallel_size: int = 1,
-             progress: Progress | None = None) -> SimResult:
+             progress: Progress | None = None, sample_held: bool = False) -> SimResult:
     """Replay ``trace`` through ``layout``'s pools; requests whose prompt does not fit
-    ``max_model_len`` (default: the layout's) are refused, as vLLM refuses them."""
+    ``max_model_len`` (default: the layout's) are refused, as vLLM refuses them.
+    ``sample_held``: also sample what running requests hold while others wait (the
+    pooling policy's waste breakdown, :meth:`SimResult.held_while_waiting`)."""
     return run(layout, trace, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                async_scheduling=async_scheduling,
-               pipeline_parallel_size=pipeline_parallel_size, progress=progress)[0]
+               pipeline_parallel_size=pipeline_parallel_size, progress=progress,
+               sample_held=sample_held)[0]
 
 
 def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
         async_scheduling: bool = True, pipeline_parallel_size: int = 1,
-        progress: Progress | None = None, log_blocks: bool = False, lazy: bool = True
-        ) -> tuple[SimResult, KvspecEngine]:
+        progress: Progress | None = None, log_blocks: bool = False, lazy: bool = True,
+        sample_held: bool = False) -> tuple[SimResult, KvspecEngine]:
     """:func:`simulate`, and the engine it ran (its scheduler, manager and, with
     ``log_blocks``, every step's block tables and free queue); ``lazy=False`` steps
     every decoding request one by one (slower, the same result)."""
@@ -79,7 +82,8 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
                           max_num_batched_tokens=max_num_batched_tokens,
                           async_scheduling=async_scheduling,
                           lazy=lazy and depth == (2 if async_scheduling else 1))
-    engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers)
+    engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers,
+                          sample_held=sample_held)
     records, steps = drive(engine, admitted, depth, progress)
     result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
                        scheduler.hit_tokens, len(admitted), len(trace) - len(admitted),

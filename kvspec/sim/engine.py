@@ -111,7 +111,8 @@ class KvspecEngine:
     """kvspec's scheduler model as a :class:`StepEngine`."""
 
     def __init__(self, scheduler: Scheduler, live: LiveBytes, trace: Sequence[TraceRequest],
-                 *, log_blocks: bool = False, numbers: Sequence[int] | None = None) -> None:
+                 *, log_blocks: bool = False, numbers: Sequence[int] | None = None,
+                 sample_held: bool = False) -> None:
         self.scheduler = scheduler
         #: Each request's 1-based position in the whole trace (for messages).
         self.numbers = numbers if numbers is not None else range(1, len(trace) + 1)
@@ -127,6 +128,8 @@ class KvspecEngine:
         #: in LiveBytes units, blocks they hold per group), every ``_stride``-th.
         self.samples: list[HeldSample] = []
         self._stride, self._seen = 1, 0
+        #: Whether to sample what running requests hold (the pooling policy's waste).
+        self.sample_held = sample_held
 
     def add(self, index: int, request: TraceRequest) -> None:
         self.scheduler.add(SimRequest(index, request.prompt_tokens, request.output_tokens,
@@ -152,7 +155,7 @@ class KvspecEngine:
             self.block_log.append(({r.index: tuple(tuple(b.block_id for b in t)
                                                    for t in r.tables) for r in s.running},
                                    [b.block_id for b in self.pools[0].free_block_queue]))
-        if s.waiting and s.running:
+        if self.sample_held and s.waiting and s.running:
             self._sample(live)
         return StepRecord(step, len(s.running), len(s.waiting),
                           tuple(p.free_block_queue.num_free_blocks for p in self.pools),
