@@ -44,7 +44,10 @@ NOT_IN_VLLM = {"syn-glm5-next": _TAIL, "example-glm5-next-drafter": _TAIL,
 def _hybrid_layouts() -> list[str]:
     names = []
     for path in sorted(LAYOUTS.glob("*.kvlayout.json")):
-        lay = layout_of(read_artifact(path), 10)
+        art = read_artifact(path)
+        if art.pools:  # separate pools: vLLM 0.33 holds one shared pool, and the plugin
+            continue   # refuses them (tests/vllm/test_engine_args_pooling.py)
+        lay = layout_of(art, 10)
         if any(g.kind != "full" for g in lay.groups):
             names.append(path.name.removesuffix(".kvlayout.json"))
     return names
