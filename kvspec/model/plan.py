@@ -243,3 +243,9 @@ class Layout:
 
     def min_num_blocks(self) -> int:
         return max(f.min_num_blocks for f in self.stage_figures)
+
+    def min_memory(self) -> int:
+        """The smallest per-rank budget that serves one request at ``max_model_len``:
+        the fewest blocks, and a drafter's fixed pool, on the costliest stage."""
+        return max(st.memory_for(fig.min_num_blocks)
+                   for st, fig in zip(self.stages, self.stage_figures))

@@ -53,9 +53,7 @@ def _fitted(pool: PoolPlan, max_model_len: int) -> PoolPlan:
 def _least(name: str, model: str | None, p: PoolPlan,
            quantization: Mapping[str, Quantized | None]) -> int:
     """The fewest bytes that serve one request at ``max_model_len`` in pool ``p``."""
-    layout = build_layout(name, model, p.plan, None, quantization)
-    return max(st.memory_for(fig.min_num_blocks)
-               for st, fig in zip(layout.stages, layout.stage_figures))
+    return build_layout(name, model, p.plan, None, quantization).min_memory()
 
 
 def floored(shares: Sequence[Fraction], least: Sequence[int], budget: int) -> list[Fraction]:

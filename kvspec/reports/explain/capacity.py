@@ -62,8 +62,7 @@ def capacity(subject: Subject, memory: int) -> Capacity:
 def min_memory(layout: Layout) -> int:
     """The smallest per-rank budget that serves one request at ``max_model_len``:
     the planner's fewest blocks, and a drafter's fixed pool, on the costliest stage."""
-    return max(st.memory_for(fig.min_num_blocks)
-               for st, fig in zip(layout.stages, layout.stage_figures))
+    return layout.min_memory()
 
 
 def sweep(subject: Subject, budget: int | None, points: int = SWEEP_POINTS
