@@ -48,7 +48,7 @@ def load(artifact: Any, **kwargs: Any) -> Any:
 
 def __getattr__(name: str) -> Any:
     if name == "Artifact":
-        # deferred: orjson and the plan IR, which `import kvspec` (and --version) skip
+        # deferred: msgspec and the plan IR, which `import kvspec` (and --version) skip
         from kvspec.artifact import Artifact
         return Artifact
     raise AttributeError(name)

@@ -55,12 +55,21 @@ def test_an_example_of_a_reviewed_layout_names_its_layers_as_the_layout_does(
 
 
 def test_readme_quick_start_matches_ci() -> None:
+    """Both quick-start commands run in CI exactly as the README gives them, the first in
+    a fresh venv of its own before the second (a module the main job imports from an
+    extra fails there), and the first uses the core install alone."""
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
-    test_cmd = [line.removeprefix("$ ") for line in readme.splitlines()
-                if "python -m pytest" in line]
-    assert len(test_cmd) == 1
-    assert test_cmd[0].strip() in ci
+    commands = [line.removeprefix("$ ").strip() for line in readme.splitlines()
+                if line.startswith("$ python3 -m venv")]
+    assert len(commands) == 2, commands
+    first, second = commands
+    assert "python -m pytest" in second and "python -m pytest" not in first
+    assert "pip install -q -e . " in first, "the first command installs the core alone"
+    assert first in ci and second in ci
+    assert ci.index(first) < ci.index(second)
+    between = ci[ci.index(first) + len(first):ci.index(second)]
+    assert "rm -rf .venv" in between, "the second command must start in a fresh venv"
 
 
 def test_the_engine_settings_table_is_current() -> None:

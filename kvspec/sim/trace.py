@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
+import msgspec
 
 from kvspec.errors import KvspecError
 from kvspec.jsonpos import Located, scan
@@ -104,10 +104,14 @@ def parse_trace(text: str, file: str = "<trace>") -> tuple[TraceRequest, ...]:
     return tuple(out)
 
 
+#: msgspec's JSON decoder: integers of any length read exactly, NaN is an error.
+_decode = msgspec.json.Decoder().decode
+
+
 def _request(line: str, file: str, number: int) -> TraceRequest:
     try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        obj = _decode(line)
+    except msgspec.DecodeError:
         obj = _strict(line, file, number)  # raises with the position, or reads it
     if obj.__class__ is not dict:
         raise TraceError("a trace line must be a JSON object", file=file, line=number,
@@ -115,8 +119,6 @@ def _request(line: str, file: str, number: int) -> TraceRequest:
                          hint=f"write one object per line, e.g. {_EXAMPLE}")
     if line.count('"') != _quotes(obj):  # a key twice, or escapes: check strictly
         _strict(line, file, number)
-    if any(v.__class__ is float for v in obj.values()):  # orjson reads long integers so
-        obj = json.loads(line)
     try:
         return _checked(obj)
     except _Bad as bad:
