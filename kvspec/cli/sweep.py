@@ -100,7 +100,7 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
                    "errors": sum(not r["ok"] for r in rows), "output": str(out),
                    "best": best})
         return EXIT_OK
-    click.echo(_table(best))
+    click.echo(_table(best, rows))
     return EXIT_OK
 
 
@@ -163,19 +163,22 @@ def _need_ray() -> None:
                               "--ray on this machine's cores") from None
 
 
-def _table(best: list[dict[str, Any]]) -> str:
+def _table(best: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    # deferred: the report's formatters, only when the command runs
     from kvspec.reports.format import table
+    from kvspec.sweep.report import point_text
 
-    rows = []
-    for r in best:
-        p = r["point"]
-        params = ", ".join(f"{k} {v}" for k, v in p.items() if k not in ("workload", "model"))
-        rows.append([p["workload"], p["model"], params, _n(r.get("gpus")),
-                     _n(r.get("requests_per_gpu"), "{:.2f}"), r["id"]])
-    if not rows:
-        return "no point can serve the target: see the rows' errors"
-    return "best point per workload (fewest GPUs for the target rate)\n" + table(
-        rows, ["workload", "model", "point", "GPUs", "req/s per GPU", "id"])
+    lines = [[r["point"]["workload"], r["point"]["model"], point_text(r), _n(r.get("gpus")),
+              _n(r.get("requests_per_gpu"), "{:.2f}"), r["id"]] for r in best]
+    served = {r["point"]["workload"] for r in best}
+    missing = [w for w in dict.fromkeys(r["point"]["workload"] for r in rows) if w not in served]
+    out = []
+    if lines:
+        out.append("best point per workload (fewest GPUs for the target rate)\n" + table(
+            lines, ["workload", "model", "point", "GPUs", "req/s per GPU", "id"]))
+    out += [f"workload {w}: no point serves it (each refuses some of its requests, or "
+            "failed: see the rows)" for w in missing]
+    return "\n".join(out)
 
 
 def _n(v: Any, spec: str = "{:,}") -> str:

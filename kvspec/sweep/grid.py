@@ -203,7 +203,9 @@ def _allowed(parent: tuple) -> list[str]:
 def _error(doc: Document, err: Any, at: tuple = ()) -> SourceError:
     loc = at + clean_loc(err["loc"])
     if err["type"] != "extra_forbidden":
-        return schema_error(doc, {**err, "loc": loc})
+        found = schema_error(doc, {**err, "loc": loc})
+        hint = (found.hint or "").replace("docs/format.md", "docs/sweep.md")
+        return found.replace(hint=hint)  # type: ignore[return-value]
     key, parent = loc[-1], tuple(p for p in loc[:-1] if not isinstance(p, int))
     allowed = _allowed(parent)
     what = "axis" if parent == ("axes",) else "field"

@@ -112,7 +112,7 @@ class Sweep:
     points: tuple[Point, ...]
     traces: dict[str, tuple[TraceRequest, ...]] = field(repr=False)
     #: Per point id: where its values are written in the grid (for errors).
-    where: dict[str, dict[str, tuple[int, int] | None]] = field(repr=False)
+    where: dict[str, dict[str, tuple[int | None, int | None, str]]] = field(repr=False)
     #: Per point id: the base document its source was made from (None: init's).
     base_docs: dict[str, Document | None] = field(repr=False)
 
@@ -162,8 +162,8 @@ def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[Trac
         if w.preset not in PRESETS:
             raise grid.doc.error(
                 f"unknown workload preset {w.preset!r}", (*at, "preset"),
-                expected="one of " + (", ".join(sorted(PRESETS)) or
-                                      "none: this kvspec defines no presets yet"),
+                expected="one of " + ", ".join(sorted(PRESETS)) if PRESETS else
+                "a preset's name; this kvspec defines none yet",
                 hint="give the workload as a trace ({trace: FILE}) or a summary "
                      "({context_tokens: 2048, output_tokens: 256})")
         requests = PRESETS[w.preset](w.requests, w.seed)
@@ -424,13 +424,18 @@ def _check_weights(grid: GridFile, models: list[Model], swept: set[str]) -> None
 
 
 def _positions(grid: GridFile, model: Model, index: dict[str, int], w: Workload
-               ) -> dict[str, tuple[int, int] | None]:
+               ) -> dict[str, tuple[int | None, int | None, str]]:
     at = ("base", model.index) if isinstance(grid.model.base, list) else ("base",)
-    out = {"model": grid.doc.position(at),
-           "workload": grid.doc.position(("axes", "workload", w.index))}
+    out = {"model": _where(grid.doc, at),
+           "workload": _where(grid.doc, ("axes", "workload", w.index))}
     for axis, i in index.items():
-        out[axis] = grid.doc.position(("axes", axis, i))
+        out[axis] = _where(grid.doc, ("axes", axis, i))
     return out
+
+
+def _where(doc: Document, at: tuple[str | int, ...]) -> tuple[int | None, int | None, str]:
+    line, col = doc.position(at) or (None, None)
+    return line, col, format_path(at)
 
 
 #: Which axis a source path belongs to (an error there is the axis value's).
@@ -450,20 +455,21 @@ def locate(sweep: Sweep, point: Point, err: dict[str, Any]) -> dict[str, Any]:
     path = err.get("path") or ""
     axis = next((a for p, a in _AXIS_OF.items() if path == p or path.startswith(p + ".")),
                 None)
+    if err.get("type") == "NotEnoughMemoryError":
+        axis = "memory"  # the budget is short, whichever setting asks for it
     if axis == "memory" and "gpu_memory" in point.params:
         axis = "gpu_memory"
     where = sweep.where.get(point.id, {})
     shown = ", ".join(f"{k}={v}" for k, v in point.params.items())
     out = {**err, "point": shown}
     if axis is not None and axis in point.params:
-        line, col = where.get(axis) or (None, None)
-        return {**out, "file": sweep.grid.file, "line": line, "column": col,
-                "path": f"axes.{axis}"}
+        line, col, at = where[axis]
+        return {**out, "file": sweep.grid.file, "line": line, "column": col, "path": at}
     doc = sweep.base_docs.get(point.id)
     if doc is not None and path:
         line, col = doc.position(_path_tuple(path)) or (None, None)
         return {**out, "file": doc.file, "line": line, "column": col}
-    line, col = where.get("model") or (None, None)
+    line, col, _ = where.get("model") or (None, None, "")
     return {**out, "file": sweep.grid.file, "line": line, "column": col}
 
 

@@ -30,8 +30,10 @@ from typing import Any
 from kvspec._version import __version__
 from kvspec.files import write_atomic
 from kvspec.reports.format import human_bytes
+from kvspec.sweep.grid import AXES
 
-__all__ = ["CSV_COLUMNS", "best_rows", "csv_text", "pareto", "render_report", "write_csv"]
+__all__ = ["CSV_COLUMNS", "best_rows", "csv_text", "pareto", "point_text", "render_report",
+           "write_csv"]
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -86,7 +88,8 @@ CSV_COLUMNS = ("ok", "gpus", "replicas", "ranks", "requests_per_gpu", "throughpu
 def csv_text(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as CSV: the id, each parameter, then :data:`CSV_COLUMNS`
     (nested values as JSON, an error as its one-line message)."""
-    params = list(dict.fromkeys(k for r in rows for k in r["point"]))
+    seen = {k for r in rows for k in r["point"]}
+    params = [k for k in ("model", *AXES) if k in seen]
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(["id", *params, *CSV_COLUMNS])
@@ -109,11 +112,13 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
     write_atomic(path, csv_text(rows))
 
 
-def _params(row: dict[str, Any]) -> str:
+def point_text(row: dict[str, Any]) -> str:
+    """A row's parameters but model and workload, sizes in binary units."""
     out = []
-    for k, v in row["point"].items():
-        if k in ("model", "workload"):
+    for k in AXES:
+        if k not in row["point"] or k == "workload":
             continue
+        v = row["point"][k]
         out.append(f"{k} {human_bytes(v) if k in ('memory', 'gpu_memory') else v}")
     return ", ".join(out) or "the source's own settings"
 
@@ -135,7 +140,7 @@ def _chart(rows: list[dict[str, Any]], front: list[dict[str, Any]], width: int,
 
     ids = {r["id"] for r in front}
     dots = [{"x": at(r)[0], "y": at(r)[1], "id": r["id"], "front": r["id"] in ids,
-             "title": f"{r['point']['model']}: {_params(r)}; {r['gpus']} GPUs, "
+             "title": f"{r['point']['model']}: {point_text(r)}; {r['gpus']} GPUs, "
                       f"{r['requests_per_gpu']:.2f} req/s per GPU"} for r in rows]
     line = " ".join(f"{x},{y}" for x, y in (at(r) for r in front))
     nx = 5 if width > 400 else 3
@@ -166,6 +171,8 @@ def render_report(sweep: Any, rows: Sequence[dict[str, Any]], *, grid: str, outp
     return environment().get_template("sweep.html.j2").render(
         grid=grid, output=output, version=__version__, rows=rows, best=best_rows(rows),
         sections=sections, errors=errors[:50], more_errors=max(len(errors) - 50, 0),
-        error_count=len(errors), target=target, params=_params,
+        error_count=len(errors), target=target, params=point_text,
+        step_text=", ".join(f"{v:g} ms at tensor {k}" for k, v in sorted(target.step_ms.items()))
+        if isinstance(target.step_ms, dict) else f"{target.step_ms:g} ms",
         command=lambda r: f"kvspec sweep {grid} --point {r['id']}",
         unserved=sum(1 for r in rows if r.get("ok") and r.get("gpus") is None))
