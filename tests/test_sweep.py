@@ -89,7 +89,7 @@ def _rows(path: Path) -> list[str]:
 def local_rows(grid_dir: Path) -> list[str]:
     """The 200-point grid on a local pool of two workers."""
     out = grid_dir / "local.jsonl"
-    code, stdout, err = invoke(["sweep", str(grid_dir / "grid.yaml"), "-o", str(out), "-j", "2"])
+    code, _, err = invoke(["sweep", str(grid_dir / "grid.yaml"), "-o", str(out), "-j", "2"])
     assert code == 0, err
     return _rows(out)
 
@@ -162,7 +162,7 @@ def test_a_killed_sweep_resumes_to_the_same_rows(grid_dir: Path, local_rows: lis
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "kvspec", "sweep", str(grid_dir / "grid.yaml"), "-o",
            str(out), "-j", "1", "-q"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,  # noqa: S603
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
@@ -259,3 +259,83 @@ def test_bad_grids_fail_before_anything_runs(grid: Path, tmp_path: Path) -> None
     check_golden(grid.with_suffix(".expected"), f"{code}\n{err}")
     assert code == 1 and err.startswith(rel) and "Traceback" not in err
     assert not out.exists(), "nothing ran: no results file"
+
+
+@pytest.fixture(scope="module")
+def report_page(grid_dir: Path, local_rows: list[str]) -> Path:
+    page = grid_dir / "sweep.html"
+    code, _, err = invoke(["sweep", str(grid_dir / "grid.yaml"), "-o",
+                           str(grid_dir / "local.jsonl"), "--report", str(page)])
+    assert code == 0, err
+    return page
+
+
+def test_the_report_links_each_front_point_to_its_command(report_page: Path,
+                                                          local_rows: list[str]) -> None:
+    html = report_page.read_text()
+    rows = [json.loads(r) for r in local_rows]
+    for r in pareto(rows):
+        assert f'id="p-{r["id"]}"' in html and f'href="#p-{r["id"]}"' in html
+        assert f"--point&nbsp;{r['id']}" in html or f"--point {r['id']}" in html
+    for b in best_rows(rows):
+        assert f'href="#p-{b["id"]}"' in html
+
+
+def _measure_script() -> str:
+    """explain's measuring script (tests/test_html_report.py) without the block
+    picture's parts, which a sweep report has none of."""
+    from tests.test_html_report import MEASURE
+
+    return MEASURE.split("  const block = shown")[0] + "  return out;\n})()\n"
+
+
+def test_the_report_at_every_width(report_page: Path, tmp_path: Path) -> None:
+    """At 1280, 800 and 390 px: the page never scrolls sideways, every box holds its
+    content, no SVG text leaves its picture; at 1280 and 390 nothing scrolls at all,
+    and a phone gets the narrow chart at its own size. Screenshots are taken at each
+    width (``KVSPEC_SCREENSHOTS=DIR`` keeps them)."""
+    import base64
+
+    from tests.test_html_report import CHROMIUM, NO_SCROLL, PHONE, WIDTHS, DevTools
+
+    if CHROMIUM is None:
+        pytest.skip("headless Chromium is not installed (apt-get install -y chromium; "
+                    "CI's .ci/run installs it)")
+    keep = Path(os.environ.get("KVSPEC_SCREENSHOTS") or tmp_path)
+    keep.mkdir(parents=True, exist_ok=True)
+    browser = DevTools(CHROMIUM, tmp_path / "profile", tmp_path / "chromium.log")
+    try:
+        target = browser.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        sid = browser.call("Target.attachToTarget", {"targetId": target, "flatten": True}
+                           )["sessionId"]
+        browser.call("Page.enable", session=sid)
+        for width in WIDTHS:
+            browser.call("Emulation.setDeviceMetricsOverride", {
+                "width": width, "height": 900, "deviceScaleFactor": 1,
+                "mobile": width == PHONE}, session=sid)
+            browser.call("Page.navigate", {"url": report_page.as_uri()}, session=sid)
+            browser.wait("Page.loadEventFired", sid)
+            res = browser.call("Runtime.evaluate", {"expression": _measure_script(),
+                               "awaitPromise": True, "returnByValue": True}, session=sid)
+            assert "exceptionDetails" not in res, res
+            m = res["result"]["value"]
+            assert m["doc"][0] <= m["doc"][1], (width, "the page scrolls sideways")
+            assert not m["over"], (width, m["over"][:5])
+            assert not m["clipped"], (width, m["clipped"][:5])
+            assert not m["svg"], (width, m["svg"][:5])
+            if width in NO_SCROLL:
+                assert not m["scrolled"], (width, m["scrolled"][:5])
+            charts = [p for p in m["pictures"] if "chart" in (p["cls"] or "")]
+            assert charts and all(("narrow" in p["cls"]) == (width == PHONE) for p in charts)
+            if width == PHONE:
+                assert all(abs(p["scale"] - 1) < 0.01 for p in charts)
+            size = browser.call("Page.getLayoutMetrics", session=sid)["cssContentSize"]
+            shot = browser.call("Page.captureScreenshot", {
+                "format": "png", "captureBeyondViewport": True, "clip": {
+                    "x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1}},
+                session=sid)
+            png = base64.b64decode(shot["data"])
+            assert png[:8] == b"\x89PNG\r\n\x1a\n"
+            (keep / f"sweep-{width}.png").write_bytes(png)
+    finally:
+        browser.close()

@@ -145,7 +145,7 @@ def _chart(rows: list[dict[str, Any]], front: list[dict[str, Any]], width: int,
     line = " ".join(f"{x},{y}" for x, y in (at(r) for r in front))
     nx = 5 if width > 400 else 3
     xticks = [{"x": round(left + i / (nx - 1) * pw, 1),
-               "text": f"{x0 + i / (nx - 1) * (x1 - x0):.0f}"} for i in range(nx)]
+               "text": f"{x0 + i / (nx - 1) * (x1 - x0):.3g}"} for i in range(nx)]
     yticks = [{"y": round(top + ph - i / 4 * ph, 1), "text": f"{i / 4 * y1:.2g}"}
               for i in range(5)]
     return {"width": width, "height": height, "left": left, "top": top, "pw": pw, "ph": ph,
@@ -167,10 +167,15 @@ def render_report(sweep: Any, rows: Sequence[dict[str, Any]], *, grid: str, outp
                          "wide": _chart(mine, wf, 640, 300),
                          "narrow": _chart(mine, wf, 340, 240)})
     errors = [r for r in rows if not r.get("ok")]
+    kinds: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in errors:
+        e = r["error"]
+        key = (e.get("file"), e.get("line"), e.get("column"), e.get("message"))
+        kinds.setdefault(key, {"error": e, "points": 0, "first": r})["points"] += 1
     target = sweep.grid.model.target
     return environment().get_template("sweep.html.j2").render(
         grid=grid, output=output, version=__version__, rows=rows, best=best_rows(rows),
-        sections=sections, errors=errors[:50], more_errors=max(len(errors) - 50, 0),
+        sections=sections, errors=list(kinds.values()),
         error_count=len(errors), target=target, params=point_text,
         step_text=", ".join(f"{v:g} ms at tensor {k}" for k, v in sorted(target.step_ms.items()))
         if isinstance(target.step_ms, dict) else f"{target.step_ms:g} ms",
