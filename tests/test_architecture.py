@@ -44,6 +44,10 @@ ALLOWED = {
                      "runtime.manager"},
     "sim": {"model", "artifact", "runtime.manager", "sim"},
     "connectors": {"model", "artifact", "runtime", "connectors"},
+    # the sweep drives the whole pipeline from above (STYLE.md 17): it compiles each
+    # point, simulates it, and renders its report with explain's templates
+    "sweep": {"model", "source", "passes", "compiler", "pooling", "runtime.manager", "sim",
+              "integrations", "reports", "sweep"},
     "cli": {"*"},
 }
 #: Third-party packages no compiler module may import.

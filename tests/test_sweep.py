@@ -339,3 +339,23 @@ def test_the_report_at_every_width(report_page: Path, tmp_path: Path) -> None:
             (keep / f"sweep-{width}.png").write_bytes(png)
     finally:
         browser.close()
+
+
+def test_the_committed_grid_schema_is_generated() -> None:
+    from kvspec.reports.schemas import render
+    from kvspec.sweep.grid import grid_schema
+
+    assert (ROOT / "schemas" / "sweep.schema.json").read_text() == render(grid_schema()), \
+        "regenerate schemas/sweep.schema.json from kvspec.sweep.grid.grid_schema"
+
+
+def test_an_editor_checks_a_grid_as_kvspec_does(grid_dir: Path) -> None:
+    """The schema takes the grids kvspec takes, and refuses an unknown axis."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    schema = json.loads((ROOT / "schemas" / "sweep.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load((grid_dir / "grid.yaml").read_text()), schema)
+    bad = yaml.safe_load((ROOT / "tests/errors/sweep/unknown-axis.yaml").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)

@@ -11,11 +11,12 @@ figures or its error:
   (steps, mean and peak running, preemptions, ...), with ``refused``;
   ``waiting_steps_by_reason`` and ``layout_waste`` are the simulator's when it
   gives them, else null;
-* ``throughput`` -- requests per second one replica serves: the trace's served
-  requests over the steps it took, an engine step lasting the target's
-  ``step_ms``; ``replicas`` -- ``ceil(rate / throughput)``; ``gpus`` -- the
-  replicas times the ranks of one (tensor x pipeline); ``requests_per_gpu`` --
-  the throughput over the ranks;
+* ``requests_per_step`` -- requests one replica finishes per engine step while
+  requests wait for it (:func:`per_step`; ``saturated`` false: nothing waited,
+  and the figure is a lower bound); ``throughput`` -- the same per second, an
+  engine step lasting the target's ``step_ms``; ``replicas`` --
+  ``ceil(rate / throughput)``; ``gpus`` -- the replicas times the ranks of one
+  (tensor x pipeline); ``requests_per_gpu`` -- the throughput over the ranks;
 * ``sha256`` -- the compiled artifact's.
 
 The row is a function of the point alone (no times, no host): the same point gives
@@ -24,6 +25,7 @@ the same row on any worker, in any process, locally or on Ray.
 
 from __future__ import annotations
 
+import bisect
 import math
 from functools import lru_cache
 from typing import Any
@@ -33,10 +35,12 @@ from kvspec.errors import ErrorList, KvspecError
 from kvspec.passes.freeze import freeze
 from kvspec.pooling import figures
 from kvspec.runtime.manager import from_layouts
-from kvspec.sim import TraceRequest, simulate
+from kvspec.sim import SimResult, TraceRequest, simulate
 
 __all__ = ["evaluate_point", "row_of_error"]
 
+#: Requests that must finish while others wait for a throughput to be measured.
+MIN_FINISHED = 50
 #: Figures ``simulate`` may give beside its summary (issue 39), copied when present.
 OPTIONAL = ("waiting_steps_by_reason", "utilization_while_memory_bound", "layout_waste")
 
@@ -74,21 +78,46 @@ def _r(x: float) -> float:
     return round(x, 4)
 
 
-def _simulated(art: Any, trace: tuple[TraceRequest, ...]) -> tuple[dict[str, Any], int]:
+def _simulated(art: Any, trace: tuple[TraceRequest, ...]) -> tuple[SimResult, int]:
     pools = [(p.name, p.layout) for p in art.pools] or [("device", art.layout)]
     engine = art.layout.engine
     result = simulate(from_layouts(pools), trace, max_num_seqs=engine.max_num_seqs,
                       max_num_batched_tokens=engine.max_num_batched_tokens,
                       async_scheduling=engine.async_scheduling_resolved,
                       pipeline_parallel_size=engine.pipeline_parallel_size)
-    return result.as_dict(), result.rejected
+    return result, engine.max_model_len
 
 
-def _gpus(steps: int, served: int, ranks: int, rate: float, step_ms: float
-          ) -> dict[str, Any]:
-    if not served or not steps:
+def per_step(result: SimResult, trace: tuple[TraceRequest, ...], max_model_len: int
+             ) -> tuple[float, bool]:
+    """Requests one replica finishes per engine step, and whether the trace kept it
+    busy. Saturated: over the steps where requests wait (the queue is never empty,
+    so the replica runs as fast as it can) once a first request has finished, the
+    requests finished in that window over its steps -- a finished count being the
+    requests arrived less those running or waiting -- when at least
+    :data:`MIN_FINISHED` finish in it. Otherwise (the trace is too light to keep
+    the replica busy past its first wave): the served requests over all the steps,
+    a lower bound."""
+    arrivals = sorted(r.arrival for r in trace if r.prompt_tokens < max_model_len)
+    served = len(arrivals)
+
+    def finished(rec: Any) -> int:
+        return bisect.bisect_right(arrivals, rec.step) - rec.running - rec.waiting
+    # the window opens when the first request has finished (the first wave's
+    # prefills are behind it) and closes with the last step a request waits
+    window = [r for r in result.steps if r.waiting and finished(r) > 0]
+    if len(window) >= 2:
+        first, last = window[0], window[-1]
+        done = finished(last) - finished(first)
+        if done >= MIN_FINISHED and last.step > first.step:
+            return done / (last.step - first.step), True
+    return (served / result.num_steps if result.num_steps else 0.0), False
+
+
+def _gpus(per_step: float, ranks: int, rate: float, step_ms: float) -> dict[str, Any]:
+    if per_step <= 0:
         return {"throughput": 0.0, "replicas": None, "gpus": None, "requests_per_gpu": 0.0}
-    throughput = served / (steps * step_ms / 1000)
+    throughput = per_step * 1000 / step_ms
     replicas = math.ceil(rate / throughput - 1e-9)
     return {"throughput": _r(throughput), "replicas": replicas, "gpus": replicas * ranks,
             "requests_per_gpu": _r(throughput / ranks)}
@@ -107,11 +136,12 @@ def evaluate_point(pid: str, params: dict[str, Any], source: str, file: str,
     held = max(round(math.fsum(r.prompt_tokens + r.output_tokens / 2 for r in trace)
                      / len(trace)), 1)
     try:
-        summary, refused = _simulated(art, trace)
+        result, max_len = _simulated(art, trace)
     except KvspecError as err:
         return row_of_error(pid, params, err.as_dict())
+    summary, refused = result.as_dict(), result.rejected
     ranks = layout.engine.tensor_parallel_size * layout.engine.pipeline_parallel_size
-    served = len(trace) - refused
+    rate_per_step, saturated = per_step(result, trace, max_len)
     row: dict[str, Any] = {"id": pid, "point": params, "ok": True, "ranks": ranks,
                            "kv_cache_memory": layout.budget.memory
                            if layout.budget is not None else None,
@@ -119,7 +149,8 @@ def evaluate_point(pid: str, params: dict[str, Any], source: str, file: str,
                            "simulated": {**summary, "requests": len(trace), "refused": refused}}
     for key in OPTIONAL:
         row[key] = summary.get(key)
-    row.update(_gpus(summary["steps"], served, ranks, rate, step_ms))
+    row.update(_gpus(rate_per_step, ranks, rate, step_ms), saturated=saturated,
+               requests_per_step=_r(rate_per_step))
     if refused:
         row.update(replicas=None, gpus=None)
     row["sha256"] = art.sha256

@@ -336,7 +336,8 @@ def _source(grid: GridFile, model: Model, values: dict[str, Any]
         tp_, pp_ = _ranks(values, doc)
         memory = _kv_memory(grid, model, values["gpu_memory"], tp_ * pp_)
         if memory <= 0:
-            return None, {"type": "PlanError", "message": "the weights leave no memory for "
+            return None, {"type": "PlanError", "path": "engine.memory",
+                          "message": "the weights leave no memory for "
                           "the KV cache on this GPU", "hint": "more ranks, or a GPU with "
                           "more memory", "found": f"{memory:,} bytes"}, memory
     for axis, path in SOURCE_PATHS.items():
