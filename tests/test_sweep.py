@@ -359,3 +359,13 @@ def test_an_editor_checks_a_grid_as_kvspec_does(grid_dir: Path) -> None:
     bad = yaml.safe_load((ROOT / "tests/errors/sweep/unknown-axis.yaml").read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_the_benchmark_runs() -> None:
+    """A smoke run of benchmarks/bench_sweep.py at a tiny size: its report is whole
+    and the rows are the same every way (no timing is compared)."""
+    out = subprocess.run([sys.executable, "benchmarks/bench_sweep.py", "--points", "4",
+                          "--requests", "20", "--ray", "off"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=True).stdout
+    assert "4 points of 20 requests each" in out
+    assert "local pool, 2 workers" in out and "rows identical every way: True" in out
