@@ -20,7 +20,10 @@ starting a pool or Ray are timed apart):
    which goes once into the object store (goal: 0 bytes of trace per task).
 
 Rows must be identical every way (checked). Ratios, never absolute goals, are
-compared: all runs share the machine's load, whatever it is.
+compared: all runs share the machine's load, whatever it is. Each is given in wall
+time and in CPU time (this process, the pool's workers, and on Ray every process
+under this one: its daemons and worker): on a loaded machine the wall times say
+more about the neighbours than about the sweep, the CPU times do not.
 """
 
 from __future__ import annotations
@@ -83,6 +86,31 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def _descendants_cpu() -> float:
+    """CPU seconds of the processes running under this one now (Ray's daemons and
+    workers), from /proc."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        parent[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    me, total = os.getpid(), 0
+    for pid in ticks:
+        p = parent.get(pid)
+        while p is not None and p > 1 and p != me:
+            p = parent.get(p)
+        if p == me and pid != me:
+            total += ticks[pid]
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _direct(sweep: Any) -> tuple[list[dict[str, Any]], float, float]:
     ev._compiled.cache_clear()
     gc.collect()
@@ -132,11 +160,13 @@ def _ray(sweep: Any, where: Path) -> dict[str, Any] | None:
     try:
         started = time.perf_counter() - start
         ray.get(ray.remote(_warm).remote())  # a worker started, kvspec imported
-        rows, took, _ = _swept(sweep, where, "ray", use_ray=True)
+        before = _descendants_cpu()
+        rows, took, own = _swept(sweep, where, "ray", use_ray=True)
+        cpu = own + _descendants_cpu() - before
         p = sweep.points[0]
         ref = ray.put(sweep.traces[p.workload])
         task_bytes = len(pickle.dumps((_task(p), [ref])))
-        return {"rows": rows, "seconds": took, "start_seconds": started,
+        return {"rows": rows, "seconds": took, "start_seconds": started, "ray_cpu": cpu,
                 "task_bytes": task_bytes,
                 "ref_bytes": task_bytes - len(pickle.dumps((_task(p), []))),
                 "task_bytes_with_trace_inline": len(pickle.dumps(
@@ -177,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
               "same_rows": same}
     if ray is not None:
         report.update({k: v for k, v in ray.items() if k != "rows"},
-                      ray_overhead=ray["seconds"] / base - 1)
+                      ray_overhead=ray["seconds"] / base - 1,
+                      ray_cpu_overhead=ray["ray_cpu"] / base_cpu - 1)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -205,6 +236,8 @@ def _text(r: dict[str, Any]) -> str:
         lines.append(f"Ray, 1 CPU                   {r['seconds']:7.2f} s  overhead "
                      f"{r['ray_overhead']:+.1%} per point   goal <= {GOALS['ray']:.0%} "
                      f"(ray.init {r['start_seconds']:.1f} s apart)")
+        lines.append(f"  in CPU time                {r['ray_cpu']:7.2f} s  overhead "
+                     f"{r['ray_cpu_overhead']:+.1%} (the driver, Ray's daemons and worker)")
         lines.append(f"Ray task arguments {r['task_bytes']:,} B (the point's source "
                      f"{r['source_bytes']:,} B); with the trace inline "
                      f"{r['task_bytes_with_trace_inline']:,} B; the trace "

@@ -37,6 +37,11 @@ def _ours(text: str) -> bool:
     return isinstance(row, dict) and {"id", "point", "ok"} <= set(row)
 
 
+def _our_report(text: str) -> bool:
+    return '<meta name="generator" content="kvspec' in \
+        text[:2048] and ": sweep report</title>" in text[:2048]
+
+
 def _default_output(grid: Path) -> Path:
     return grid.with_name(grid.name.rsplit(".", 1)[0] + ".results.jsonl")
 
@@ -60,11 +65,13 @@ def _default_output(grid: Path) -> Path:
               "print its row (the command each row of the report links to).")
 @format_option("text", "json", help="text: the best point per workload; json: those and "
                "the counts, as one object.")
+@click.option("--force", is_flag=True, help="Replace a --report or --csv file that is not "
+              "this command's output.")
 @parents_option
 @quiet_option
 def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int | None,
             report: Path | None, csv_path: Path | None, point_id: str | None, fmt: str,
-            parents: bool, quiet: bool) -> int:
+            force: bool, parents: bool, quiet: bool) -> int:
     """Run every point of GRID (a sweep grid, docs/sweep.md): each model with each
     combination of the axes' values that meets the constraints, compiled and its
     workload simulated, one JSON row per point (static capacity, mean and peak
@@ -78,9 +85,10 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
 
     out = output or _default_output(grid)
     check_output(out, suffixes=(".jsonl",), parents=parents, inputs=(grid,), ours=_ours)
-    for path, suffix in ((report, ".html"), (csv_path, ".csv")):
-        check_output(path, suffixes=(suffix,), force=True, parents=parents,
-                     inputs=(grid, out))
+    check_output(report, suffixes=(".html",), force=force, parents=parents,
+                 inputs=(grid, out), ours=_our_report)
+    check_output(csv_path, suffixes=(".csv",), force=force, parents=parents,
+                 inputs=(grid, out), ours=lambda text: text.startswith("id,model,"))
     sweep = plan_sweep(read_grid(str(grid)))
     if point_id is not None:
         return _one(sweep, point_id)
