@@ -79,7 +79,7 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
     sha256, or the point's error). Bad grids fail before anything runs; a point
     that fails to plan is a row with its error. Rows are appended as points
     finish: rerun the command to resume a sweep that was stopped."""
-    # deferred: the sweep (the compiler, the simulator), only when the command runs
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
     from kvspec.sweep import plan_sweep, read_grid
     from kvspec.sweep.report import best_rows, render_report, write_csv
 
@@ -113,7 +113,7 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
 
 
 def _one(sweep: Any, point_id: str) -> int:
-    # deferred: the sweep, only when the command runs
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
     from kvspec.sweep.evaluate import evaluate_point, row_of_error
     from kvspec.sweep.points import locate
 
@@ -134,7 +134,7 @@ def _one(sweep: Any, point_id: str) -> int:
 
 def _run(sweep: Any, out: Path, ray_address: str | None, jobs: int, quiet: bool
          ) -> tuple[list[dict[str, Any]], int, int]:
-    # deferred: the sweep, only when the command runs
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
     from kvspec.sweep.execute import results_file, run_sweep
 
     with results_file(out) as results:
@@ -172,7 +172,7 @@ def _need_ray() -> None:
 
 
 def _table(best: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    # deferred: the report's formatters, only when the command runs
+    # deferred: the compiler (the sweep's report), only when the command runs
     from kvspec.reports.format import table
     from kvspec.sweep.report import point_text
 

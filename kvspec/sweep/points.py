@@ -15,6 +15,9 @@ its trace and the target: the same grid over the same files gives the same ids,
 and a changed input gives new ones.
 """
 
+# one idea: a grid's points and the checks before they run, which place every
+# error by the positions the points keep
+
 from __future__ import annotations
 
 import copy
@@ -25,7 +28,6 @@ import math
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -34,23 +36,18 @@ from kvspec.compiler import PASSES, SourceText, run
 from kvspec.errors import ErrorList, KvspecError, Location, SourceError, format_path
 from kvspec.files import read_text
 from kvspec.model.specs import MambaState
-from kvspec.sim import TraceRequest, generate_trace, read_trace
-from kvspec.sim.trace import trace_text
+from kvspec.sim import TraceRequest
 from kvspec.source.document import Document, parse_yaml
-from kvspec.source.schema import Distribution
 from kvspec.sweep.constraints import (
     NUMERIC_AXES,
     Constraint,
     ConstraintError,
     parse_constraint,
 )
-from kvspec.sweep.grid import AXES, GridFile, HfBase, SourceBase, WorkloadEntry
+from kvspec.sweep.grid import AXES, GridFile, HfBase, SourceBase
+from kvspec.sweep.workloads import PRESETS, Workload, grid_workloads, relative
 
 __all__ = ["PRESETS", "Point", "Sweep", "Workload", "as_error", "locate", "plan_sweep"]
-
-#: Workload presets by name: each makes a trace of ``requests`` requests from a
-#: ``seed`` (kvspec's published presets register here; none are defined yet).
-PRESETS: dict[str, Callable[[int, int], tuple[TraceRequest, ...]]] = {}
 
 #: Where each axis is written in a source.
 SOURCE_PATHS = {"memory": ("engine", "memory"), "gpu_memory": ("engine", "memory"),
@@ -59,22 +56,6 @@ SOURCE_PATHS = {"memory": ("engine", "memory"), "gpu_memory": ("engine", "memory
                 "block_size": ("engine", "block_size"),
                 "pooling.policy": ("pooling", "policy"),
                 "max_num_seqs": ("engine", "max_num_seqs")}
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A workload of the grid and its trace."""
-
-    name: str
-    sha256: str
-    requests: tuple[TraceRequest, ...]
-    index: int
-
-    @property
-    def held_tokens(self) -> int:
-        """Tokens a running request holds on average: its prompt, half its output."""
-        mean = math.fsum(r.prompt_tokens + r.output_tokens / 2 for r in self.requests)
-        return max(round(mean / len(self.requests)), 1)
 
 
 @dataclass(frozen=True)
@@ -117,87 +98,6 @@ class Sweep:
     base_docs: dict[str, Document | None] = field(repr=False)
 
 
-def _relative(grid: GridFile, path: str) -> Path:
-    base = Path(grid.file).parent if not grid.file.startswith("<") else Path(".")
-    return base / path
-
-
-def _workloads(grid: GridFile) -> list[Workload]:
-    out, errors, names = [], [], set()
-    for i, w in enumerate(grid.model.axes.workload):
-        at = ("axes", "workload", i)
-        try:
-            name, requests, sha = _trace(grid, w, at)
-        except KvspecError as err:
-            errors.append(err)
-            continue
-        if name in names:
-            errors.append(grid.doc.error(f"two workloads are named {name!r}", at,
-                                         hint="give each workload its own name:"))
-        names.add(name)
-        out.append(Workload(name, sha, requests, i))
-    if errors:
-        raise errors[0] if len(errors) == 1 else ErrorList(errors)
-    return out
-
-
-def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[TraceRequest, ...],
-                                                                  str]:
-    kinds = [k for k in ("trace", "preset") if getattr(w, k) is not None]
-    summary = [k for k in ("context_tokens", "output_tokens") if getattr(w, k) is not None]
-    if len(kinds) + bool(summary) != 1:
-        raise grid.doc.error("a workload is a trace, a preset or a summary: one of them", at,
-                             expected="{trace: FILE}, {preset: NAME}, or {context_tokens: "
-                             "2048, output_tokens: 256}",
-                             found=", ".join(kinds + summary) or "none of them",
-                             hint="give each workload one of the three")
-    if w.trace is not None:
-        path = _relative(grid, w.trace)
-        data = read_text(path, what="the workload's trace", error=SourceError,
-                         hint="give the trace's path relative to the grid file")
-        requests = read_trace(path)
-        return w.name or Path(w.trace).stem, requests, hashlib.sha256(
-            data.encode()).hexdigest()
-    if w.preset is not None:
-        if w.preset not in PRESETS:
-            raise grid.doc.error(
-                f"unknown workload preset {w.preset!r}", (*at, "preset"),
-                expected="one of " + ", ".join(sorted(PRESETS)) if PRESETS else
-                "a preset's name; this kvspec defines none yet",
-                hint="give the workload as a trace ({trace: FILE}) or a summary "
-                     "({context_tokens: 2048, output_tokens: 256})")
-        requests = PRESETS[w.preset](w.requests, w.seed)
-    else:
-        requests = _summary(grid, w, at)
-    name = w.name or w.preset or f"workload-{at[-1]}"
-    return name, requests, hashlib.sha256(trace_text(requests).encode()).hexdigest()
-
-
-def _summary(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[TraceRequest, ...]:
-    missing = [k for k in ("context_tokens", "output_tokens") if getattr(w, k) is None]
-    if missing:
-        raise grid.doc.error(f"a workload summary needs {' and '.join(missing)}", at,
-                             expected="context_tokens: 2048, output_tokens: 256",
-                             hint="give the mean prompt and output lengths")
-
-    def mean(key: str) -> tuple[float, float]:
-        v = getattr(w, key)
-        if isinstance(v, Distribution):
-            if v.mean is None:
-                raise grid.doc.error("a sweep's workload summary takes a mean", (*at, key),
-                                     expected="{mean: 2048, spread: 0.5}",
-                                     hint="for a histogram, write the trace with `kvspec "
-                                          "trace` and give {trace: FILE}")
-            return float(v.mean), v.spread
-        return float(v), 0.5
-
-    (pm, ps), (om, os_) = mean("context_tokens"), mean("output_tokens")
-    return generate_trace(w.requests, seed=w.seed, prompt_mean=pm, prompt_spread=ps,
-                          output_mean=om, output_spread=os_, rate=w.rate,
-                          prefix_groups=1 if w.prefix_sharing else 0,
-                          prefix_share=w.prefix_sharing, prefix_tokens=w.prefix_tokens)
-
-
 def _dump(data: Any) -> str:
     return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)
 
@@ -227,7 +127,7 @@ def _loc(doc: Document, at: tuple) -> Location:
 def _model(grid: GridFile, base: str | SourceBase | HfBase, index: int, at: tuple) -> Model:
     if isinstance(base, HfBase):
         return _hf_model(grid, base, index)
-    path = _relative(grid, base if isinstance(base, str) else base.source)
+    path = relative(grid, base if isinstance(base, str) else base.source)
     text = read_text(path, what="the base source", error=SourceError,
                      hint="give the source's path relative to the grid file")
     doc = parse_yaml(text, str(path))
@@ -238,12 +138,12 @@ def _model(grid: GridFile, base: str | SourceBase | HfBase, index: int, at: tupl
 
 
 def _hf_model(grid: GridFile, base: HfBase, index: int) -> Model:
-    # deferred: the Hugging Face importer, only for config.json models
+    # deferred: PyYAML and the compiler (the Hugging Face importer), for config.json models
     from kvspec.integrations.hf.config import read_config
     from kvspec.integrations.hf.init import init_source
     from kvspec.integrations.options import InitOptions
 
-    path = _relative(grid, base.hf)
+    path = relative(grid, base.hf)
     config, config_text = read_config(path)
     name = base.name or path.stem
     made: dict[tuple[int, int], tuple[str, Document]] = {}
@@ -385,7 +285,7 @@ def plan_sweep(grid: GridFile) -> Sweep:
         raise grid.doc.error("memory and gpu_memory exclude each other", ("axes", "gpu_memory"),
                              key=True, hint="memory is the KV cache's; gpu_memory the "
                              "GPU's, the KV cache getting what the weights leave")
-    workloads = _workloads(grid)
+    workloads = grid_workloads(grid)
     models = _models(grid)
     combos = list(_combinations(grid, constraints))
     if not combos:
