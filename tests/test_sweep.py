@@ -369,3 +369,18 @@ def test_the_benchmark_runs() -> None:
                          text=True, timeout=300, check=True).stdout
     assert "4 points of 20 requests each" in out
     assert "local pool, 2 workers" in out and "rows identical every way: True" in out
+
+
+def test_a_policy_that_chooses_by_a_workload_gets_the_points(grid_dir: Path) -> None:
+    """``pooling.policy: auto`` over a source that declares no workload: each point's
+    source carries its own workload (a summary as such, a trace by its path)."""
+    text = GRID.replace("  block_size: [16, 32]\n", "  pooling.policy: [unified, auto]\n")
+    sweep = plan_sweep(parse_grid(text, str(grid_dir / "grid.yaml")))
+    auto = [p for p in sweep.points if p.params["pooling.policy"] == "auto"]
+    assert auto and all(p.source is not None and "workload:" in p.source for p in auto)
+    a = next(p for p in auto if p.params["workload"] == "a")
+    e = next(p for p in auto if p.params["workload"] == "e")
+    assert "mean: 1024" in a.source or "context_tokens: 1024" in a.source  # type: ignore[operator]
+    assert str((grid_dir / "e.jsonl").resolve()) in e.source  # type: ignore[operator]
+    unified = [p for p in sweep.points if p.params["pooling.policy"] == "unified"]
+    assert all("workload:" not in (p.source or "") for p in unified)

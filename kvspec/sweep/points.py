@@ -226,8 +226,8 @@ def _ranks(values: dict[str, Any], doc: Document) -> tuple[int, int]:
 
 
 def _source(grid: GridFile, model: Model, values: dict[str, Any]
-            ) -> tuple[str | None, dict[str, Any] | None, int | None]:
-    """A point's source text, or its error; and the KV cache memory it was given."""
+            ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int | None]:
+    """A point's source data, or its error; and the KV cache memory it was given."""
     tp, pp = values.get("tensor"), values.get("pipeline")
     _, doc = model.source_for(tp, pp)
     data = copy.deepcopy(doc.data)
@@ -245,7 +245,22 @@ def _source(grid: GridFile, model: Model, values: dict[str, Any]
             _set(data, path, values[axis])
     if memory is not None:
         _set(data, ("engine", "memory"), memory)
-    return _dump(data), None, memory
+    return data, None, memory
+
+
+def _text(data: dict[str, Any] | None, w: Workload, cache: dict[str, str]) -> str | None:
+    """The source text of a point at workload ``w``: a pooling policy that chooses
+    by a workload (``auto``, ``separate``) and has none in the source gets ``w``'s."""
+    if data is None:
+        return None
+    pooling = data.get("pooling") if isinstance(data.get("pooling"), dict) else {}
+    assert isinstance(pooling, dict)
+    if pooling.get("policy") in ("auto", "separate") and "workload" not in pooling \
+            and w.spec is not None:
+        return _dump({**data, "pooling": {**pooling, "workload": w.spec}})
+    if "" not in cache:
+        cache[""] = _dump(data)
+    return cache[""]
 
 
 def _point_id(params: dict[str, Any], source: str | None, trace: str, grid: GridFile) -> str:
@@ -296,9 +311,11 @@ def plan_sweep(grid: GridFile) -> Sweep:
     points, where, docs = [], {}, {}
     for model in models:
         for values, index in combos:
-            text, error, _ = _source(grid, model, values)
+            data, error, _ = _source(grid, model, values)
             step_ms = _step_ms(grid, model, values)
+            cache: dict[str, str] = {}
             for w in workloads:
+                text = _text(data, w, cache)
                 params = {"model": model.name, **values, "workload": w.name}
                 pid = _point_id(params, text, w.sha256, grid)
                 points.append(Point(pid, params, text, model.file, w.sha256,

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvspec.errors import ErrorList, KvspecError, SourceError
 from kvspec.files import read_text
@@ -36,6 +37,8 @@ class Workload:
     sha256: str
     requests: tuple[TraceRequest, ...]
     index: int
+    #: The workload as a source's ``pooling.workload`` says it (None: a preset).
+    spec: dict[str, Any] | None = None
 
     @property
     def held_tokens(self) -> int:
@@ -62,7 +65,7 @@ def grid_workloads(grid: GridFile) -> list[Workload]:
             errors.append(grid.doc.error(f"two workloads are named {name!r}", at,
                                          hint="give each workload its own name:"))
         names.add(name)
-        out.append(Workload(name, sha, requests, i))
+        out.append(Workload(name, sha, requests, i, _spec(grid, w)))
     if errors:
         raise errors[0] if len(errors) == 1 else ErrorList(errors)
     return out
@@ -123,3 +126,12 @@ def _summary(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[TraceRequest,
                           output_mean=om, output_spread=os_, rate=w.rate,
                           prefix_groups=1 if w.prefix_sharing else 0,
                           prefix_share=w.prefix_sharing, prefix_tokens=w.prefix_tokens)
+
+
+def _spec(grid: GridFile, w: WorkloadEntry) -> dict[str, Any] | None:
+    """``w`` as a source's ``pooling.workload`` (for ``auto`` and ``separate``)."""
+    if w.preset is not None:
+        return None
+    if w.trace is not None:
+        return {"trace": str(relative(grid, w.trace).resolve())}
+    return w.model_dump(exclude={"name", "trace", "preset", "rate"}, exclude_none=True)
