@@ -140,24 +140,31 @@ def _run(sweep: Any, out: Path, ray_address: str | None, jobs: int, quiet: bool
     with results_file(out) as results:
         todo = sum(p.id not in results.rows for p in sweep.points)
         with progress(todo or None, label="sweeping", quiet=quiet or not todo) as bar:
-            start = time.monotonic()
+            start = [time.monotonic()]
             cpus: list[int | None] = [None]
+            asked = [0.0]
             in_use: list[Callable[[], int | None]] = []
 
             def on_row(row: dict[str, Any]) -> None:
                 done = bar.done + 1
-                rate = done / max(time.monotonic() - start, 1e-9)
+                rate = done / max(time.monotonic() - start[0], 1e-9)
                 text = f"{rate:.1f} points/s"
-                if in_use:
+                if in_use and time.monotonic() - asked[0] >= 1.0:  # a cluster query a second
+                    asked[0] = time.monotonic()
                     cpus[0] = in_use[0]()
+                if in_use:
                     text += f", {cpus[0]} CPUs in use" if cpus[0] is not None else ""
                 bar.advance(text)
+
+            def busy(cpus_in_use: Callable[[], int | None]) -> None:
+                in_use.append(cpus_in_use)  # Ray is up: points/s count from here
+                start[0] = time.monotonic()
 
             if ray_address is not None:
                 _need_ray()
             ran = run_sweep(sweep, results, jobs=jobs, use_ray=ray_address is not None,
                             ray_address=None if ray_address == "local" else ray_address,
-                            on_row=on_row, busy=in_use.append)
+                            on_row=on_row, busy=busy)
         rows = [results.rows[p.id] for p in sweep.points]
         return rows, ran, results.dropped
 
