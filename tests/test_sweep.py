@@ -195,6 +195,12 @@ def test_results_file_drops_a_torn_line_and_never_doubles(tmp_path: Path) -> Non
                                              '{"id": "c", "ok": true, "point": {}}']
     with results_file(path), pytest.raises(Exception, match="another sweep"):
         Results(path).open()
+    # a bad line before the last is not a torn write: refused, nothing cut
+    path.write_bytes(b'{"id": "a", "ok": true, "point": {}}\nnot json\n'
+                     b'{"id": "c", "ok": true, "point": {}}\n')
+    with pytest.raises(Exception, match=r"r\.jsonl:2: not a row"):
+        Results(path).open()
+    assert path.read_bytes().count(b"\n") == 3
 
 
 def test_constraints_are_parsed_not_evaluated() -> None:
@@ -384,3 +390,17 @@ def test_a_policy_that_chooses_by_a_workload_gets_the_points(grid_dir: Path) -> 
     assert str((grid_dir / "e.jsonl").resolve()) in e.source  # type: ignore[operator]
     unified = [p for p in sweep.points if p.params["pooling.policy"] == "unified"]
     assert all("workload:" not in (p.source or "") for p in unified)
+
+
+@pytest.mark.parametrize("left", [b"", b'{"binding_pool": "dev'], ids=["empty", "torn-first"])
+def test_a_sweep_stopped_before_its_first_row_resumes(tmp_path: Path, left: bytes) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    text = GRID.replace("  memory: [128MiB, 256MiB, 512MiB, 1GiB, 2GiB]\n", "").replace(
+        "    - {name: e, trace: e.jsonl}\n", "")
+    (tmp_path / "grid.yaml").write_text(text)
+    out = tmp_path / "r.jsonl"
+    out.write_bytes(left)
+    code, _, err = invoke(["sweep", str(tmp_path / "grid.yaml"), "-o", str(out), "-j", "1"])
+    assert code == 0, err
+    assert len(out.read_text().splitlines()) == 32
+

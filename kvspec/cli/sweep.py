@@ -28,7 +28,10 @@ from kvspec.files import emit
 
 
 def _ours(text: str) -> bool:
-    """A sweep's results file (appended to, never replaced): its rows have ids and points."""
+    """A sweep's results file (appended to, never replaced): its rows have ids and
+    points; empty, or its first row cut short, when a sweep was stopped that early."""
+    if not text or ("\n" not in text and text.startswith("{")):
+        return True
     first = text.split("\n", 1)[0]
     try:
         row = json.loads(first)

@@ -57,18 +57,22 @@ class Results:
             raise KvspecError(f"{self.path}: another sweep is writing it", hint="wait for it "
                               "to finish, or give another file with -o") from None
         f.seek(0)
-        data = f.read()
+        lines = f.read().splitlines(keepends=True)
         good = 0
-        for line in data.splitlines(keepends=True):
+        for number, line in enumerate(lines, 1):
             row = _row(line)
-            if row is None:
+            if row is None and number < len(lines):
+                f.close()
+                raise KvspecError(f"{self.path}:{number}: not a row of a sweep's results",
+                                  hint="a sweep only appends whole rows: this line was "
+                                  "written by something else; give another file with -o")
+            if row is None:  # the last line, cut short by a kill mid-write
+                self.dropped = 1
+                f.truncate(good)
+                os.fsync(f.fileno())
                 break
             self.rows.setdefault(row["id"], row)
             good += len(line)
-        if good < len(data):
-            self.dropped = len(data[good:].splitlines())
-            f.truncate(good)
-            os.fsync(f.fileno())
         self._file = f
         return self
 
