@@ -62,14 +62,16 @@ def _static(art: Any, tokens: int) -> dict[str, Any]:
     layouts = [(p.name, p.layout) for p in art.pools] or [("device", art.layout)]
     at_max = [figures.static_requests(x) for _, x in layouts]
     at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
-    physical = [figures.physical_limit(x, tokens) for _, x in layouts]
+    # the pools' budgets over the live bytes of one request across them
+    budgets = [x.budget.memory if x.budget is not None else None for _, x in layouts]
+    live = sum(figures.live_bytes(x, tokens) for _, x in layouts)
     ok = [v for v, _ in at_tokens if v is not None]
     return {"static_requests": _r(min(v for v in at_max if v is not None))
             if all(v is not None for v in at_max) else None,
             "workload_requests": _r(min(ok)) if ok else None,
             "binding_pool": min(at_tokens)[1] if len(ok) == len(at_tokens) else None,
-            "physical_limit": _r(sum(v for v in physical if v is not None))
-            if all(v is not None for v in physical) else None,
+            "physical_limit": _r(sum(b for b in budgets if b is not None) / live)
+            if live and all(b is not None for b in budgets) else None,
             "blocks": {n: (x.budget.num_blocks if x.budget is not None else None)
                        for n, x in layouts}}
 
