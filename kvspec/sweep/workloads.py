@@ -1,0 +1,137 @@
+"""The workloads of a grid: each one's trace, read from a file, drawn from a
+summary, or made by a preset; its sha256 names it to the workers.
+
+A summary draws a seeded trace (:func:`kvspec.sim.generate_trace`): lognormal
+prompt and output lengths of the given means and spreads (0.5 unless given),
+every request at step 0 unless ``rate`` (arrivals per step) is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvspec.errors import ErrorList, KvspecError, SourceError
+from kvspec.files import read_text
+from kvspec.sim import TraceRequest, generate_trace, read_trace
+from kvspec.sim.trace import trace_text
+from kvspec.source.schema import Distribution
+from kvspec.sweep.grid import GridFile, WorkloadEntry
+
+__all__ = ["PRESETS", "Workload", "grid_workloads", "relative"]
+
+#: Workload presets by name: each makes a trace of ``requests`` requests from a
+#: ``seed`` (kvspec's published presets register here; none are defined yet).
+PRESETS: dict[str, Callable[[int, int], tuple[TraceRequest, ...]]] = {}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A workload of the grid and its trace."""
+
+    name: str
+    sha256: str
+    requests: tuple[TraceRequest, ...]
+    index: int
+    #: The workload as a source's ``pooling.workload`` says it (None: a preset).
+    spec: dict[str, Any] | None = None
+
+    @property
+    def held_tokens(self) -> int:
+        """Tokens a running request holds on average: its prompt, half its output."""
+        mean = math.fsum(r.prompt_tokens + r.output_tokens / 2 for r in self.requests)
+        return max(round(mean / len(self.requests)), 1)
+
+
+def relative(grid: GridFile, path: str) -> Path:
+    base = Path(grid.file).parent if not grid.file.startswith("<") else Path(".")
+    return base / path
+
+
+def grid_workloads(grid: GridFile) -> list[Workload]:
+    out, errors, names = [], [], set()
+    for i, w in enumerate(grid.model.axes.workload):
+        at = ("axes", "workload", i)
+        try:
+            name, requests, sha = _trace(grid, w, at)
+        except KvspecError as err:
+            errors.append(err)
+            continue
+        if name in names:
+            errors.append(grid.doc.error(f"two workloads are named {name!r}", at,
+                                         hint="give each workload its own name:"))
+        names.add(name)
+        out.append(Workload(name, sha, requests, i, _spec(grid, w)))
+    if errors:
+        raise errors[0] if len(errors) == 1 else ErrorList(errors)
+    return out
+
+
+def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[TraceRequest, ...],
+                                                                  str]:
+    kinds = [k for k in ("trace", "preset") if getattr(w, k) is not None]
+    summary = [k for k in ("context_tokens", "output_tokens") if getattr(w, k) is not None]
+    if len(kinds) + bool(summary) != 1:
+        raise grid.doc.error("a workload is a trace, a preset or a summary: one of them", at,
+                             expected="{trace: FILE}, {preset: NAME}, or {context_tokens: "
+                             "2048, output_tokens: 256}",
+                             found=", ".join(kinds + summary) or "none of them",
+                             hint="give each workload one of the three")
+    if w.trace is not None:
+        path = relative(grid, w.trace)
+        data = read_text(path, what="the workload's trace", error=SourceError,
+                         hint="give the trace's path relative to the grid file")
+        requests = read_trace(path)
+        return w.name or Path(w.trace).stem, requests, hashlib.sha256(
+            data.encode()).hexdigest()
+    if w.preset is not None:
+        if w.preset not in PRESETS:
+            raise grid.doc.error(
+                f"unknown workload preset {w.preset!r}", (*at, "preset"),
+                expected="one of " + ", ".join(sorted(PRESETS)) if PRESETS else
+                "a preset's name; this kvspec defines none yet",
+                hint="give the workload as a trace ({trace: FILE}) or a summary "
+                     "({context_tokens: 2048, output_tokens: 256})")
+        requests = PRESETS[w.preset](w.requests, w.seed)
+    else:
+        requests = _summary(grid, w, at)
+    name = w.name or w.preset or f"workload-{at[-1]}"
+    return name, requests, hashlib.sha256(trace_text(requests).encode()).hexdigest()
+
+
+def _summary(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[TraceRequest, ...]:
+    missing = [k for k in ("context_tokens", "output_tokens") if getattr(w, k) is None]
+    if missing:
+        raise grid.doc.error(f"a workload summary needs {' and '.join(missing)}", at,
+                             expected="context_tokens: 2048, output_tokens: 256",
+                             hint="give the mean prompt and output lengths")
+
+    def mean(key: str) -> tuple[float, float]:
+        v = getattr(w, key)
+        if isinstance(v, Distribution):
+            if v.mean is None:
+                raise grid.doc.error("a sweep's workload summary takes a mean", (*at, key),
+                                     expected="{mean: 2048, spread: 0.5}",
+                                     hint="for a histogram, write the trace with `kvspec "
+                                          "trace` and give {trace: FILE}")
+            return float(v.mean), v.spread
+        return float(v), 0.5
+
+    (pm, ps), (om, os_) = mean("context_tokens"), mean("output_tokens")
+    return generate_trace(w.requests, seed=w.seed, prompt_mean=pm, prompt_spread=ps,
+                          output_mean=om, output_spread=os_, rate=w.rate,
+                          prefix_groups=1 if w.prefix_sharing else 0,
+                          prefix_share=w.prefix_sharing, prefix_tokens=w.prefix_tokens)
+
+
+def _spec(grid: GridFile, w: WorkloadEntry) -> dict[str, Any] | None:
+    """``w`` as a source's ``pooling.workload`` (for ``auto`` and ``separate``)."""
+    if w.preset is not None:
+        return None
+    if w.trace is not None:
+        return {"trace": str(relative(grid, w.trace).resolve())}
+    return w.model_dump(exclude={"name", "trace", "preset", "rate"}, exclude_none=True)
