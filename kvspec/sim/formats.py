@@ -114,8 +114,8 @@ def detect(path: str | Path) -> str:
         raise TraceError(f"cannot tell which trace format {path.name} is: its header has "
                          f"neither Azure's nor BurstGPT's columns", file=str(path), line=1,
                          column=1, found=first[:80],
-                         hint="give --format lengths with --columns prompt=NAME,output=NAME "
-                              "(or --format azure-2024, burstgpt, ...)")
+                         hint="name its format: lengths, with its columns (prompt=NAME,"
+                              "output=NAME), or azure-2024, burstgpt, ...")
     if suffix in (".jsonl", ".json", ".ndjson"):
         try:
             keys = set(orjson.loads(first)) if first.lstrip().startswith("{") else set()
@@ -128,10 +128,11 @@ def detect(path: str | Path) -> str:
         raise TraceError(f"cannot tell which trace format {path.name} is: its first line "
                          "has neither kvspec's keys (arrival, ...) nor Mooncake's "
                          "(timestamp, input_length, ...)", file=str(path), line=1, column=1,
-                         hint="give --format lengths with --columns prompt=KEY,output=KEY")
+                         hint="name its format: lengths, with its keys (prompt=KEY,"
+                              "output=KEY)")
     raise TraceError(f"cannot tell which trace format {path.name} is from its extension",
                      file=str(path), expected=".csv, .jsonl",
-                     hint=f"give --format: one of {', '.join(FORMATS)}")
+                     hint=f"name its format: one of {', '.join(FORMATS)}")
 
 
 def read_requests(path: str | Path, fmt: str | None = None, *,
@@ -288,7 +289,8 @@ class Reader:
                 raise TraceError(f"the header has no column {name!r}", file=self.file,
                                  line=1, column=1, expected=", ".join(wanted),
                                  found=", ".join(names)[:200],
-                                 hint=f"did you mean {close[0]!r}?" if close else
+                                 hint=f"the header has {close[0]!r}: is that the one?"
+                                 if close else
                                  f"a {self.fmt} trace's header names these columns")
             out.append(names.index(name))
         return out
@@ -320,8 +322,10 @@ class Reader:
                 if key not in obj:
                     close = difflib.get_close_matches(key, [str(k) for k in obj], n=1)
                     raise TraceError(f"missing key {key!r}", file=self.file, line=number,
-                                     column=1, expected=", ".join(k for k in keys if k),
-                                     hint=f"did you mean {close[0]!r}?" if close else
+                                     column=_column(line, close[0]) if close else 1,
+                                     expected=", ".join(k for k in keys if k),
+                                     hint=f"the line has {close[0]!r}: is that the one?"
+                                     if close else
                                      f"every line of a {self.fmt} trace gives these keys")
             prompt = self._count_json(obj, keys[1], line, number, 1)
             output = self._count_json(obj, keys[2], line, number, 1)

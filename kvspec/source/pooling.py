@@ -60,7 +60,8 @@ def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> W
                                 hint="add trace: FILE, or remove it"))
     if spec.columns is not None and spec.format != "lengths":
         errors.append(doc.error("columns go with format: lengths", (*at, "columns"),
-                                found=f"format: {spec.format}",
+                                found=f"format: {spec.format}" if spec.format else
+                                "no format",
                                 hint="set format: lengths, or remove columns"))
     if spec.format == "lengths" and spec.columns is None and spec.trace is not None:
         errors.append(doc.error("format lengths needs columns", (*at, "format"),
