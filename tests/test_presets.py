@@ -3,6 +3,7 @@ within 2% on 100,000 seeded draws, and the source and the CLI take them."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 from pathlib import Path
@@ -62,7 +63,7 @@ def test_a_preset_trace_is_seeded_and_in_steps() -> None:
     a = preset_trace("mooncake-conversation", 200, seed=3, step_ms=50)
     assert a == preset_trace("mooncake-conversation", 200, seed=3, step_ms=50)
     assert a != preset_trace("mooncake-conversation", 200, seed=4, step_ms=50)
-    assert a[0].arrival == 0 and all(x.arrival <= y.arrival for x, y in zip(a, a[1:]))
+    assert a[0].arrival == 0 and all(x.arrival <= y.arrival for x, y in itertools.pairwise(a))
     # a tenth of the step time: ten times the steps (up to the flooring)
     b = preset_trace("mooncake-conversation", 200, seed=3, step_ms=5)
     assert abs(b[-1].arrival - 10 * a[-1].arrival) <= 10
@@ -92,7 +93,7 @@ def test_gamma_arrivals_have_the_declared_variation() -> None:
     trace = generate_trace(100_000, seed=2, prompt_mean=10, output_mean=2, rate=0.01,
                            arrival_cv=3.0)
     steps = [r.arrival for r in trace]
-    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(steps)]
     mean = statistics.fmean(gaps)
     assert abs(mean / 100 - 1) < 0.02
     assert abs(statistics.pstdev(gaps) / mean / 3.0 - 1) < 0.03

@@ -109,8 +109,8 @@ def test_import_to_stdout_and_its_json_summary(tmp_path: Path) -> None:
     code, out, _ = invoke(["trace", "import", "burstgpt", str(SAMPLES / "burstgpt.csv"),
                            "-q"])
     assert code == 0
-    assert out.splitlines()[1] == '{"arrival": 2000, "prompt_tokens": 1087, ' \
-                                  '"output_tokens": 230}'
+    assert out.splitlines()[1] == ('{"arrival": 2000, "prompt_tokens": 1087, '
+                                   '"output_tokens": 230}')
     code, out, _ = invoke(["trace", "import", "burstgpt", str(SAMPLES / "burstgpt.csv"),
                            "--format", "json", "-o", str(tmp_path / "b.jsonl")])
     assert code == 0
