@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             for label, n in (("baseline", args.baseline), ("big", args.rows)):
                 path = Path(tmp) / f"{fmt}-{n}{suffix}"
                 write(path, gen(n, random.Random(0)))
-                seconds, rss, note = run(fmt, path, Path(tmp) / "out.jsonl", extra)
+                out = Path(tmp) / f"{fmt}-{n}.out.jsonl"
+                seconds, rss, note = run(fmt, path, out, extra)
+                out.unlink()
                 row[f"{label}_rss_kib"] = rss
                 row[f"{label}_seconds"] = round(seconds, 2)
                 row[f"{label}_file_mib"] = round(path.stat().st_size / 2**20, 1)

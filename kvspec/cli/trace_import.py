@@ -42,6 +42,17 @@ def _ours(text: str) -> bool:
     return isinstance(row, dict) and {"arrival", "prompt_tokens", "output_tokens"} <= set(row)
 
 
+def _trace_at(output: Path | None) -> bool:
+    """Whether ``output`` is a regular file whose first line is a trace's."""
+    if output is None or is_stdout(output) or not output.is_file():
+        return False
+    try:
+        with open(output, encoding="utf-8", errors="replace") as fh:
+            return _ours(fh.readline(1 << 16))
+    except OSError:
+        return False
+
+
 def step_options(f: click.decorators.FC) -> click.decorators.FC:
     """``--step-ms``, ``--columns``, ``--time-unit``, ``--block-tokens``: how a
     trace file is read (``trace import``, ``simulate``)."""
@@ -89,8 +100,10 @@ def command(trace_format: str, file: Path, step_ms: float, columns: str | None,
     if as_json and (output is None or is_stdout(output)):
         raise UsageError("--format json prints a summary: the trace needs -o FILE",
                          hint="give -o trace.jsonl, or drop --format json")
-    check_output(output, suffixes=(".jsonl", ".json"), force=force, parents=parents,
-                 inputs=(file,), ours=_ours)
+    # a trace there is replaced: told from its first line (never read whole: it may
+    # be as long as the file being converted)
+    check_output(output, suffixes=(".jsonl", ".json"), force=force or _trace_at(output),
+                 parents=parents, inputs=(file,), ours=_ours)
     reader = Reader(file, trace_format, step_ms=step_ms, columns=columns_of(columns, time_unit),
                     block_tokens=block_tokens)
     count = [0, 0]  # requests, last arrival

@@ -1,7 +1,7 @@
 """Request traces in the formats users have, read row by row into trace requests.
 
-One module: each format is a small row reader (:data:`FORMATS`); they share the
-CSV and JSON Lines scanning, the step clock and the positioned errors.
+One module: each format is a small row reader (the names: :data:`FORMATS`); they
+share the CSV and JSON Lines scanning, the step clock and the positioned errors.
 
 * ``kvspec`` -- kvspec's own JSONL trace (:mod:`kvspec.sim.trace`);
 * ``azure-2023``, ``azure-2024`` -- the Azure LLM inference traces: CSV with
@@ -34,6 +34,9 @@ problem is a :class:`~kvspec.sim.trace.TraceError` at ``file:line:column``.
 ('azure-2023', [(0, 374), (2, 396)])
 """
 
+# one idea: one row reader per format, over one CSV and JSONL scanner, one step clock
+# and one way of placing errors; split apart, each would re-derive the others.
+
 from __future__ import annotations
 
 import difflib
@@ -51,6 +54,7 @@ import orjson
 from kvspec.jsonpos import Located, scan
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
 from kvspec.sim.trace import TraceError, TraceRequest, read_trace
+from kvspec.sim.trace import _request as trace_line
 
 __all__ = ["DEFAULT_STEP_MS", "FORMATS", "MOONCAKE_BLOCK_TOKENS", "Columns", "Reader",
            "detect", "iter_requests", "read_requests"]
@@ -185,9 +189,6 @@ class Reader:
         self._last = -math.inf
 
     def __iter__(self) -> Iterator[TraceRequest]:
-        if self.fmt == "kvspec":
-            yield from read_trace(self.path)
-            return
         try:
             fh = open(self.path, encoding="utf-8", newline="")  # noqa: SIM115 - closed below
         except FileNotFoundError:
@@ -197,10 +198,27 @@ class Reader:
             raise TraceError(f"cannot read the trace: {exc.strerror or exc}",
                              file=self.file, hint="give a readable file") from None
         with fh:
+            if self.fmt == "kvspec":
+                yield from self._kvspec(fh)
+                return
             json_lines = self.fmt == "mooncake" or (
                 self.fmt == "lengths" and self._is_jsonl(fh))
             rows = self._jsonl(fh) if json_lines else self._csv(fh)
             yield from rows
+
+    def _kvspec(self, fh: IO[str]) -> Iterator[TraceRequest]:
+        """kvspec's own lines, checked as :func:`~kvspec.sim.trace.read_trace` does."""
+        last = 0
+        for number, line in self._lines(fh):
+            self.rows += 1
+            request = trace_line(line, self.file, number)
+            if request.arrival < last:
+                raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
+                                 f"step {last}", file=self.file, line=number,
+                                 column=_column(line, "arrival"),
+                                 hint="sort the trace by arrival")
+            last = request.arrival
+            yield request
 
     def empty(self) -> TraceError:
         """The error of a file with no requests."""
