@@ -12,7 +12,7 @@ import pytest
 
 from kvspec.model.workloads import PRESETS, Preset
 from kvspec.sim.generate import gap
-from kvspec.sim.presets import draw, preset_named, preset_trace
+from kvspec.sim.presets import chains, draw, preset_named, preset_trace
 from kvspec.sim.trace import TraceError
 from tests.conftest import ROOT, invoke
 
@@ -23,9 +23,22 @@ DRAWS = 100_000
 BURSTY_DRAWS = 2_000_000
 
 
+def _reuse(preset: Preset, prompts: tuple[int, ...]) -> float:
+    """The share of drawn blocks seen before (an unlimited cache): ids are numbered in
+    order, so a block is one seen before when its id is at most the largest so far."""
+    seen = total = 0
+    top = -1
+    for blocks in chains(preset, prompts, seed=0):
+        seen += sum(1 for b in blocks if b <= top)
+        total += len(blocks)
+        top = max(top, *blocks)
+    return seen / total
+
+
 def _measured(preset: Preset, name: str, d: object) -> float:
     prompts, outputs, gaps = d.prompts, d.outputs, d.gaps  # type: ignore[attr-defined]
-    return {"prompt_mean": lambda: statistics.fmean(prompts),
+    return {"block_reuse": lambda: _reuse(preset, prompts),
+            "prompt_mean": lambda: statistics.fmean(prompts),
             "prompt_p50": lambda: statistics.median(prompts),
             "output_mean": lambda: statistics.fmean(outputs),
             "output_p50": lambda: statistics.median(outputs),
@@ -57,6 +70,13 @@ def test_every_preset_states_its_means_and_rate() -> None:
     for preset in PRESETS.values():
         assert {"prompt_mean", "output_mean", "rate"} <= dict(preset.stated).keys()
         assert preset.source and preset.fit
+
+
+def test_a_mooncake_preset_draws_prefix_blocks() -> None:
+    trace = preset_trace("mooncake-conversation", 300, seed=1)
+    assert all(r.prefix_blocks[0] == 0 and r.prefix_block_tokens == 512 for r in trace)
+    assert all(len(r.prefix_blocks) == -(-r.prompt_tokens // 512) for r in trace)
+    assert not any(r.prefix_blocks for r in preset_trace("azure-code-2023", 30))
 
 
 def test_a_preset_trace_is_seeded_and_in_steps() -> None:
