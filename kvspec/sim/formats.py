@@ -190,7 +190,7 @@ class Reader:
 
     def __iter__(self) -> Iterator[TraceRequest]:
         try:
-            fh = open(self.path, encoding="utf-8", newline="")  # noqa: SIM115 - closed below
+            fh = open(self.path, "rb")  # noqa: SIM115 - closed below; lines decoded one by one
         except FileNotFoundError:
             raise TraceError("no such trace file", file=self.file,
                              hint="give the path of the trace to read") from None
@@ -206,7 +206,7 @@ class Reader:
             rows = self._jsonl(fh) if json_lines else self._csv(fh)
             yield from rows
 
-    def _kvspec(self, fh: IO[str]) -> Iterator[TraceRequest]:
+    def _kvspec(self, fh: IO[bytes]) -> Iterator[TraceRequest]:
         """kvspec's own lines, checked as :func:`~kvspec.sim.trace.read_trace` does."""
         last = 0
         for number, line in self._lines(fh):
@@ -228,25 +228,24 @@ class Reader:
                                f"{FORMATS[self.fmt]}")
 
     # -- lines ------------------------------------------------------------------------
-    def _lines(self, fh: IO[str]) -> Iterator[tuple[int, str]]:
-        number = 0
-        try:
-            for number, raw in enumerate(fh, start=1):
-                line = raw.rstrip("\r\n")
-                if line.strip():
-                    yield number, line
-        except UnicodeDecodeError as exc:
-            raise TraceError(f"not UTF-8 text: {exc.reason}", file=self.file,
-                             line=number + 1, column=1,
-                             hint="a trace is a UTF-8 text file") from None
+    def _lines(self, fh: IO[bytes]) -> Iterator[tuple[int, str]]:
+        for number, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"not UTF-8 text: {exc.reason}", file=self.file,
+                                 line=number, column=len(raw[:exc.start].decode()) + 1,
+                                 hint="a trace is a UTF-8 text file") from None
+            if line.strip():
+                yield number, line
 
-    def _is_jsonl(self, fh: IO[str]) -> bool:
+    def _is_jsonl(self, fh: IO[bytes]) -> bool:
         start = fh.read(1024).lstrip()
         fh.seek(0)
-        return start.startswith("{")
+        return start.startswith(b"{")
 
     # -- CSV --------------------------------------------------------------------------
-    def _csv(self, fh: IO[str]) -> Iterator[TraceRequest]:
+    def _csv(self, fh: IO[bytes]) -> Iterator[TraceRequest]:
         lines = self._lines(fh)
         head = next(lines, None)
         if head is None:
@@ -322,7 +321,7 @@ class Reader:
         return int(text)
 
     # -- JSON Lines --------------------------------------------------------------------
-    def _jsonl(self, fh: IO[str]) -> Iterator[TraceRequest]:
+    def _jsonl(self, fh: IO[bytes]) -> Iterator[TraceRequest]:
         if self.fmt == "mooncake":
             keys: tuple[str, ...] = _MOON
             time_key: str | None = "timestamp"
