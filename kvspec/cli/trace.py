@@ -123,9 +123,11 @@ def command(ctx: click.Context, requests: int, prompt_mean: float, prompt_spread
     if clash:
         raise UsageError(f"--preset {preset} decides --{clash[0].replace('_', '-')}",
                          hint="drop it, or drop --preset and give the lengths and rate")
-    if ctx.get_parameter_source("step_ms") is not click.core.ParameterSource.DEFAULT \
-            and not preset:
+    if "step_ms" in given and not preset:
         raise UsageError("--step-ms goes with --preset", hint="--rate is already in steps")
+    if "arrival_cv" in given and rate is None and not preset:
+        raise UsageError("--arrival-cv goes with --rate",
+                         hint="without --rate every request arrives at step 0")
     check_output(output, suffixes=(".jsonl", ".json"), force=force, parents=parents,
                  ours=_ours)
     try:
