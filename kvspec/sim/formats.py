@@ -62,7 +62,9 @@ __all__ = ["DEFAULT_STEP_MS", "FORMATS", "MOONCAKE_BLOCK_TOKENS", "Columns", "Re
 _AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BURST = ("Timestamp", "Request tokens", "Response tokens")
 _MOON = ("timestamp", "input_length", "output_length")
-_COUNT = re.compile(r"\s*\d+\s*\Z")
+_COUNT = re.compile(r"\s*\d{1,15}\s*\Z")  # (a quadrillion tokens is past any count)
+#: Steps a trace may span (at 20 ms a step, some 600 years).
+_MAX_STEPS = 1e12
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,7 +319,7 @@ class Reader:
         if not _COUNT.match(text) or int(text) < least:
             raise TraceError(f"{name} must be a whole number of tokens, {least} or more",
                              file=self.file, line=number, column=col,
-                             found=repr(text.strip()), hint=_COUNT_HINT[least])
+                             found=repr(text.strip()[:40]), hint=_COUNT_HINT[least])
         return int(text)
 
     # -- JSON Lines --------------------------------------------------------------------
@@ -412,7 +414,14 @@ class Reader:
         if self._t0 is None:
             self._t0 = t
         # (a billionth of a step's slack: 0.3 s over 0.1 s steps is step 3, not 2.999...)
-        return int((t - self._t0) / self.step_s + 1e-9)
+        steps = (t - self._t0) / self.step_s + 1e-9
+        if not steps < _MAX_STEPS:
+            at = column if isinstance(column, int) else _column(column, key)
+            raise TraceError(f"the request arrives {t - self._t0:.3g} s after the first: "
+                             f"past step {_MAX_STEPS:.0e}", file=self.file, line=number,
+                             column=at, hint="check the time's unit (Mooncake's are ms, "
+                                             "BurstGPT's s), or give a longer --step-ms")
+        return int(steps)
 
 
 _COUNT_HINT = {0: "a count of tokens: digits only",
