@@ -28,8 +28,9 @@ import stat
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from kvspec.errors import KvspecError, SourceError, UsageError
 
@@ -218,10 +219,10 @@ def _kind(path: Path) -> str | None:
     return "stream" if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) else "other"
 
 
-def _write_stream(path: Path, text: str) -> None:
+def _write_stream(path: Path, text: str | Iterable[str]) -> None:
     try:
         with open(path, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            _write(fh, text)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}", file=str(path),
                          hint="give -o a path in a writable directory, or - for stdout"
@@ -253,8 +254,16 @@ def _sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader never sees a half-written file;
+def _write(fh: Any, text: str | Iterable[str]) -> None:
+    if isinstance(text, str):
+        fh.write(text)
+    else:
+        fh.writelines(text)   # lines streamed: a long file never held whole
+
+
+def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
+    """Write ``text`` (or its lines, streamed) to ``path`` so a reader never sees
+    a half-written file;
     a :class:`KvspecError` (``UsageError``) when the path cannot be written. The
     file is synced before it is renamed into place, and the rename after, so a
     crash or power loss leaves the old file or the new one, never an empty one.
@@ -288,7 +297,7 @@ def write_atomic(path: str | Path, text: str) -> None:
                          hint="give -o a path in a writable directory") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            _write(fh, text)
             fh.flush()
             os.fsync(fh.fileno())   # the bytes are on disk before the name points at them
         os.chmod(tmp, _mode_for(path))   # mkstemp creates 0600

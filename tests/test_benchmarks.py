@@ -70,3 +70,12 @@ def test_the_simulation_benchmark_runs_without_vllm() -> None:
     assert "the comparison was skipped" in out
     assert "60 requests through kvspec's simulator" in out
     assert out.count("summary {") == 2
+
+
+def test_the_trace_import_benchmark_runs() -> None:
+    out = _run("benchmarks/bench_trace_import.py", "--rows", "300", "--baseline", "100",
+               "--formats", "mooncake", "lengths")
+    rows = [line.split("|") for line in out.splitlines()
+            if line.startswith(("| mooncake", "| lengths"))]
+    assert [r[1].strip() for r in rows] == ["mooncake", "lengths"]
+    assert all(float(r[4]) > 0 and float(r[6]) > 0 for r in rows)

@@ -265,16 +265,18 @@ def commands(group: click.Group | None = None) -> list[tuple[str, click.Command]
     return [(n, c) for n, c in found if c is not None]
 
 
-def exit_codes(name: str) -> tuple[tuple[int, str], ...]:
+def exit_codes(name: str, module: object = None) -> tuple[tuple[int, str], ...]:
     """The exit codes of ``kvspec NAME`` and what each means (the command module's
     ``EXITS``, and 130 for an interrupt, which every command shares)."""
-    codes = tuple(getattr(_module(name), "EXITS", DEFAULT_EXITS))
+    codes = tuple(getattr(module or _module(name), "EXITS", DEFAULT_EXITS))
     if EXIT_INTERRUPTED not in {c for c, _ in codes}:
         codes += ((EXIT_INTERRUPTED, INTERRUPTED),)
     return codes
 
 
-def _command_section(name: str, command: click.Command, group: click.Group) -> list[str]:
+def _command_section(name: str, command: click.Command, group: click.Group,
+                     module: object = None) -> list[str]:
+    """``kvspec NAME``'s section; ``module``: a subcommand's (``trace import``)."""
     parent = click.Context(group, info_name="kvspec", **group.context_settings)
     ctx = click.Context(command, info_name=name, parent=parent, **command.context_settings)
     out = [f"## `kvspec {name}`", "", "```text", _usage(command, name), "```", ""]
@@ -287,8 +289,8 @@ def _command_section(name: str, command: click.Command, group: click.Group) -> l
     out += ["| option | value | default | description |", "| --- | --- | --- | --- |"]
     out += [f"| {r.names} | {r.value} | {r.default} | {_cell(r.help)} |" for r in rows]
     out += ["", "| exit | meaning |", "| ---: | --- |"]
-    out += [f"| {code} | {_cell(text)} |" for code, text in exit_codes(name)]
-    see = getattr(_module(name), "SEE_ALSO", ())
+    out += [f"| {code} | {_cell(text)} |" for code, text in exit_codes(name, module)]
+    see = getattr(module or _module(name), "SEE_ALSO", ())
     if see:
         out += ["", "See also: " + ", ".join(f"[{p}]({p})" for p in see) + "."]
     out.append("")
@@ -305,6 +307,11 @@ def render(group: click.Group | None = None) -> str:
     lines = [_PREAMBLE.format(summary=summary, exits=exits)]
     for name, command in cmds:
         lines += _command_section(name, command, group)
+        if isinstance(command, click.Group):  # its subcommands (``trace import``)
+            for sub in sorted(command.commands):
+                child = command.commands[sub]
+                module = sys.modules[child.callback.__module__] if child.callback else None
+                lines += _command_section(f"{name} {sub}", child, group, module)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -22,11 +22,13 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
+from kvspec.cli.trace_import import columns_of, step_options
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit
 from kvspec.reports.format import table
 from kvspec.runtime.manager import from_layouts
-from kvspec.sim import read_trace, simulate
+from kvspec.sim import simulate
+from kvspec.sim.formats import FORMATS, read_requests
 
 #: The summary's keys, in the order the table prints them (kvspec.sim.SUMMARY_KEYS).
 ROWS = (("steps", "steps to finish", "{:,}"), ("mean_running", "mean running", "{:.2f}"),
@@ -57,8 +59,13 @@ def _ours(text: str) -> bool:
 @cli_command("simulate", short_help="Replay a request trace through a layout's pools.")
 @click.argument("layout", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--workload", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="The request trace (JSONL, docs/simulate.md; `kvspec trace` makes one). "
+              help="The request trace: kvspec's JSONL (`kvspec trace` makes one), or an "
+                   "Azure, Mooncake, BurstGPT or lengths file (docs/traces.md). "
                    "Default: the source's pooling.workload.")
+@click.option("--workload-format", type=click.Choice(list(FORMATS)),
+              help="The trace's format (docs/traces.md). Default: from its extension "
+                   "and first line.")
+@step_options
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",
               help="Memory per rank (40GiB). Default: the layout's own budget.")
 @click.option("--num-blocks", "--num-gpu-blocks-override", "num_blocks",
@@ -75,7 +82,9 @@ def _ours(text: str) -> bool:
               "command's output.")
 @parents_option
 @quiet_option
-def command(layout: Path, trace_path: Path | None, memory: str | None, num_blocks: int | None,
+def command(layout: Path, trace_path: Path | None, workload_format: str | None, step_ms: float,
+            columns: str | None, time_unit: str, block_tokens: int,
+            memory: str | None, num_blocks: int | None,
             against: str | None, max_num_seqs: int | None, fmt: str, output: Path | None,
             force: bool, parents: bool, quiet: bool) -> int:
     """Replay a request trace through LAYOUT (a source or a .kvlayout.json artifact):
@@ -90,7 +99,8 @@ def command(layout: Path, trace_path: Path | None, memory: str | None, num_block
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
     target = _target(layout, memory, num_blocks)
-    trace = _trace(trace_path, target)
+    trace = _trace(trace_path, target, workload_format=workload_format, step_ms=step_ms,
+                   columns=columns_of(columns, time_unit), block_tokens=block_tokens)
     if not trace:
         raise KvspecError(f"{trace_path}: the trace has no requests",
                           hint="give a trace with at least one request line")
@@ -162,9 +172,10 @@ def _blocks(target: Target) -> list[tuple[str, int]]:
     return out
 
 
-def _trace(path: Path | None, target: Target) -> tuple[Any, ...]:
+def _trace(path: Path | None, target: Target, *, workload_format: str | None = None,
+           **reading: Any) -> tuple[Any, ...]:
     if path is not None:
-        return tuple(read_trace(path))
+        return read_requests(path, workload_format, **reading)
     if target.source_trace is not None:
         return target.source_trace
     raise UsageError("no trace to replay: give --workload TRACE.jsonl",

@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from kvspec.model.workloads import DEFAULT_STEP_MS
+
 __all__ = ["POLICIES", "RUNTIMES", "Lengths", "Pooling", "PoolingRef", "Workload"]
 
 #: Pooling policies, in documentation order.
@@ -82,6 +84,14 @@ class Workload:
     trace: str | None = None
     #: The trace file's sha256, so the artifact records what it was chosen for.
     trace_sha256: str | None = None
+    #: The trace's format (None: from its extension and first line), a ``lengths``
+    #: file's columns (prompt, output, time or None, time unit).
+    trace_format: str | None = None
+    columns: tuple[str, str, str | None, str] | None = None
+    #: Milliseconds one engine step stands for (arrival times become steps).
+    step_ms: float = DEFAULT_STEP_MS
+    #: A workload preset (kvspec.model.workloads.PRESETS) drawn instead of a summary.
+    preset: str | None = None
 
     @property
     def held_tokens(self) -> int:

@@ -29,7 +29,9 @@ from kvspec.pooling import figures
 from kvspec.pooling.layouts import PoolLayout
 from kvspec.runtime.manager import from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
-from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
+from kvspec.sim import SimResult, TraceRequest, generate_trace, simulate
+from kvspec.sim.formats import Columns, read_requests
+from kvspec.sim.presets import preset_trace
 
 __all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
 
@@ -77,13 +79,19 @@ def workload_trace(workload: Workload, sized: Sized) -> WorkloadTrace:
                                                                         "trace")),
                               hint="give the trace's path relative to the source file"
                               ) from None
-        requests = tuple(read_trace(path))
+        columns = Columns(*workload.columns) if workload.columns else None
+        requests = read_requests(path, workload.trace_format, step_ms=workload.step_ms,
+                                 columns=columns)
         summary = Workload(
             context=workload.context, output=workload.output,
             draft_tokens=workload.draft_tokens, requests=len(requests), seed=workload.seed,
             trace=workload.trace, trace_sha256=hashlib.sha256(data).hexdigest())
         return WorkloadTrace(summary, requests)
     w = workload
+    if w.preset is not None:
+        return WorkloadTrace(w, preset_trace(
+            w.preset, w.requests, seed=w.seed, step_ms=w.step_ms,
+            max_prompt_tokens=sized.layout.engine.max_model_len - 1))
     requests = generate_trace(
         w.requests, seed=w.seed, prompt_mean=w.context.expected,
         prompt_spread=w.context.spread, output_mean=w.output.expected,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from kvspec.errors import KvspecError
+from kvspec.sim.chains import ChainRequest, Chains
 from kvspec.sim.metrics import LiveBytes, StepRecord
 from kvspec.sim.request import Batch, SimRequest
 from kvspec.sim.schedule import Scheduler
@@ -118,6 +119,8 @@ class KvspecEngine:
         self.numbers = numbers if numbers is not None else range(1, len(trace) + 1)
         self.live = live
         self.codes = prefix_codes(trace)
+        #: Content-block prompts' chain codes, after the named prefixes' codes.
+        self.chains = Chains(max(self.codes, default=0) + 1)
         self.finished = 0
         self.pools = scheduler.manager.pools
         #: Per step, with ``log_blocks``: ({request index: block ids per group}, the
@@ -132,6 +135,12 @@ class KvspecEngine:
         self.sample_held = sample_held
 
     def add(self, index: int, request: TraceRequest) -> None:
+        if request.prefix_blocks:
+            self.scheduler.add(ChainRequest(
+                index, request.prompt_tokens, request.output_tokens,
+                chain=self.chains.codes(request.prefix_blocks),
+                block_tokens=request.prefix_block_tokens, arrival=request.arrival))
+            return
         self.scheduler.add(SimRequest(index, request.prompt_tokens, request.output_tokens,
                                       prefix=self.codes[index],
                                       prefix_tokens=request.prefix_tokens,

@@ -2,8 +2,10 @@
 
 Prompt and output lengths are lognormal with the given mean (in tokens) and
 spread (the standard deviation of their logarithm: 0 gives every request the
-mean); arrivals are all at step 0, or a Poisson process of ``rate`` requests
-per step. With ``prefix_groups``, a ``prefix_share`` of the requests open with
+mean); arrivals are all at step 0, or ``rate`` requests per step: a Poisson
+process, or with ``arrival_cv`` (the inter-arrival times' coefficient of
+variation) other than 1, Gamma inter-arrival times of that variation (bursty
+above 1, :func:`gap`). With ``prefix_groups``, a ``prefix_share`` of the requests open with
 one of that many shared prefixes (a system prompt of ``prefix_tokens`` tokens,
 capped by the prompt).
 
@@ -21,24 +23,27 @@ import random
 
 from kvspec.sim.trace import TraceError, TraceRequest
 
-__all__ = ["generate_trace"]
+__all__ = ["gap", "generate_trace"]
 
 
 def generate_trace(num_requests: int, *, seed: int = 0, prompt_mean: float = 1024,
                    prompt_spread: float = 0.5, output_mean: float = 256,
                    output_spread: float = 0.5, rate: float | None = None,
                    max_prompt_tokens: int | None = None, prefix_groups: int = 0,
-                   prefix_share: float = 0.0, prefix_tokens: int = 512
-                   ) -> tuple[TraceRequest, ...]:
+                   prefix_share: float = 0.0, prefix_tokens: int = 512,
+                   arrival_cv: float = 1.0) -> tuple[TraceRequest, ...]:
     """A trace of ``num_requests`` requests (see the module docstring)."""
     _check(num_requests, prompt_mean, output_mean, prompt_spread, output_spread, rate,
            prefix_groups, prefix_share)
+    if not (arrival_cv > 0 and math.isfinite(arrival_cv)):
+        raise TraceError(f"cannot generate a trace: arrival_cv {arrival_cv} (more than 0)",
+                         hint="1 is a Poisson process; above 1, bursty arrivals")
     rng = random.Random(seed)
     time = 0.0
     out = []
     for _ in range(num_requests):
         if rate is not None:
-            time += rng.expovariate(rate)
+            time += gap(rng, rate, arrival_cv)
         prompt = _length(rng, prompt_mean, prompt_spread)
         if max_prompt_tokens is not None:
             prompt = min(prompt, max_prompt_tokens)
@@ -50,6 +55,20 @@ def generate_trace(num_requests: int, *, seed: int = 0, prompt_mean: float = 102
             shared = min(prefix_tokens, prompt)
         out.append(TraceRequest(int(time), prompt, output, prefix, shared))
     return tuple(out)
+
+
+def gap(rng: random.Random, rate: float, cv: float = 1.0) -> float:
+    """One inter-arrival time of ``rate`` arrivals per unit: exponential (``cv`` 1,
+    a Poisson process), else Gamma of shape ``1 / cv**2`` and mean ``1 / rate``.
+
+    >>> rng = random.Random(0)
+    >>> round(sum(gap(rng, 2.0, 1.5) for _ in range(100_000)) / 100_000, 2)
+    0.5
+    """
+    if cv == 1.0:
+        return rng.expovariate(rate)
+    shape = 1 / (cv * cv)
+    return rng.gammavariate(shape, 1 / (rate * shape))
 
 
 def _length(rng: random.Random, mean: float, spread: float) -> int:

@@ -11,7 +11,12 @@ Each line is one object::
 * ``prefix_id`` (a string or an integer) and ``prefix_tokens`` (0 to
   ``prompt_tokens``), together: the request's first ``prefix_tokens`` tokens are
   those of every request with the same ``prefix_id`` (a shared system prompt),
-  up to the shorter prefix of the two.
+  up to the shorter prefix of the two;
+* ``prefix_blocks`` (an array of integers) and ``prefix_block_tokens`` (a positive
+  integer), together, instead of a prefix id: the prompt is made of blocks of
+  ``prefix_block_tokens`` tokens, block ``k`` holding content ``prefix_blocks[k]``
+  (Mooncake's ``hash_ids``): two requests share their prompts block for block, up
+  to the first block where their ids differ (:mod:`kvspec.sim.chains`).
 
 Blank lines are skipped. Every problem is a :class:`TraceError` at
 ``file:line:column`` with a hint. Token ids are synthetic
@@ -41,7 +46,8 @@ __all__ = ["KEYS", "TraceError", "TraceRequest", "parse_trace", "prefix_codes", 
            "token_id", "trace_text", "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
-KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens")
+KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
+        "prefix_blocks", "prefix_block_tokens")
 _REQUIRED = KEYS[:3]
 _EXAMPLE = '{"arrival": 0, "prompt_tokens": 512, "output_tokens": 128}'
 
@@ -59,6 +65,9 @@ class TraceRequest:
     output_tokens: int
     prefix_id: str | int | None = None
     prefix_tokens: int = 0
+    #: The prompt's content blocks (Mooncake's ``hash_ids``), and their tokens each.
+    prefix_blocks: tuple[int, ...] = ()
+    prefix_block_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"arrival": self.arrival, "prompt_tokens": self.prompt_tokens,
@@ -66,6 +75,9 @@ class TraceRequest:
         if self.prefix_id is not None:
             out["prefix_id"] = self.prefix_id
             out["prefix_tokens"] = self.prefix_tokens
+        if self.prefix_blocks:
+            out["prefix_blocks"] = list(self.prefix_blocks)
+            out["prefix_block_tokens"] = self.prefix_block_tokens
         return out
 
 
@@ -162,6 +174,8 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
                       "a prompt has at least one token")
     output = _integer(obj, "output_tokens", 1, "output_tokens must be a positive integer",
                       "a request samples at least one token")
+    if "prefix_blocks" in obj or "prefix_block_tokens" in obj:
+        return _blocks(obj, arrival, prompt, output)
     prefix_id = obj.get("prefix_id")
     if ("prefix_id" in obj) != ("prefix_tokens" in obj):
         given = "prefix_id" if "prefix_id" in obj else "prefix_tokens"
@@ -178,6 +192,31 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
         raise _Bad(f"prefix_tokens ({shared}) is more than prompt_tokens ({prompt})",
                    "prefix_tokens", hint="the shared prefix is part of the prompt")
     return TraceRequest(arrival, prompt, output, prefix_id, shared)
+
+
+def _blocks(obj: dict[str, Any], arrival: int, prompt: int, output: int) -> TraceRequest:
+    """A request whose prompt is made of content blocks (``prefix_blocks``)."""
+    if "prefix_id" in obj or "prefix_tokens" in obj:
+        given = "prefix_id" if "prefix_id" in obj else "prefix_tokens"
+        raise _Bad(f"{given} with prefix_blocks", given,
+                   hint="a request shares a named prefix or content blocks, not both")
+    if ("prefix_blocks" in obj) != ("prefix_block_tokens" in obj):
+        given = "prefix_blocks" if "prefix_blocks" in obj else "prefix_block_tokens"
+        other = "prefix_block_tokens" if given == "prefix_blocks" else "prefix_blocks"
+        raise _Bad(f"{given} without {other}", given,
+                   hint="content blocks need both: the blocks' ids and their tokens each")
+    blocks = obj["prefix_blocks"]
+    if blocks.__class__ is not list or not blocks or any(
+            b.__class__ is not int or b < 0 for b in blocks):
+        raise _Bad("prefix_blocks must be a non-empty array of integers, 0 or more",
+                   "prefix_blocks", found=_type(blocks) if blocks.__class__ is not list
+                   else "an empty array" if not blocks else
+                   json.dumps(next(b for b in blocks if b.__class__ is not int or b < 0)),
+                   hint="one id per block of the prompt, e.g. [0, 1, 2] (Mooncake's hash_ids)")
+    size = _integer(obj, "prefix_block_tokens", 1,
+                    "prefix_block_tokens must be a positive integer",
+                    "the tokens of one content block (Mooncake's: 512)")
+    return TraceRequest(arrival, prompt, output, None, 0, tuple(blocks), size)
 
 
 def _integer(obj: dict[str, Any], key: str, least: int, message: str, hint: str) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from kvspec.errors import KvspecError, raise_all
 from kvspec.model.pooling import Lengths, Pooling, Workload
+from kvspec.model.workloads import PRESETS
 from kvspec.source.document import Document
 from kvspec.source.schema import Distribution, Source, Tokens, WorkloadSpec
 
@@ -52,6 +53,34 @@ def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> W
     at = ("pooling", "workload")
     summary = [k for k in ("context_tokens", "output_tokens", "concurrency")
                if getattr(spec, k) is not None]
+    reading = [k for k in ("format", "columns") if getattr(spec, k) is not None]
+    if spec.trace is None and reading:
+        errors.append(doc.error(f"{reading[0]} describes a trace file, and the workload "
+                                "names none", (*at, reading[0]),
+                                hint="add trace: FILE, or remove it"))
+    if spec.columns is not None and spec.format != "lengths":
+        errors.append(doc.error("columns go with format: lengths", (*at, "columns"),
+                                found=f"format: {spec.format}" if spec.format else
+                                "no format",
+                                hint="set format: lengths, or remove columns"))
+    if spec.format == "lengths" and spec.columns is None and spec.trace is not None:
+        errors.append(doc.error("format lengths needs columns", (*at, "format"),
+                                expected="columns: {prompt: NAME, output: NAME}",
+                                hint="name the columns holding the prompt and output lengths"))
+    if spec.preset is not None:
+        other = (["trace"] if spec.trace is not None else []) + summary + (
+            ["prefix_sharing"] if spec.prefix_sharing else [])
+        if other:
+            errors.append(doc.error(f"a workload is a preset, a trace or a summary: "
+                                    f"preset with {other[0]}", (*at, other[0]),
+                                    found=", ".join(["preset", *other]),
+                                    hint="keep preset (with requests, seed, step_ms), or "
+                                         "drop it"))
+        means = dict(PRESETS[spec.preset].stated)
+        return Workload(context=Lengths(round(means["prompt_mean"])),
+                        output=Lengths(round(means["output_mean"])),
+                        draft_tokens=spec.draft_tokens, requests=spec.requests,
+                        seed=spec.seed, step_ms=spec.step_ms, preset=spec.preset)
     if spec.trace is not None:
         if summary:
             errors.append(doc.error("a workload is a trace or a summary, not both",
@@ -59,8 +88,11 @@ def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> W
                                     hint="keep trace: FILE, or the summary's lengths"))
         base = Path(doc.file).parent if doc.file and not doc.file.startswith("<") \
             else Path(".")
+        c = spec.columns
         return Workload(context=Lengths(1), output=Lengths(1), trace=str(base / spec.trace),
-                        draft_tokens=spec.draft_tokens, seed=spec.seed)
+                        draft_tokens=spec.draft_tokens, seed=spec.seed,
+                        trace_format=spec.format, step_ms=spec.step_ms,
+                        columns=(c.prompt, c.output, c.time, c.time_unit) if c else None)
     missing = [k for k in ("context_tokens", "output_tokens") if getattr(spec, k) is None]
     if missing:
         errors.append(doc.error(f"a workload summary needs {' and '.join(missing)}", at,

@@ -28,6 +28,7 @@ from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
 from kvspec.model.pooling import POLICIES, RUNTIMES
 from kvspec.model.specs.state import MAMBA_TYPES
+from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, PRESETS
 
 #: Largest values the format takes: far above any deployment, small enough that
 #: nothing is ever built from a typo's size (a list of 10^9 pipeline stages).
@@ -256,12 +257,32 @@ Tokens = Annotated[
     Discriminator(_tokens_kind)]
 
 
-class WorkloadSpec(_Strict):
-    """The traffic the pools must serve: a summary, or ``trace`` (a JSONL request
-    trace, its path relative to the source)."""
+class ColumnMap(_Strict):
+    """Where a ``lengths`` trace keeps each figure (docs/traces.md)."""
 
-    trace: str | None = Field(None, min_length=1, description="A JSONL request trace: one "
-                              '{"arrival", "prompt_tokens", "output_tokens"} object a line.')
+    prompt: str = Field(min_length=1, description="The prompt length's column (or key).")
+    output: str = Field(min_length=1, description="The output length's column (or key).")
+    time: str | None = Field(None, min_length=1, description="The arrival time's column "
+                             "(or key); without one every request arrives at step 0.")
+    time_unit: Literal["s", "ms"] = Field("s", description="The unit of the times.")
+
+
+class WorkloadSpec(_Strict):
+    """The traffic the pools must serve: a summary, a ``preset`` fitted to a published
+    trace, or ``trace`` (a request trace, its path relative to the source)."""
+
+    trace: str | None = Field(None, min_length=1, description="A request trace: kvspec's "
+                              "JSONL, or an Azure, Mooncake, BurstGPT or lengths file "
+                              "(docs/traces.md).")
+    format: Literal[tuple(FORMATS)] | None = Field(  # type: ignore[valid-type]
+        None, description="The trace's format (default: from its extension and first line).")
+    columns: ColumnMap | None = Field(None, description="format lengths: its columns.")
+    step_ms: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        DEFAULT_STEP_MS, description="Milliseconds one engine step stands for: arrival "
+        "times become steps (a trace's times, a preset's rate).")
+    preset: Literal[tuple(PRESETS)] | None = Field(  # type: ignore[valid-type]
+        None, description="A workload preset fitted to a published trace "
+        "(docs/pooling.md#workload-presets): its lengths and bursty arrivals.")
     context_tokens: Tokens | None = Field(None, description="Prompt tokens per request.")
     output_tokens: Tokens | None = Field(None, description="Generated tokens per request.")
     concurrency: PositiveInt | None = Field(

@@ -163,3 +163,41 @@ def test_plans_vllm_cannot_run_are_refused_by_vllm(name: str, kind: str,
     with pytest.raises(Exception) as caught:  # noqa: PT011
         replay(art, trace, num_blocks)
     assert NOT_IN_VLLM[name] in str(caught.value)
+
+
+def block_trace(art: Artifact) -> tuple[int, list]:
+    """Mooncake-style prompts (kvspec.sim.chains): content blocks of 64 tokens, most
+    requests opening with blocks of an earlier one and branching off it, so hits come
+    from chains that share some blocks and not others; and a block count that makes
+    requests wait."""
+    import random
+
+    from kvspec.sim.trace import TraceRequest
+
+    lay = layout_of(art, 10)
+    rng = random.Random(7)
+    size, fresh, chains, trace = 64, 1, [(0,)], []
+    for i in range(30):
+        n = rng.randrange(2, 9)
+        base = rng.choice(chains)
+        k = min(rng.randrange(1, len(base) + 1), n)
+        blocks = base[:k] + tuple(range(fresh, fresh + n - k))
+        fresh += n - k
+        chains.append(blocks)
+        prompt = min(n * size - rng.randrange(0, size), lay.max_model_len // 2)
+        trace.append(TraceRequest(i // 2, prompt, rng.randrange(20, 120), None, 0, blocks,
+                                  size))
+    tokens = min(max(r.prompt_tokens + r.output_tokens for r in trace), lay.max_model_len)
+    need = sum(min(-(-tokens // g.block_size), _cap(g, lay)) + 1 for g in lay.groups)
+    return need * 3 + 2, trace
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "gemma-3-27b-it", "jamba-v0.1",
+                                  "nemotron-h-56b-base-8k"])
+def test_prefix_blocks_hit_as_vllms(name: str) -> None:
+    """Content blocks (Mooncake's hash_ids) give vLLM's hashes the same hits, step for
+    step and block for block."""
+    art = _artifact(name, "layout", "")
+    num_blocks, trace = block_trace(art)
+    _, problem = _compare(art, num_blocks, trace)
+    assert problem is None, f"{name}, {num_blocks} blocks: {problem}"

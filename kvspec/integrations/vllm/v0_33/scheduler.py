@@ -19,6 +19,7 @@ from typing import Any
 
 from kvspec.integrations.vllm.v0_33.config import planning_config
 from kvspec.integrations.vllm.v0_33.planning import worker_specs
+from kvspec.sim.chains import Chains, chain_token_id
 from kvspec.sim.metrics import LiveBytes, StepRecord
 from kvspec.sim.trace import TraceRequest, prefix_codes, token_id
 
@@ -80,6 +81,8 @@ class VllmEngine:
         self.trace = trace
         self.codes = prefix_codes(trace)
         self.num_codes = max(self.codes, default=0)
+        #: Content-block prompts' chain codes, past every prefix code and request's own id.
+        self.chains = Chains(self.num_codes + 2 + len(trace))
         self._request, self._params, self._output = Request, SamplingParams, ModelRunnerOutput
         self.added = 0
         self.preemptions = 0
@@ -94,6 +97,11 @@ class VllmEngine:
 
     def _tokens(self, index: int, start: int, stop: int) -> list[int]:
         r = self.trace[index]
+        if r.prefix_blocks:
+            chain = self.chains.codes(r.prefix_blocks)
+            limit = min(r.prompt_tokens, len(chain) * r.prefix_block_tokens)
+            return [chain_token_id(index, p, chain, r.prefix_block_tokens, limit,
+                                   self.num_codes + 1) for p in range(start, stop)]
         code = self.codes[index]
         return [token_id(index, p, code, r.prefix_tokens, self.num_codes)
                 for p in range(start, stop)]
