@@ -8,6 +8,7 @@ every request at step 0 unless ``rate`` (arrivals per step) is given.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import math
 from collections.abc import Callable
@@ -17,16 +18,25 @@ from typing import Any
 
 from kvspec.errors import ErrorList, KvspecError, SourceError
 from kvspec.files import read_text
+from kvspec.model.workloads import PRESETS as PRESET_TABLE
 from kvspec.sim import TraceRequest, generate_trace, read_trace
+from kvspec.sim.presets import preset_trace
 from kvspec.sim.trace import trace_text
 from kvspec.source.schema import Distribution
 from kvspec.sweep.grid import GridFile, WorkloadEntry
 
 __all__ = ["PRESETS", "Workload", "grid_workloads", "relative"]
 
-#: Workload presets by name: each makes a trace of ``requests`` requests from a
-#: ``seed`` (kvspec's published presets register here; none are defined yet).
-PRESETS: dict[str, Callable[[int, int], tuple[TraceRequest, ...]]] = {}
+
+
+def _preset(name: str) -> Callable[[int, int], tuple[TraceRequest, ...]]:
+    return lambda requests, seed: preset_trace(name, requests, seed=seed)
+
+
+#: Workload presets by name (kvspec's published presets, docs/pooling.md): each makes a
+#: trace of ``requests`` requests from a ``seed``, arrivals at the presets' step time.
+PRESETS: dict[str, Callable[[int, int], tuple[TraceRequest, ...]]] = {
+    name: _preset(name) for name in PRESET_TABLE}
 
 
 @dataclass(frozen=True)
@@ -92,10 +102,12 @@ def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[Trac
         if w.preset not in PRESETS:
             raise grid.doc.error(
                 f"unknown workload preset {w.preset!r}", (*at, "preset"),
-                expected="one of " + ", ".join(sorted(PRESETS)) if PRESETS else
-                "a preset's name; this kvspec defines none yet",
-                hint="give the workload as a trace ({trace: FILE}) or a summary "
-                     "({context_tokens: 2048, output_tokens: 256})")
+                expected="one of " + ", ".join(sorted(PRESETS)),
+                hint=(f"did you mean {close[0]!r}?" if (close := difflib.get_close_matches(
+                    w.preset, sorted(PRESETS), n=1, cutoff=0.5)) else
+                    "name a preset (docs/pooling.md), or give the workload as a trace "
+                    "({trace: FILE}) or a summary ({context_tokens: 2048, "
+                    "output_tokens: 256})"))
         requests = PRESETS[w.preset](w.requests, w.seed)
     else:
         requests = _summary(grid, w, at)
