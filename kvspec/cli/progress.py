@@ -9,7 +9,10 @@ finish. The bar is click's, drawn on stderr, and only
   nothing at all (``KVSPEC_PROGRESS_DELAY`` sets it; 0 draws at once).
 
 Nothing else changes: stdout, the exit status and every message are the same
-with or without a bar.
+with or without a bar. Work that may run for minutes (``simulate`` on a long
+trace, ``auto`` simulating its candidates) asks for ``notes``: where no bar can
+be drawn, a plain line on stderr says how far it is every :data:`NOTE_EVERY`
+seconds, after the first ``NOTE_EVERY`` (``--quiet`` silences them too).
 
 >>> import io
 >>> with progress(3, label="work", stream=io.StringIO()) as bar:   # not a terminal
@@ -34,6 +37,8 @@ __all__ = ["DELAY", "Progress", "progress"]
 
 #: Seconds of work before a bar appears.
 DELAY = 1.0
+#: Seconds between the plain progress lines of ``notes`` work off a terminal.
+NOTE_EVERY = 5.0
 T = TypeVar("T")
 
 
@@ -59,11 +64,14 @@ class Progress:
     only on a terminal); :meth:`advance` marks a step done."""
 
     def __init__(self, length: int | None, label: str, stream: TextIO, enabled: bool,
-                 delay: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 delay: float, clock: Callable[[], float] = time.monotonic,
+                 notes: bool = False) -> None:
         self.length, self.label, self.stream = length, label, stream
         self.enabled, self.delay, self.clock = enabled, delay, clock
         self.start, self.done, self.step = clock(), 0, ""
         self._bar: Any = None
+        #: When the next plain line is due (None: no lines).
+        self._note_at = self.start + NOTE_EVERY if notes and not enabled else None
 
     @property
     def shown(self) -> bool:
@@ -74,6 +82,8 @@ class Progress:
         """``n`` more steps done; ``step`` names the one now running."""
         self.done += n
         self.step = step or self.step
+        if self._note_at is not None and self.clock() >= self._note_at:
+            self.note()
         if not self.enabled:
             return
         if self._bar is None:
@@ -86,6 +96,15 @@ class Progress:
             self._bar.update(self.done)
             return
         self._bar.update(n, self.step)
+
+    def note(self, text: str | None = None) -> None:
+        """A plain progress line on the stream (off a terminal, for ``notes`` work)."""
+        if self._note_at is None:
+            return
+        self._note_at = self.clock() + NOTE_EVERY
+        of = f" of {self.length:,}" if self.length else ""
+        line = text or f"{self.label}: {self.done:,}{of} {self.step}".rstrip()
+        click.echo(line, file=self.stream)
 
     def track(self, fn: Callable[..., T], step: str = "") -> Callable[..., T]:
         """``fn``, named as the running step while it runs, advancing the bar by one
@@ -111,12 +130,14 @@ class Progress:
 
 @contextmanager
 def progress(length: int | None, *, label: str, quiet: bool = False,
-             stream: TextIO | None = None, delay: float | None = None) -> Iterator[Progress]:
+             stream: TextIO | None = None, delay: float | None = None,
+             notes: bool = False) -> Iterator[Progress]:
     """A :class:`Progress` for ``length`` steps (None: unknown) labelled ``label``,
-    drawn on ``stream`` (stderr) when it is a terminal, after ``delay`` seconds."""
+    drawn on ``stream`` (stderr) when it is a terminal, after ``delay`` seconds;
+    ``notes``: elsewhere, a plain line every :data:`NOTE_EVERY` seconds."""
     out = stream if stream is not None else sys.stderr
     bar = Progress(length, label, out, enabled=not quiet and on_terminal(out),
-                   delay=_delay() if delay is None else delay)
+                   delay=_delay() if delay is None else delay, notes=notes and not quiet)
     try:
         yield bar
     finally:
