@@ -43,7 +43,8 @@ from kvspec.cli.progress import progress
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, is_stdin, is_stdout, parse_size
 
-__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "FiniteRange", "write_result", "written_by",
+__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "FiniteRange", "write_result",
+           "written_by",
            "check_output", "command", "echo_json", "error", "error_document", "format_option",
            "note", "parents_option", "progress", "quiet_option", "style", "use_color", "warn",
            "wants_json"]

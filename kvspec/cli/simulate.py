@@ -163,8 +163,8 @@ def _check_blocks(target: Target, layout: Path, memory: str | None) -> None:
     for name, n in _blocks(target):
         if n <= MAX_BLOCKS:
             continue
-        what = f"pool {name} has {n:,} blocks; the simulator holds every block, at most " \
-               f"{MAX_BLOCKS:,}"
+        what = (f"pool {name} has {n:,} blocks; the simulator holds every block, at most "
+                f"{MAX_BLOCKS:,}")
         if memory is not None:
             raise UsageError(f"--memory {memory}: {what}", found=memory,
                              hint="simulate a smaller budget (the figures per block scale)")

@@ -38,12 +38,14 @@ def _ours(text: str) -> bool:
 @cli_command("trace", short_help="Write a seeded synthetic request trace (JSONL).")
 @click.option("-n", "--requests", type=click.IntRange(min=1, max=10_000_000), default=1000,
               show_default=True, help="Requests in the trace.")
-@click.option("--prompt-mean", type=FiniteRange(min=1, max=MAX_TOKENS), default=1024.0, show_default=True,
+@click.option("--prompt-mean", type=FiniteRange(min=1, max=MAX_TOKENS), default=1024.0,
+              show_default=True,
               help="Mean prompt tokens (lognormal).")
 @click.option("--prompt-spread", type=FiniteRange(min=0, max=4), default=0.5,
               show_default=True, help="Standard deviation of the prompt lengths' logarithm "
               "(0: every prompt the mean).")
-@click.option("--output-mean", type=FiniteRange(min=1, max=MAX_TOKENS), default=256.0, show_default=True,
+@click.option("--output-mean", type=FiniteRange(min=1, max=MAX_TOKENS), default=256.0,
+              show_default=True,
               help="Mean output tokens (lognormal).")
 @click.option("--output-spread", type=FiniteRange(min=0, max=4), default=0.5,
               show_default=True, help="Standard deviation of the output lengths' logarithm.")
@@ -53,9 +55,11 @@ def _ours(text: str) -> bool:
               help="Cap prompts at this many tokens (e.g. max_model_len - 1).")
 @click.option("--prefix-share", type=FiniteRange(min=0, max=1), default=0.0,
               show_default=True, help="Share of requests opening with a shared prefix.")
-@click.option("--prefix-groups", type=click.IntRange(min=1, max=1_000_000), default=1, show_default=True,
+@click.option("--prefix-groups", type=click.IntRange(min=1, max=1_000_000), default=1,
+              show_default=True,
               help="Distinct shared prefixes (with --prefix-share).")
-@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=512, show_default=True,
+@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=512,
+              show_default=True,
               help="Tokens of each shared prefix.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
               help="The seed: the same options and seed give the same trace.")

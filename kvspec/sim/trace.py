@@ -14,8 +14,8 @@ Each line is one object::
   those of every request with the same ``prefix_id`` (a shared system prompt),
   up to the shorter prefix of the two.
 
-Blank lines are skipped, and so is a UTF-8 byte-order mark at the start. Every problem is a :class:`TraceError` at
-``file:line:column`` with a hint. Token ids are synthetic
+Blank lines are skipped, and so is a UTF-8 byte-order mark at the start. Every
+problem is a :class:`TraceError` at ``file:line:column`` with a hint. Token ids are synthetic
 (:func:`token_id`): the same for requests sharing a prefix, inside it; unique
 everywhere else, so prefix caching finds exactly the declared sharing.
 
@@ -39,8 +39,8 @@ from kvspec.errors import KvspecError
 from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import Located, scan
 
-__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest", "parse_trace", "prefix_codes", "read_trace",
-           "token_id", "trace_text", "write_trace"]
+__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
+           "parse_trace", "prefix_codes", "read_trace", "token_id", "trace_text", "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens")
