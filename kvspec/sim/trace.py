@@ -169,9 +169,9 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
                        "arrival is the engine step the request joins the waiting queue at",
                        MAX_ARRIVAL)
     prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be an integer from 1 to "
-                      "2^31", "a prompt has at least one token, and no model takes 2^31")
+                      "2^31", "a prompt has at least one token")
     output = _integer(obj, "output_tokens", 1, "output_tokens must be an integer from 1 to "
-                      "2^31", "a request samples at least one token, and no model 2^31")
+                      "2^31", "a request samples at least one token")
     prefix_id = obj.get("prefix_id")
     if ("prefix_id" in obj) != ("prefix_tokens" in obj):
         given = "prefix_id" if "prefix_id" in obj else "prefix_tokens"
