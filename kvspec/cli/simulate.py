@@ -26,7 +26,7 @@ from kvspec.cli.common import (
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, shown
-from kvspec.reports.format import table
+from kvspec.reports.format import count, table
 from kvspec.runtime.manager import from_layouts
 from kvspec.sim import MAX_BLOCKS, read_trace, simulate
 
@@ -177,8 +177,8 @@ def _all_refused(target: Target, trace: tuple[Any, ...], path: Path) -> KvspecEr
     limit = target.artifact.layout.engine.max_model_len
     shortest = min(r.prompt_tokens for r in trace)
     return KvspecError(
-        f"all {len(trace):,} request{'s' if len(trace) != 1 else ''} of the trace were "
-        f"refused: every prompt is max_model_len ({limit:,} tokens) or more",
+        f"all {count(len(trace), 'request')} of the trace were refused: every prompt is "
+        f"max_model_len ({limit:,} tokens) or more",
         file=shown(path), found=f"the shortest prompt has {shortest:,} tokens",
         hint="give a trace of shorter prompts (kvspec trace --max-prompt-tokens "
              f"{limit - 1}), or compile the layout with a larger max_model_len")
@@ -270,9 +270,9 @@ def _table(data: dict[str, Any], sides: list[str]) -> str:
     heads = ["", *({"kvspec": "kvspec", "vllm": "vLLM 0.33"}[s] for s in sides)]
     if len(sides) == 2:
         heads.append("")
-    pools = ", ".join(f"{n} {b:,} blocks" for n, b in (
+    pools = ", ".join(f"{n} {count(b, 'block')}" for n, b in (
         (p["name"], p["blocks"]) for p in data["pools"]))
-    head = f"{data['layout']}: {data['requests']:,} requests"
+    head = f"{data['layout']}: {count(data['requests'], 'request')}"
     if data["refused"]:
         head += f" ({data['refused']:,} refused: prompt of max_model_len or more)"
     return "\n".join([head + f"; {pools}", table(rows, heads)])

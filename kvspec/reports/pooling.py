@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvspec.artifact.format import Candidate, PoolingRecord, Waste
-from kvspec.reports.format import human_bytes, table
+from kvspec.reports.format import count, human_bytes, table
 
 __all__ = ["LIMIT", "candidates_table", "compact_table", "live_share", "pooling_lines",
            "pools_table", "utilization", "waste_line"]
@@ -107,7 +107,7 @@ def pooling_lines(record: PoolingRecord) -> list[str]:
     w = record.workload
     if w is not None:
         source = f"trace {w.trace}" if w.trace else (
-            f"{w.requests:,} requests, prompts ~{w.context_tokens:,.0f} tokens, outputs "
+            f"{count(w.requests, 'request')}, prompts ~{w.context_tokens:,.0f} tokens, outputs "
             f"~{w.output_tokens:,.0f}")
         out.append(f"workload: {source}; a running request holds {w.held_tokens:,} tokens "
                    "on average")

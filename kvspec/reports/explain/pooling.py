@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.artifact.format import PoolingRecord
+from kvspec.reports.format import count
 from kvspec.reports.pooling import compact_rows, compact_table, live_share, utilization
 
 __all__ = ["CandidateRow", "CurveRow", "PoolingView", "WasteKind", "pooling_chart", "pooling_view"]
@@ -112,8 +113,8 @@ def pooling_view(record: PoolingRecord) -> PoolingView:
     w = record.workload
     workload = None
     if w is not None:
-        workload = (f"trace {w.trace} ({w.requests:,} requests)" if w.trace else
-                    f"{w.requests:,} requests, prompts ~{w.context_tokens:,.0f} tokens, "
+        workload = (f"trace {w.trace} ({count(w.requests, 'request')})" if w.trace else
+                    f"{count(w.requests, 'request')}, prompts ~{w.context_tokens:,.0f} tokens, "
                     f"outputs ~{w.output_tokens:,.0f}, seed {w.seed}")
     tokens = tuple(sorted({t for c in record.candidates for t, _ in c.curve}))
     rows = []

@@ -15,6 +15,7 @@ from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity
 from kvspec.reports.explain.pooling import pooling_chart
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
+    count,
     human_bytes,
     md_cell,
     md_code,
@@ -108,7 +109,7 @@ def environment():
                        md_table=md_table, code=md_code, md_text=md_text, md_cell=md_cell,
                        md_html=md_html,
                        wrap=wrap, pages=pages_text, padding=group_padding,
-                       num=lambda n: f"{n:,}", arrow=arrow,
+                       num=lambda n: f"{n:,}", count=count, arrow=arrow,
                        breakable=breakable, wrap_at=wrap_at)
     return env
 
