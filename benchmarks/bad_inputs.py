@@ -438,10 +438,14 @@ def classify(case: Case, code: int | None, stderr: str, timed_out: bool) -> str:
         return "traceback"
     if code == 0:
         return "silent wrong"
-    named_files = [a for a in case.argv if "." in a or a == "-"]
-    placed = (_POSITION.search(stderr) or "\n  at: " in stderr or _OPTION.search(stderr)
-              or any(re.search(rf"^{re.escape(f)}: error", stderr, re.MULTILINE)
-                     for f in (*named_files, "<stdin>")))
+    # the first line of the message names the option or a file the case gave, or the
+    # message has a position (file:line:col, or an "at:" path into the source)
+    files = {a for a in case.argv if "." in a or a == "-"} | set(case.files) | {"<stdin>"}
+    first = next((line for line in stderr.splitlines() if "error" in line), "")
+    placed = (_POSITION.search(stderr) or "\n  at: " in stderr or _OPTION.search(first)
+              or "error: missing argument " in first
+              or any(re.search(rf"(^|[\s:'\"(]){re.escape(f)}([\s:'\")]|$)", first)
+                     for f in files))
     return "clear" if placed else "unclear"
 
 

@@ -99,7 +99,14 @@ def command(layout: Path, trace_path: Path | None, memory: str | None, num_block
     if not trace:
         raise KvspecError(f"{trace_path}: the trace has no requests",
                           hint="give a trace with at least one request line")
-    results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet)}
+    try:
+        results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet)}
+    except KvspecError as err:  # the pools the options sized: name them
+        given = f"--num-blocks {num_blocks}" if num_blocks is not None else \
+            f"--memory {memory}" if memory is not None else None
+        if given is None:
+            raise
+        raise err.replace(message=f"{given}: {err.message}") from None
     if results["kvspec"].rejected == len(trace):
         raise _all_refused(target, trace, trace_path or layout)
     if against == "vllm":
@@ -239,7 +246,8 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
     from kvspec.integrations import vllm as bridge
 
     if len(target.pools) > 1:
-        raise UsageError("vLLM 0.33 holds one shared pool: it cannot run this plan's "
+        raise UsageError("--against vllm: vLLM 0.33 holds one shared pool: it cannot run "
+                         "this plan's "
                          f"{len(target.pools)} separate pools",
                          hint="compare the unified plan (pooling.policy: unified, or the "
                               "`unified` candidate `kvspec plan` prints) against vLLM")

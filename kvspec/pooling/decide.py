@@ -282,9 +282,11 @@ def precheck(sized: Sized, pooling: Pooling) -> None:
     trace = workload_trace(pooling.workload, sized) if pooling.workload is not None else None
     if pooling.workload is not None and trace is not None:
         servable(pooling.workload, trace, sized)
+    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     if pooling.policy == "separate":
-        tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
         separate_layouts(sized, pooling, tokens)
+    if pooling.policy == "auto" and pooling.max_groups is not None:
+        _within_max_groups(candidates(sized, pooling, tokens), pooling)  # planned, not run
 
 
 def decide(sized: Sized, pooling: Pooling

@@ -51,9 +51,9 @@ def candidates_table(candidates: Sequence[Candidate], chosen: int | None) -> str
                  "llrrrrrrr")
 
 
-#: The columns of :func:`compact_rows` ("avg. limit": the physical limit at the average
+#: The columns of :func:`compact_rows` ("avg lim": the physical limit at the average
 #: request, :data:`LIMIT`).
-COMPACT = ("", "candidate", "max_len", "workload", "simulated", "util.", "avg. limit")
+COMPACT = ("", "candidate", "max_len", "workload", "simulated", "util.", "avg lim")
 
 
 def compact_rows(candidates: Sequence[Candidate], chosen: int | None
