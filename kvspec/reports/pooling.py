@@ -51,9 +51,9 @@ def candidates_table(candidates: Sequence[Candidate], chosen: int | None) -> str
                  "llrrrrrrr")
 
 
-#: The columns of :func:`compact_rows` ("avg lim": the physical limit at the average
-#: request, :data:`LIMIT`).
-COMPACT = ("", "candidate", "max_len", "workload", "simulated", "util.", "avg lim")
+#: The columns of :func:`compact_rows` ("limit": the physical limit at the average
+#: request, :data:`LIMIT`, as the legend above the table says: 80 columns hold no more).
+COMPACT = ("", "candidate", "max_len", "workload", "simulated", "util.", "limit")
 
 
 def compact_rows(candidates: Sequence[Candidate], chosen: int | None
