@@ -24,6 +24,7 @@ False
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -33,7 +34,9 @@ from typing import IO, Any, TextIO, TypeVar
 
 import click
 
-__all__ = ["DELAY", "Progress", "progress"]
+from kvspec import notes
+
+__all__ = ["DELAY", "NOTE_EVERY", "Progress", "library_notes", "progress"]
 
 #: Seconds of work before a bar appears.
 DELAY = 1.0
@@ -103,7 +106,8 @@ class Progress:
             return
         self._note_at = self.clock() + NOTE_EVERY
         of = f" of {self.length:,}" if self.length else ""
-        line = text or f"{self.label}: {self.done:,}{of} {self.step}".rstrip()
+        line = text or (self.step if not self.label else
+                        f"{self.label}: {self.done:,}{of} {self.step}".rstrip())
         click.echo(line, file=self.stream)
 
     def track(self, fn: Callable[..., T], step: str = "") -> Callable[..., T]:
@@ -126,6 +130,21 @@ class Progress:
         if self._bar is not None:
             self._bar.__exit__(None, None, None)
             self._bar = None
+
+
+@contextmanager
+def library_notes(quiet: bool = False, stream: TextIO | None = None) -> Iterator[Progress]:
+    """The lines long library work tells (:mod:`kvspec.notes`, e.g. ``auto`` simulating
+    its candidates) on ``stream`` (stderr), one every :data:`NOTE_EVERY` seconds at
+    most, after the first ``NOTE_EVERY``; none with ``quiet``."""
+    out = stream if stream is not None else sys.stderr
+    bar = Progress(None, "", out, enabled=False, delay=math.inf, notes=not quiet)
+
+    def hear(line: str) -> None:
+        bar.step = line
+        bar.advance(line, 0)
+    with notes.listening(hear):
+        yield bar
 
 
 @contextmanager
