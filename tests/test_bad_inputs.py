@@ -244,3 +244,30 @@ def test_the_json_reports_pooling_rows_are_numbers() -> None:
                     "utilization_while_waiting", "limit_at_average_request"):
             assert row[key] is None or isinstance(row[key], (int, float)), key
     assert sum(r["kept"] for r in pooling["rows"]) == 1
+
+
+# -- item 5: long work says how far it is ----------------------------------------------
+
+def test_long_work_prints_a_progress_line_every_few_seconds_off_a_terminal() -> None:
+    import io
+
+    from kvspec import notes
+    from kvspec.cli.progress import NOTE_EVERY, Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = Progress(1000, "simulating", out, enabled=False, delay=0.0, clock=lambda: now[0],
+                   notes=True)
+    bar.advance("requests finished", 10)
+    assert out.getvalue() == ""  # nothing in the first NOTE_EVERY seconds
+    now[0] = NOTE_EVERY + 0.1
+    bar.advance("requests finished", 10)
+    assert out.getvalue() == "simulating: 20 of 1,000 requests finished\n"
+    bar.advance("requests finished", 10)  # the next one NOTE_EVERY later
+    assert out.getvalue().count("\n") == 1
+    heard: list[str] = []
+    with notes.listening(heard.append):
+        from kvspec.compiler import compile_source
+        compile_source(SMALL + "pooling: {policy: auto, serve_with: kvspec, workload: "
+                       "{context_tokens: 512, output_tokens: 64, requests: 30}}\n")
+    assert heard and heard[0].startswith("pooling: simulating unified, ")
