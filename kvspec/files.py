@@ -38,6 +38,9 @@ _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "pib": 2**50, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
 _SIZE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)$")  # ASCII digits only
 SIZE_EXPECTED = "bytes (42949672960) or a size: 40GiB, 512MiB (powers of 2), 80GB (of 10)"
+#: Largest KV cache budget per rank a size may give: 256 TiB, far above any device
+#: (or host offload tier), and block offsets into it stay far inside 64 bits.
+MAX_MEMORY = 2**48
 
 
 def _any_case(unit: str) -> str:
@@ -99,7 +102,14 @@ def parse_size(value: int | str, *, what: str = "memory",
     if n is None:
         raise error(f"{what}: cannot read {value!r} as a size", expected=SIZE_EXPECTED,
                     found=repr(value), hint="no commas, one number, one unit")
+    if n > MAX_MEMORY:
+        raise error(f"{what}: {value} is more memory than any rank has", expected="at most "
+                    "256TiB per rank", found=repr(value), hint=MEMORY_HINT)
     return n
+
+
+#: The hint for a size above :data:`MAX_MEMORY`.
+MEMORY_HINT = "the budget is per rank (one GPU's KV cache), e.g. 40GiB: check the unit"
 
 
 # ---------------------------------------------------------------------------

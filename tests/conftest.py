@@ -16,6 +16,10 @@ REFERENCE = SHARED / "reference" / "kv_cache_interface.txt"
 
 #: Set KVSPEC_REGEN=1 to rewrite golden files; review the diff before committing.
 REGEN = os.environ.get("KVSPEC_REGEN") == "1"
+# No plain progress lines on stderr (kvspec.cli.progress): the tests compare outputs
+# whole, and a loaded machine must not add a line to them. Commands the tests run in
+# subprocesses inherit it.
+os.environ["KVSPEC_PROGRESS_NOTES"] = "off"
 
 
 def check_golden(path: Path, text: str) -> None:

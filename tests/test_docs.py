@@ -81,3 +81,22 @@ def test_the_engine_settings_table_is_current() -> None:
     end = text.index("<!-- end of the generated table -->")
     table = text[text.index("\n", start) + 1:end]
     assert table == settings_markdown(), "regenerate it from settings_markdown()"
+
+
+#: Where the docs name kvspec's version: ``kvspec --version``'s line, a report's
+#: ``kvspec X.Y.Z`` footer, a pre-commit ``rev: vX.Y.Z``.
+VERSION_MENTIONS = re.compile(r"kvspec, version (\d+\.\d+\.\d+)|kvspec (\d+\.\d+\.\d+)"
+                              r"|rev: v(\d+\.\d+\.\d+)")
+
+
+def test_the_docs_name_the_version_the_tool_prints() -> None:
+    # issue 36: getting-started showed 0.2.0 while the tool printed 0.3.0
+    from kvspec import __version__
+
+    stale = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in VERSION_MENTIONS.finditer(path.read_text(encoding="utf-8")):
+            found = next(g for g in m.groups() if g)
+            if found != __version__:
+                stale.append(f"{path.name}: {m.group(0)}")
+    assert not stale, f"the tool prints {__version__}; the docs say {stale}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from kvspec.artifact.text import canonical, sha256_of
 from kvspec.cli import cli
 from kvspec.compiler import compile_source
 from kvspec.errors import ArtifactError, KvspecError
+from kvspec.files import MAX_MEMORY, size_bytes
 from kvspec.integrations.dump.importer import dump_to_yaml
 from kvspec.reports.schemas import (
     SCHEMA_DIALECT,
@@ -200,7 +202,13 @@ def _json_can_say(data: Any, seen: set[int] | None = None) -> bool:
         seen.add(id(data))
         return all(_json_can_say(v, seen) for v in data)
     if isinstance(data, str):  # a lone surrogate is no UTF-8 JSON text can carry
-        return not any("\ud800" <= ch <= "\udfff" for ch in data)
+        # nor can a pattern bound a size's value: "1000000TiB" matches the size grammar,
+        # and only the model knows it is more than any rank has (issue 36)
+        size = size_bytes(data)
+        return not any("\ud800" <= ch <= "\udfff" for ch in data) and \
+            (size is None or size <= MAX_MEMORY)
+    if isinstance(data, float) and not math.isfinite(data):
+        return False  # .inf and .nan: JSON has no such numbers (the model refuses them)
     return not (isinstance(data, float) and data.is_integer())
 
 

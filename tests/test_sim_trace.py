@@ -54,10 +54,14 @@ def test_blank_lines_are_skipped_and_positions_still_count_them() -> None:
     assert (caught.value.line, caught.value.message) == (4, "missing key 'prompt_tokens'")
 
 
-def test_an_integer_longer_than_64_bits_is_read_exactly() -> None:
-    (r,) = parse_trace('{"arrival": 0, "prompt_tokens": 123456789012345678901234, '
-                       '"output_tokens": 1}')
-    assert r.prompt_tokens == 123456789012345678901234
+def test_an_integer_longer_than_64_bits_is_read_exactly_and_refused() -> None:
+    # issue 36: token counts are bounded (2^31) before any work; the number is read
+    # exactly (not orjson's overflow), so the message shows what was written
+    with pytest.raises(TraceError) as info:
+        parse_trace('{"arrival": 0, "prompt_tokens": 123456789012345678901234, '
+                    '"output_tokens": 1}')
+    assert info.value.found == "123456789012345678901234"
+    assert "from 1 to 2^31" in info.value.message
 
 
 # -- the generator ---------------------------------------------------------------

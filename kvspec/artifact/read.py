@@ -172,6 +172,9 @@ def _why_not(text: str | bytes, origin: str, exc: Exception) -> ArtifactError:
     """What is wrong with a text the typed decoder refused, where."""
     if not isinstance(exc, msgspec.ValidationError):  # (a ValidationError is a DecodeError)
         return _not_json(text, origin)
+    lines = _json_lines(text, origin)
+    if lines is not None:
+        return lines
     hostile = _hostile(text, origin)
     if hostile is not None:
         return hostile
@@ -205,8 +208,33 @@ def _unsigned(text: str | bytes, origin: str) -> ArtifactError:
                          path="sha256", expected=want, found="no sha256", hint=RECOMPILE)
 
 
+def _json_lines(text: str | bytes, origin: str) -> ArtifactError | None:
+    """JSON Lines (a request trace, most likely) given where an artifact belongs; None
+    when the text is not that."""
+    s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    lines = [line for line in s.lstrip("\ufeff").splitlines() if line.strip()]
+    if len(lines) < 2 and not origin.endswith(".jsonl"):
+        return None
+    try:
+        first = json.loads(lines[0]) if lines else None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(first, dict) or "body" in first:
+        return None
+    trace = "prompt_tokens" in first
+    return ArtifactError(
+        "this is a request trace (JSON Lines), not an artifact" if trace else
+        "this is JSON Lines (one object a line), not an artifact", file=origin,
+        expected="a compiled .kvlayout.json artifact (one JSON document)",
+        hint=f"a trace is replayed with `kvspec simulate LAYOUT --workload {origin}`; "
+             "an artifact is what `kvspec compile model.yaml` writes" if trace else _COMPILE)
+
+
 def _not_json(text: str | bytes, origin: str) -> ArtifactError:
     s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    lines = _json_lines(text, origin)
+    if lines is not None:
+        return lines
     if s.lstrip().startswith(("kvspec:", "#", "name:")) or origin.endswith((".yaml", ".yml")):
         return ArtifactError(
             "this is a layout source, not an artifact", file=origin,
@@ -220,6 +248,12 @@ def _not_json(text: str | bytes, origin: str) -> ArtifactError:
                              column=exc.colno, hint=_COMPILE)
     except (RecursionError, ValueError):
         return _unreadable(s, origin)
+    try:  # what json reads but JSON has not (NaN, Infinity), at its position
+        scan(s, what="an artifact", max_depth=MAX_DEPTH)
+    except Located as problem:
+        return problem.error(s, origin, RECOMPILE, cls=ArtifactError)
+    except (RecursionError, ValueError):
+        pass
     return ArtifactError("not valid JSON", file=origin, hint=_COMPILE)
 
 

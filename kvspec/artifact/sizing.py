@@ -40,8 +40,9 @@ def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | 
     if num_blocks < need:
         budget = f" ({memory} bytes)" if memory is not None else ""
         raise PlanError(
-            f"{num_blocks} blocks{budget} cannot serve one request at max_model_len "
-            f"{max_model_len}: it needs {need} blocks (one of them the null block)",
+            f"{num_blocks} block{'s' if num_blocks != 1 else ''}{budget} cannot serve one "
+            f"request at max_model_len {max_model_len}: it needs {need} blocks (one of them "
+            "the null block)",
             expected=f"num_blocks >= {need}", found=str(num_blocks),
             hint="give the KV cache more memory or compile with a shorter max_model_len")
     return num_blocks

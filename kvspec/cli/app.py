@@ -15,6 +15,7 @@ import click
 from kvspec._version import __version__
 from kvspec.cli import common
 from kvspec.cli.commands import COMMANDS
+from kvspec.cli.progress import library_notes
 from kvspec.cli.usage import as_usage_error
 from kvspec.errors import KvspecError, UsageError
 
@@ -57,7 +58,8 @@ def run(argv: list[str] | None) -> None:
                                  found=ascii(next(a for a in args if "\x00" in a)),
                                  hint="no path or value can hold one; check how the "
                                  "arguments were built")
-            code = cli.main(args=args, prog_name="kvspec", standalone_mode=False)
+            with library_notes(quiet="-q" in args or "--quiet" in args):
+                code = cli.main(args=args, prog_name="kvspec", standalone_mode=False)
         except click.exceptions.Abort:   # click's name for Ctrl-C (and EOF at a prompt)
             raise KeyboardInterrupt from None
         except click.exceptions.Exit as exc:   # --help, --version

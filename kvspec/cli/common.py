@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +43,8 @@ from kvspec.cli.progress import progress
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, is_stdin, is_stdout, parse_size
 
-__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "write_result", "written_by",
+__all__ = ["EXIT_CODES", "EXIT_INTERRUPTED", "ExitWith", "FiniteRange", "write_result",
+           "written_by",
            "check_output", "command", "echo_json", "error", "error_document", "format_option",
            "note", "parents_option", "progress", "quiet_option", "style", "use_color", "warn",
            "wants_json"]
@@ -251,6 +253,18 @@ def write_result(text: str, output: Path | None, fmt: str, *, quiet: bool) -> No
         echo_json({"ok": True, "output": str(output) if output else None, "source": text})
         return
     emit(text, output, quiet=quiet)
+
+
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that refuses ``inf`` and ``nan`` (which compare to nothing,
+    so a range alone lets ``nan`` through), naming the option."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def quiet_option(f: Callable[..., Any]) -> Callable[..., Any]:

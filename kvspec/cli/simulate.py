@@ -5,6 +5,7 @@ own scheduler beside it."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,14 +21,15 @@ from kvspec.cli.common import (
     parse_bytes,
     progress,
     quiet_option,
+    stdin_once,
 )
 from kvspec.cli.common import command as cli_command
 from kvspec.cli.trace_import import columns_of, step_options
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
-from kvspec.files import emit
-from kvspec.reports.format import table
+from kvspec.files import emit, shown
+from kvspec.reports.format import count, table
 from kvspec.runtime.manager import from_layouts
-from kvspec.sim import simulate
+from kvspec.sim import MAX_BLOCKS, simulate
 from kvspec.sim.formats import FORMATS, read_requests
 
 #: The summary's keys, in the order the table prints them (kvspec.sim.SUMMARY_KEYS).
@@ -69,7 +71,8 @@ def _ours(text: str) -> bool:
 @click.option("--memory", "--kv-cache-memory-bytes", "memory",
               help="Memory per rank (40GiB). Default: the layout's own budget.")
 @click.option("--num-blocks", "--num-gpu-blocks-override", "num_blocks",
-              type=click.IntRange(min=2), help="Blocks of the pool (one-pool layouts).")
+              type=click.IntRange(min=2, max=MAX_BLOCKS),
+              help="Blocks of the pool (one-pool layouts), at most 2^20.")
 @click.option("--against", type=click.Choice(["vllm"]),
               help="Replay the trace through vLLM 0.33.0's own Scheduler and KVCacheManager "
                    "too, and print both (needs kvspec[vllm]).")
@@ -95,16 +98,27 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
     same trace and prints its figures beside kvspec's."""
     check_output(output, suffixes=(".json", ".txt"), force=force, parents=parents,
                  inputs=tuple(p for p in (layout, trace_path) if p is not None), ours=_ours)
+    stdin_once(tuple(p for p in (layout, trace_path) if p is not None))
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
     target = _target(layout, memory, num_blocks)
+    _check_blocks(target, layout, memory)
     trace = _trace(trace_path, target, workload_format=workload_format, step_ms=step_ms,
                    columns=columns_of(columns, time_unit), block_tokens=block_tokens)
     if not trace:
         raise KvspecError(f"{trace_path}: the trace has no requests",
                           hint="give a trace with at least one request line")
-    results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet)}
+    try:
+        results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet)}
+    except KvspecError as err:  # the pools the options sized: name them
+        given = f"--num-blocks {num_blocks}" if num_blocks is not None else \
+            f"--memory {memory}" if memory is not None else None
+        if given is None:
+            raise
+        raise err.replace(message=f"{given}: {err.message}") from None
+    if results["kvspec"].rejected == len(trace):
+        raise _all_refused(target, trace, trace_path or layout)
     if against == "vllm":
         results["vllm"] = _against_vllm(target, trace, max_num_seqs, quiet)
     data = {"layout": str(layout), "requests": len(trace),
@@ -161,6 +175,32 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
     return Target(art, pools, counts, source_trace)
 
 
+def _check_blocks(target: Target, layout: Path, memory: str | None) -> None:
+    """Refuse pools too large to simulate before building them, naming what sized them."""
+    for name, n in _blocks(target):
+        if n <= MAX_BLOCKS:
+            continue
+        what = (f"pool {name} has {n:,} blocks; the simulator holds every block, at most "
+                f"{MAX_BLOCKS:,}")
+        if memory is not None:
+            raise UsageError(f"--memory {memory}: {what}", found=memory,
+                             hint="simulate a smaller budget (the figures per block scale)")
+        raise KvspecError(f"cannot simulate: {what}", file=shown(layout), path="budget",
+                          hint="give --memory or --num-blocks for a smaller pool")
+
+
+def _all_refused(target: Target, trace: tuple[Any, ...], path: Path) -> KvspecError:
+    """Every request refused: an error, not a table of zeros."""
+    limit = target.artifact.layout.engine.max_model_len
+    shortest = min(r.prompt_tokens for r in trace)
+    return KvspecError(
+        f"all {count(len(trace), 'request')} of the trace were refused: every prompt is "
+        f"max_model_len ({limit:,} tokens) or more",
+        file=shown(path), found=f"the shortest prompt has {shortest:,} tokens",
+        hint="give a trace of shorter prompts (kvspec trace --max-prompt-tokens "
+             f"{limit - 1}), or compile the layout with a larger max_model_len")
+
+
 def _blocks(target: Target) -> list[tuple[str, int]]:
     """Each pool's block count as simulated."""
     out = []
@@ -195,8 +235,8 @@ def _settings(target: Target, max_num_seqs: int | None) -> dict[str, Any]:
 def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
               quiet: bool) -> Any:
     layout = from_layouts(list(target.pools), target.counts)
-    with progress(len(trace) if len(trace) >= BAR_FROM else None,
-                  label="simulating", quiet=quiet or len(trace) < BAR_FROM) as bar:
+    with progress(len(trace), label="simulating", quiet=quiet, notes=True,
+                  delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         return simulate(layout, trace, progress=_advance(bar),
                         **_settings(target, max_num_seqs))
 
@@ -217,7 +257,8 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
     from kvspec.integrations import vllm as bridge
 
     if len(target.pools) > 1:
-        raise UsageError("vLLM 0.33 holds one shared pool: it cannot run this plan's "
+        raise UsageError("--against vllm: vLLM 0.33 holds one shared pool: it cannot run "
+                         "this plan's "
                          f"{len(target.pools)} separate pools",
                          hint="compare the unified plan (pooling.policy: unified, or the "
                               "`unified` candidate `kvspec plan` prints) against vLLM")
@@ -231,8 +272,8 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
 
     art = target.artifact
     num_blocks = target.counts[target.pools[0][0]] if target.counts is not None else None
-    with progress(len(trace) if len(trace) >= BAR_FROM else None,
-                  label="vLLM's scheduler", quiet=quiet or len(trace) < BAR_FROM) as bar:
+    with progress(len(trace), label="vLLM's scheduler", quiet=quiet, notes=True,
+                  delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         result, _ = replay(art, trace, num_blocks, progress=_advance(bar))
     return result
 
@@ -248,9 +289,9 @@ def _table(data: dict[str, Any], sides: list[str]) -> str:
     heads = ["", *({"kvspec": "kvspec", "vllm": "vLLM 0.33"}[s] for s in sides)]
     if len(sides) == 2:
         heads.append("")
-    pools = ", ".join(f"{n} {b:,} blocks" for n, b in (
+    pools = ", ".join(f"{n} {count(b, 'block')}" for n, b in (
         (p["name"], p["blocks"]) for p in data["pools"]))
-    head = f"{data['layout']}: {data['requests']:,} requests"
+    head = f"{data['layout']}: {count(data['requests'], 'request')}"
     if data["refused"]:
         head += f" ({data['refused']:,} refused: prompt of max_model_len or more)"
     return "\n".join([head + f"; {pools}", table(rows, heads)])

@@ -14,6 +14,7 @@ import click
 from kvspec.cli.common import (
     USAGE,
     Command,
+    FiniteRange,
     check_output,
     echo_json,
     format_option,
@@ -26,7 +27,7 @@ from kvspec.files import emit
 from kvspec.sim import generate_trace
 from kvspec.sim.formats import DEFAULT_STEP_MS
 from kvspec.sim.presets import PRESETS, preset_trace
-from kvspec.sim.trace import trace_text
+from kvspec.sim.trace import MAX_TOKENS, MIN_RATE, trace_text
 
 
 def _ours(text: str) -> bool:
@@ -60,36 +61,40 @@ _PRESET_DECIDES = ("prompt_mean", "prompt_spread", "output_mean", "output_spread
              short_help="Write a seeded synthetic request trace (JSONL).")
 @click.option("-n", "--requests", type=click.IntRange(min=1, max=10_000_000), default=1000,
               show_default=True, help="Requests in the trace.")
-@click.option("--prompt-mean", type=click.FloatRange(min=1), default=1024.0, show_default=True,
+@click.option("--prompt-mean", type=FiniteRange(min=1, max=MAX_TOKENS), default=1024.0,
+              show_default=True,
               help="Mean prompt tokens (lognormal).")
-@click.option("--prompt-spread", type=click.FloatRange(min=0, max=4), default=0.5,
+@click.option("--prompt-spread", type=FiniteRange(min=0, max=4), default=0.5,
               show_default=True, help="Standard deviation of the prompt lengths' logarithm "
               "(0: every prompt the mean).")
-@click.option("--output-mean", type=click.FloatRange(min=1), default=256.0, show_default=True,
+@click.option("--output-mean", type=FiniteRange(min=1, max=MAX_TOKENS), default=256.0,
+              show_default=True,
               help="Mean output tokens (lognormal).")
-@click.option("--output-spread", type=click.FloatRange(min=0, max=4), default=0.5,
+@click.option("--output-spread", type=FiniteRange(min=0, max=4), default=0.5,
               show_default=True, help="Standard deviation of the output lengths' logarithm.")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True),
+@click.option("--rate", type=FiniteRange(min=MIN_RATE, max=1e9),
               help="Arrivals per engine step, a Poisson process (default: all at step 0).")
-@click.option("--arrival-cv", type=click.FloatRange(min=0, min_open=True, max=100),
+@click.option("--arrival-cv", type=FiniteRange(min=0, min_open=True, max=100),
               default=1.0, show_default=True,
               help="With --rate: the inter-arrival times' coefficient of variation (1: "
                    "Poisson; above 1: bursty, Gamma inter-arrival times).")
 @click.option("--preset", type=click.Choice(list(PRESETS)),
               help="Draw lengths and arrivals from a preset fitted to a published trace "
                    "(docs/pooling.md#workload-presets).")
-@click.option("--step-ms", type=click.FloatRange(min=0, min_open=True, max=1e6),
+@click.option("--step-ms", type=FiniteRange(min=0, min_open=True, max=1e6),
               default=DEFAULT_STEP_MS, show_default=True,
               help="--preset: milliseconds one engine step stands for.")
-@click.option("--max-prompt-tokens", type=click.IntRange(min=1),
+@click.option("--max-prompt-tokens", type=click.IntRange(min=1, max=MAX_TOKENS),
               help="Cap prompts at this many tokens (e.g. max_model_len - 1).")
-@click.option("--prefix-share", type=click.FloatRange(min=0, max=1), default=0.0,
+@click.option("--prefix-share", type=FiniteRange(min=0, max=1), default=0.0,
               show_default=True, help="Share of requests opening with a shared prefix.")
-@click.option("--prefix-groups", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--prefix-groups", type=click.IntRange(min=1, max=1_000_000), default=1,
+              show_default=True,
               help="Distinct shared prefixes (with --prefix-share).")
-@click.option("--prefix-tokens", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=512,
+              show_default=True,
               help="Tokens of each shared prefix.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
               help="The seed: the same options and seed give the same trace.")
 @format_option("text", "json", help="text: the JSONL trace; json: one document with the "
                "requests and a summary.")

@@ -22,6 +22,7 @@ from kvspec.cli.common import (
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import is_stdout, write_atomic
+from kvspec.reports.format import count as plural
 from kvspec.sim.formats import (
     DEFAULT_STEP_MS,
     FORMATS,
@@ -128,9 +129,11 @@ def command(trace_format: str, file: Path, step_ms: float, columns: str | None,
     if as_json:
         echo_json({"ok": True, "output": str(output), **summary})
     elif not quiet:
-        skipped = f", {reader.skipped:,} rows of 0 tokens skipped" if reader.skipped else ""
+        skipped = (f", {plural(reader.skipped, 'row')} of 0 tokens skipped" if reader.skipped
+                   else "")
         where = f"wrote {output}: " if output is not None and not is_stdout(output) else ""
-        click.echo(f"{where}{count[0]:,} requests from {reader.rows:,} rows{skipped}; the "
+        click.echo(f"{where}{plural(count[0], 'request')} from {plural(reader.rows, 'row')}"
+                   f"{skipped}; the "
                    f"last arrives at step {count[1]:,} ({step_ms:g} ms a step)", err=True)
     return EXIT_OK
 

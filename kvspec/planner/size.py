@@ -40,6 +40,9 @@ from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.place import bytes_per_block
 from kvspec.planner.strategies import state_slots_pool as slots
 
+#: Most blocks a pool may have: vLLM's block tables hold 32-bit ids (int32 tensors).
+MAX_BLOCKS = 2**31 - 1
+
 
 def pool_bytes_per_block(engine: Engine, groups: Sequence[Group]) -> int:
     """Bytes one block of the main pool costs."""
@@ -324,6 +327,11 @@ def size_plan(plan: Plan, *, memory: int | None = None,
             check_fits(engine, st.groups, c, stage=st.index, block_bytes=st.bytes_per_block)
     n_min = min(override if override is not None else st.blocks_for(a)
                 for st, a in zip(stages, avail))
+    if n_min > MAX_BLOCKS:
+        raise PlanError(f"the budget gives {n_min:,} blocks: more than the {MAX_BLOCKS:,} "
+                        "that 32-bit block ids (vLLM's block tables) can number",
+                        ref=BudgetRef(), found=f"{n_min:,} blocks",
+                        hint="the budget is per rank: check its unit (40GiB, not 40TiB)")
     results = tuple(StageSizing(
         st.index, n_min, tuple(t.at(n_min) for t in st.tensors),
         memory_usage(engine, st.groups) if st.groups else 0,

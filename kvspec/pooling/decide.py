@@ -170,6 +170,25 @@ def candidates(sized: Sized, pooling: Pooling, tokens: int) -> list[Candidate]:
     return out
 
 
+def _within_max_groups(cands: list[Candidate], pooling: Pooling) -> list[Candidate]:
+    """``auto``'s candidates, those with more groups than ``max_groups`` noted (reported,
+    not chosen); an error at ``max_groups`` when that leaves none to choose."""
+    most = pooling.max_groups
+    if most is None or pooling.policy != "auto":
+        return cands
+    out = [c if c.groups <= most or c.note is not None else
+           dataclasses.replace(c, note=f"{c.groups} groups, more than max_groups ({most})")
+           for c in cands]
+    if all(c.note is not None for c in out):
+        fewest = min(c.groups for c in cands)
+        shown = "; ".join(f"{c.name}: {c.groups}" for c in cands)
+        raise KvspecError(f"no candidate plan has at most max_groups ({most}) groups "
+                          f"({shown})", ref=PoolingRef(("pooling", "max_groups")),
+                          found=str(most), expected=f"at least {fewest}",
+                          hint=f"raise max_groups to {fewest} or more, or remove it")
+    return out
+
+
 def _record(c: Candidate, e: Evaluation, tokens: int) -> fmt.Candidate:
     return fmt.Candidate(
         name=c.name, policy=c.policy, block_size=c.block_size, groups=c.groups,
@@ -206,7 +225,8 @@ def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
     servable = [i for i, c in enumerate(cands) if c.note is None]
     if not servable:
         why = "; ".join(f"{c.name}: {c.note}" for c in cands)
-        raise KvspecError(f"no plan can serve this workload ({why})", ref=PoolingRef(),
+        raise KvspecError(f"no plan can serve this workload ({why})",
+                          ref=PoolingRef(("pooling", "workload")),
                           hint="give the KV cache more memory, a shorter max_model_len, or "
                                "a workload of shorter requests")
     best = max(_capacity(evaluations[i]) for i in servable)
@@ -229,14 +249,44 @@ def _shares(pools: tuple[PoolLayout, ...]) -> list[fmt.PoolShare]:
                           state=p.state, budget=p.layout.budget) for p in pools]
 
 
+def servable(workload: Workload, trace: WorkloadTrace, sized: Sized) -> None:
+    """Refuse a workload no plan can serve, at the workload: prompts of max_model_len
+    or more (vLLM refuses them), every one of a trace's, or a summary's on average
+    (its synthetic trace would otherwise cut them short and say nothing)."""
+    limit = sized.layout.engine.max_model_len
+    hint = (f"the engine admits prompts shorter than max_model_len ({limit:,}): give "
+            "shorter requests, or a larger engine.max_model_len")
+    if workload.trace is not None:
+        refused = sum(1 for r in trace.requests if r.prompt_tokens >= limit)
+        if trace.requests and refused == len(trace.requests):
+            raise KvspecError(
+                f"no plan can serve this workload: all {refused:,} request"
+                f"{'s' if refused != 1 else ''} of the trace have a prompt of max_model_len "
+                f"({limit:,} tokens) or more", ref=PoolingRef(("pooling", "workload", "trace")),
+                found=f"the shortest prompt has {min(r.prompt_tokens for r in trace.requests):,}"
+                      " tokens", hint=hint)
+        return
+    mean = workload.context.expected
+    if mean >= limit:
+        raise KvspecError(
+            f"no plan can serve this workload: its prompts average {mean:,.0f} tokens, "
+            f"max_model_len ({limit:,}) or more",
+            ref=PoolingRef(("pooling", "workload", "context_tokens")),
+            found=f"{mean:,.0f} tokens", expected=f"fewer than {limit:,} tokens", hint=hint)
+
+
 def precheck(sized: Sized, pooling: Pooling) -> None:
     """What can be checked of the pooling section without simulating (``kvspec
-    validate``): the workload's trace reads, and a separate plan's pools (its split's
-    names, each pool's share of the budget) plan."""
+    validate``): the workload's trace reads and has requests the engine admits, and
+    a separate plan's pools (its split's names, each pool's share of the budget) plan."""
     trace = workload_trace(pooling.workload, sized) if pooling.workload is not None else None
+    if pooling.workload is not None and trace is not None:
+        servable(pooling.workload, trace, sized)
+    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     if pooling.policy == "separate":
-        tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
         separate_layouts(sized, pooling, tokens)
+    if pooling.policy == "auto" and pooling.max_groups is not None:
+        _within_max_groups(candidates(sized, pooling, tokens), pooling)  # planned, not run
 
 
 def decide(sized: Sized, pooling: Pooling
@@ -244,9 +294,11 @@ def decide(sized: Sized, pooling: Pooling
     """The layout (or pools) the policy keeps, and the record of its decision."""
     workload = pooling.workload
     trace = workload_trace(workload, sized) if workload is not None else None
+    if workload is not None and trace is not None:
+        servable(workload, trace, sized)
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     cands, evaluations = [], []
-    for listed in candidates(sized, pooling, tokens):
+    for listed in _within_max_groups(candidates(sized, pooling, tokens), pooling):
         c = listed
         try:
             e = evaluate(c, trace, sized)

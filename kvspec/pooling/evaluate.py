@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from kvspec import notes
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.model.plan import Layout
@@ -172,6 +174,16 @@ def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float 
                              per_request=round(per_request), idle=round(idle))
 
 
+def _told(name: str) -> Callable[[int, int], None] | None:
+    """The simulation's progress as lines for :mod:`kvspec.notes` (None: nobody hears)."""
+    if not notes.is_heard():
+        return None
+
+    def tick(finished: int, total: int) -> None:
+        notes.tell(f"pooling: simulating {name}, {finished:,} of {total:,} requests finished")
+    return tick
+
+
 def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
     """``candidate``'s figures at the workload; simulated when there is a budget."""
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
@@ -183,7 +195,8 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) ->
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
     engine = sized.layout.engine
     layouts = _pool_layouts(candidate)
-    result = simulate(from_layouts(layouts), trace.requests,
+    name = getattr(candidate, "name", "a candidate")
+    result = simulate(from_layouts(layouts), trace.requests, progress=_told(name),
                       max_num_seqs=trace.workload.concurrency or engine.max_num_seqs,
                       max_num_batched_tokens=engine.max_num_batched_tokens,
                       max_model_len=engine.max_model_len,

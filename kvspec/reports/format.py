@@ -19,10 +19,19 @@ from typing import Any
 
 from kvspec.model.names import compact_layers, layers_brief
 
-__all__ = ["compact_layers", "human_bytes", "layers_brief", "md_table", "pct",
+__all__ = ["compact_layers", "count", "human_bytes", "layers_brief", "md_table", "pct",
            "short_bytes", "table", "wrap"]
 
 _UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` (with thousands separators) and ``noun``, plural unless ``n`` is 1.
+
+    >>> count(1, "block"), count(2048, "request")
+    ('1 block', '2,048 requests')
+    """
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def human_bytes(n: float) -> str:

@@ -7,9 +7,9 @@ policy weighed with what each buys at the workload.
 ...               simulated=None, tokens_held=None, waste=None, binding_pool="device",
 ...               note=None, curve=[])
 >>> print(candidates_table([c], chosen=0))
-   candidate  block  groups  at max_model_len  at workload  simulated mean / peak  util. waiting  physical limit
--  ---------  -----  ------  ----------------  -----------  ---------------------  -------------  --------------
-*  unified       16       1             2.50x        150.0                      -              -           160.0
+   candidate  block  groups  at max_model_len  at workload  simulated mean / peak  util. waiting  limit at avg. request
+-  ---------  -----  ------  ----------------  -----------  ---------------------  -------------  ---------------------
+*  unified       16       1             2.50x        150.0                      -              -                  160.0
 """  # noqa: E501 (the doctest's expected table is wider than a line)
 
 from __future__ import annotations
@@ -17,9 +17,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvspec.artifact.format import Candidate, PoolingRecord, Waste
-from kvspec.reports.format import human_bytes, table
+from kvspec.reports.format import count, human_bytes, table
 
-__all__ = ["candidates_table", "compact_table", "pooling_lines", "pools_table", "waste_line"]
+__all__ = ["LIMIT", "candidates_table", "compact_table", "live_share", "pooling_lines",
+           "pools_table", "utilization", "waste_line"]
+
+#: What the physical limit is, wherever it is shown: it is priced at the workload's
+#: average request, so the simulated peak (of shorter requests) may pass it.
+LIMIT = ("limit at avg. request: requests of the average size whose live tokens and states "
+         "alone fill the budget;\n  the simulated peak, of shorter requests, may pass it")
 
 
 def _num(x: float | None, spec: str = ".1f") -> str:
@@ -34,18 +40,19 @@ def candidates_table(candidates: Sequence[Candidate], chosen: int | None) -> str
     for i, c in enumerate(candidates):
         sim = c.simulated
         running = "-" if sim is None else f"{sim.mean_running:.1f} / {sim.peak_running}"
-        waiting = None if sim is None else sim.utilization_while_waiting
+        waiting = utilization(c)
         rows.append(["*" if i == chosen else "", c.name + (f" ({c.note})" if c.note else ""),
                      c.block_size, c.groups,
                      "-" if c.static_requests is None else f"{c.static_requests:.2f}x",
                      _num(c.workload_requests), running, _num(waiting, ".3f"),
                      _num(c.physical_limit)])
     return table(rows, ["", "candidate", "block", "groups", "at max_model_len", "at workload",
-                        "simulated mean / peak", "util. waiting", "physical limit"],
+                        "simulated mean / peak", "util. waiting", "limit at avg. request"],
                  "llrrrrrrr")
 
 
-#: The columns of :func:`compact_rows`.
+#: The columns of :func:`compact_rows` ("limit": the physical limit at the average
+#: request, :data:`LIMIT`, as the legend above the table says: 80 columns hold no more).
 COMPACT = ("", "candidate", "max_len", "workload", "simulated", "util.", "limit")
 
 
@@ -64,7 +71,7 @@ def compact_rows(candidates: Sequence[Candidate], chosen: int | None
                      "-" if c.static_requests is None else f"{c.static_requests:.1f}",
                      _num(c.workload_requests),
                      "-" if sim is None else f"{sim.mean_running:.1f}/{sim.peak_running}",
-                     _num(None if sim is None else sim.utilization_while_waiting, ".2f"),
+                     _num(utilization(c), ".2f"),
                      _num(c.physical_limit)])
     return rows, notes
 
@@ -100,7 +107,7 @@ def pooling_lines(record: PoolingRecord) -> list[str]:
     w = record.workload
     if w is not None:
         source = f"trace {w.trace}" if w.trace else (
-            f"{w.requests:,} requests, prompts ~{w.context_tokens:,.0f} tokens, outputs "
+            f"{count(w.requests, 'request')}, prompts ~{w.context_tokens:,.0f} tokens, outputs "
             f"~{w.output_tokens:,.0f}")
         out.append(f"workload: {source}; a running request holds {w.held_tokens:,} tokens "
                    "on average")
@@ -124,6 +131,25 @@ def _binding(c: Candidate, held: int) -> str:
     return line + (f"; static requests at -50% / +50% context: {moves}" if moves else "")
 
 
+def utilization(c: Candidate) -> float | None:
+    """A candidate's share of the pools holding live bytes while requests wait: from
+    its waste breakdown when it has one (:func:`live_share`), so every figure of it
+    printed agrees, else the simulator's own."""
+    if c.waste is not None and c.waste.pool_bytes:
+        return live_share(c.waste)
+    return None if c.simulated is None else c.simulated.utilization_while_waiting
+
+
+def live_share(w: Waste) -> float | None:
+    """The share of the pools holding live tokens and states while requests wait: what
+    the waste kinds leave of them (one figure for ``compile``, ``plan`` and ``explain``,
+    so their shares add up to the pools' bytes)."""
+    if not w.pool_bytes:
+        return None
+    wasted = w.padding_slots + w.padded_pages + w.block_inflation + w.per_request + w.idle
+    return max(w.pool_bytes - wasted, 0) / w.pool_bytes
+
+
 def waste_line(w: Waste) -> str:
     """Where the pool's bytes go while requests wait, as shares of them."""
     def share(x: int) -> str:
@@ -138,13 +164,12 @@ def _legend(record: PoolingRecord) -> list[str]:
     out = ["  at max_model_len: every request priced at max_model_len (vLLM's start-up figure)",
            "  at workload: priced at the tokens a running request holds on average",
            "  simulated: running requests while the trace is replayed through vLLM v1's scheduling",
-           ("  physical limit: requests whose live tokens and one state per state layer alone fill "
-           "the budget")]
+           "  " + LIMIT]
     if record.chosen is None:
         return out
     c = record.candidates[record.chosen]
     if c.waste is not None and c.simulated is not None:
-        used = _num(c.simulated.utilization_while_waiting, ".1%")
+        used = _num(live_share(c.waste), ".1%")
         out.append(f"kept: {c.name}; while requests wait, live tokens and states fill {used}")
         out.append(f"  of its pools; the rest: {waste_line(c.waste)}")
     return out

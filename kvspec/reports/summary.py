@@ -18,7 +18,7 @@ from kvspec.model.plan import Group, Layout, Plan
 from kvspec.planner import Sizing
 from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request
-from kvspec.reports.format import compact_layers, human_bytes, layers_brief, table
+from kvspec.reports.format import compact_layers, count, human_bytes, layers_brief, table
 from kvspec.reports.pooling import pooling_lines
 
 __all__ = ["human_bytes", "plan_table", "plan_warnings", "summary", "summary_data",
@@ -72,11 +72,11 @@ def summary(artifact: CompiledArtifact, *, warnings: bool = True) -> str:
            + (f" + fixed {human_bytes(st0.fixed_bytes)}" if st0.fixed_bytes else ""),
            (f"one request at max_model_len: "
             f"{human_bytes(layout.stage_figures[0].memory_per_request)}, "
-            f"needs at least {layout.min_num_blocks():,} blocks")]
+            f"needs at least {count(layout.min_num_blocks(), 'block')}")]
     b = layout.budget
     if b is not None:
-        out.append(f"for {human_bytes(b.memory)}: {b.num_blocks:,} blocks, "
-                   f"{b.kv_cache_size_tokens:,} tokens, max concurrency "
+        out.append(f"for {human_bytes(b.memory)}: {count(b.num_blocks, 'block')}, "
+                   f"{count(b.kv_cache_size_tokens, 'token')}, max concurrency "
                    f"{b.max_concurrency if b.max_concurrency is not None else float('inf'):.2f}x"
                    f" at {b.max_model_len:,} tokens")
     else:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvspec.errors import KvspecError
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
 from kvspec.sim.engine import KvspecEngine, Progress, drive
 from kvspec.sim.generate import generate_trace
@@ -35,9 +36,24 @@ from kvspec.sim.metrics import SUMMARY_KEYS, LiveBytes, SimResult, StepRecord
 from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
-__all__ = ["SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
+__all__ = ["MAX_BLOCKS", "SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
            "admit", "batch_depth", "generate_trace", "parse_trace", "read_trace", "run",
            "run_artifact", "simulate", "simulate_artifact", "write_trace"]
+
+
+#: Most blocks a simulated pool may have: the manager holds every block of its pools
+#: (a few microseconds and some hundred bytes each), so a typo's 10^12 would run out
+#: of memory; a million is several times any GPU's pool.
+MAX_BLOCKS = 2**20
+
+
+def too_many_blocks(layout: ManagedLayout) -> str | None:
+    """Why ``layout``'s pools are too large to simulate, or None."""
+    big = [p for p in layout.pools if p.num_blocks > MAX_BLOCKS]
+    if not big:
+        return None
+    return (f"pool {big[0].name} has {big[0].num_blocks:,} blocks; the simulator holds "
+            f"every block, at most {MAX_BLOCKS:,}")
 
 
 def batch_depth(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
@@ -76,6 +92,10 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     # the recycling groups' admission cap reads the tokens in flight: these settings'
     layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
     admitted, numbers = admit(trace, layout.max_model_len)
+    why = too_many_blocks(layout)
+    if why is not None:
+        raise KvspecError(f"cannot simulate: {why}",
+                          hint="simulate a smaller budget: the figures per block scale")
     manager = KVCacheManager(layout)
     live = LiveBytes(layout)
     scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,

@@ -49,12 +49,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
+import msgspec
 
+from kvspec.files import is_stdin
 from kvspec.jsonpos import Located, scan
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
 from kvspec.sim.trace import TraceError, TraceRequest, read_trace
 from kvspec.sim.trace import _request as trace_line
+
+#: msgspec's JSON decoder (a core dependency; integers of any length read exactly).
+_decode = msgspec.json.Decoder().decode
 
 __all__ = ["DEFAULT_STEP_MS", "FORMATS", "MOONCAKE_BLOCK_TOKENS", "Columns", "Reader",
            "detect", "iter_requests", "read_requests"]
@@ -124,8 +128,8 @@ def detect(path: str | Path) -> str:
                               "output=NAME), or azure-2024, burstgpt, ...")
     if suffix in (".jsonl", ".json", ".ndjson"):
         try:
-            keys = set(orjson.loads(first)) if first.lstrip().startswith("{") else set()
-        except orjson.JSONDecodeError:
+            keys = set(_decode(first)) if first.lstrip().startswith("{") else set()
+        except msgspec.DecodeError:
             keys = set()
         if "arrival" in keys or not first.strip():
             return "kvspec"
@@ -145,7 +149,7 @@ def read_requests(path: str | Path, fmt: str | None = None, *,
                   step_ms: float = DEFAULT_STEP_MS, columns: Columns | None = None,
                   block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> tuple[TraceRequest, ...]:
     """Every request of the trace at ``path`` in format ``fmt`` (default: detected)."""
-    fmt = fmt or detect(path)
+    fmt = fmt or ("kvspec" if is_stdin(path) else detect(path))
     if fmt == "kvspec":
         return read_trace(path)
     reader = Reader(path, fmt, step_ms=step_ms, columns=columns, block_tokens=block_tokens)
@@ -234,6 +238,8 @@ class Reader:
         for number, raw in enumerate(fh, start=1):
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")
+                if number == 1:  # a byte-order mark: editors and spreadsheets write one
+                    line = line.removeprefix("\ufeff")
             except UnicodeDecodeError as exc:
                 raise TraceError(f"not UTF-8 text: {exc.reason}", file=self.file,
                                  line=number, column=len(raw[:exc.start].decode()) + 1,
@@ -242,7 +248,7 @@ class Reader:
                 yield number, line
 
     def _is_jsonl(self, fh: IO[bytes]) -> bool:
-        start = fh.read(1024).lstrip()
+        start = fh.read(1024).removeprefix(b"\xef\xbb\xbf").lstrip()
         fh.seek(0)
         return start.startswith(b"{")
 
@@ -374,8 +380,8 @@ class Reader:
 
     def _object(self, line: str, number: int) -> dict[str, Any]:
         try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            obj = _decode(line)
+        except msgspec.DecodeError:
             try:
                 obj = scan(line, what="the trace line")[0]
             except Located as problem:
@@ -478,7 +484,7 @@ def _fields(line: str) -> list[tuple[str, int]]:
 
 def _first_line(path: Path) -> str:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8-sig", errors="replace") as fh:
             for line in fh:
                 if line.strip():
                     return line.rstrip("\r\n")

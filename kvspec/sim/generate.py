@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 
-from kvspec.sim.trace import TraceError, TraceRequest
+from kvspec.sim.trace import MAX_ARRIVAL, MAX_TOKENS, TraceError, TraceRequest
 
 __all__ = ["gap", "generate_trace"]
 
@@ -53,7 +53,7 @@ def generate_trace(num_requests: int, *, seed: int = 0, prompt_mean: float = 102
         if prefix_groups and rng.random() < prefix_share:
             prefix = rng.randrange(prefix_groups)
             shared = min(prefix_tokens, prompt)
-        out.append(TraceRequest(int(time), prompt, output, prefix, shared))
+        out.append(TraceRequest(min(int(time), MAX_ARRIVAL), prompt, output, prefix, shared))
     return tuple(out)
 
 
@@ -73,20 +73,27 @@ def gap(rng: random.Random, rate: float, cv: float = 1.0) -> float:
 
 def _length(rng: random.Random, mean: float, spread: float) -> int:
     if spread == 0:
-        return max(1, round(mean))
+        return min(max(1, round(mean)), MAX_TOKENS)
     mu = math.log(mean) - spread * spread / 2  # the lognormal's mean is then ``mean``
-    return max(1, round(rng.lognormvariate(mu, spread)))
+    return min(max(1, round(rng.lognormvariate(mu, spread))), MAX_TOKENS)
 
 
 def _check(num: int, prompt_mean: float, output_mean: float, prompt_spread: float,
            output_spread: float, rate: float | None, groups: int, share: float) -> None:
     problems = []
+    numbers = {"prompt_mean": prompt_mean, "output_mean": output_mean,
+               "prompt_spread": prompt_spread, "output_spread": output_spread, "rate": rate,
+               "prefix_share": share}
+    bad = [f"{k} {v}" for k, v in numbers.items() if v is not None and not math.isfinite(v)]
+    if bad:  # nan compares to nothing: checked first, by name
+        raise TraceError("cannot generate a trace: not finite: " + ", ".join(bad),
+                         hint="give finite numbers")
     if num < 1:
         problems.append(f"num_requests {num} (1 or more)")
-    if prompt_mean < 1 or output_mean < 1:
-        problems.append(f"means {prompt_mean}, {output_mean} (1 token or more)")
-    if prompt_spread < 0 or output_spread < 0:
-        problems.append("a negative spread")
+    if not (1 <= prompt_mean <= MAX_TOKENS and 1 <= output_mean <= MAX_TOKENS):
+        problems.append(f"means {prompt_mean}, {output_mean} (1 to 2^31 tokens)")
+    if not (0 <= prompt_spread <= 4 and 0 <= output_spread <= 4):
+        problems.append("a spread outside 0 to 4")
     if rate is not None and rate <= 0:
         problems.append(f"rate {rate} (more than 0 requests per step)")
     if groups < 0 or not 0 <= share <= 1:

@@ -7,7 +7,8 @@ Each line is one object::
 
 * ``arrival`` -- the engine step the request joins the waiting queue at (an
   integer, not decreasing from one line to the next);
-* ``prompt_tokens``, ``output_tokens`` -- positive integers;
+* ``prompt_tokens``, ``output_tokens`` -- positive integers, at most 2^31 (the
+  format's bound on a request's tokens); ``arrival`` at most 2^40;
 * ``prefix_id`` (a string or an integer) and ``prefix_tokens`` (0 to
   ``prompt_tokens``), together: the request's first ``prefix_tokens`` tokens are
   those of every request with the same ``prefix_id`` (a shared system prompt),
@@ -18,8 +19,8 @@ Each line is one object::
   (Mooncake's ``hash_ids``): two requests share their prompts block for block, up
   to the first block where their ids differ (:mod:`kvspec.sim.chains`).
 
-Blank lines are skipped. Every problem is a :class:`TraceError` at
-``file:line:column`` with a hint. Token ids are synthetic
+Blank lines are skipped, and so is a UTF-8 byte-order mark at the start. Every
+problem is a :class:`TraceError` at ``file:line:column`` with a hint. Token ids are synthetic
 (:func:`token_id`): the same for requests sharing a prefix, inside it; unique
 everywhere else, so prefix caching finds exactly the declared sharing.
 
@@ -40,15 +41,22 @@ from typing import Any
 import msgspec
 
 from kvspec.errors import KvspecError
+from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import Located, scan
 
-__all__ = ["KEYS", "TraceError", "TraceRequest", "parse_trace", "prefix_codes", "read_trace",
-           "token_id", "trace_text", "write_trace"]
+__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
+           "parse_trace", "prefix_codes", "read_trace", "token_id", "trace_text", "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
         "prefix_blocks", "prefix_block_tokens")
 _REQUIRED = KEYS[:3]
+#: Most tokens a request's prompt or output may have (the source format's bound).
+MAX_TOKENS = 2**31
+#: Latest arrival step: a trace of a million requests at one every 10^6 steps.
+MAX_ARRIVAL = 2**40
+#: Fewest arrivals per step a synthetic trace takes (its arrivals stay below MAX_ARRIVAL).
+MIN_RATE = 1e-6
 _EXAMPLE = '{"arrival": 0, "prompt_tokens": 512, "output_tokens": 128}'
 
 
@@ -82,7 +90,9 @@ class TraceRequest:
 
 
 def read_trace(path: str | Path) -> tuple[TraceRequest, ...]:
-    """The requests of the trace file at ``path``."""
+    """The requests of the trace file at ``path`` (``-``: stdin)."""
+    if is_stdin(path):
+        return parse_trace(read_text(path, what="the trace", error=TraceError), STDIN_NAME)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -99,6 +109,7 @@ def parse_trace(text: str, file: str = "<trace>") -> tuple[TraceRequest, ...]:
     """The requests of a trace's text; ``file`` names it in errors."""
     out: list[TraceRequest] = []
     last = 0
+    text = text.removeprefix("\ufeff")  # a byte-order mark: editors on Windows write one
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
@@ -168,12 +179,13 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
         if key not in obj:
             raise _Bad(f"missing key {key!r}", None, expected=", ".join(_REQUIRED),
                        hint=f"every line gives {', '.join(_REQUIRED)}, e.g. {_EXAMPLE}")
-    arrival = _integer(obj, "arrival", 0, "arrival must be an integer, 0 or more",
-                       "arrival is the engine step the request joins the waiting queue at")
-    prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be a positive integer",
-                      "a prompt has at least one token")
-    output = _integer(obj, "output_tokens", 1, "output_tokens must be a positive integer",
-                      "a request samples at least one token")
+    arrival = _integer(obj, "arrival", 0, "arrival must be an integer from 0 to 2^40",
+                       "arrival is the engine step the request joins the waiting queue at",
+                       MAX_ARRIVAL)
+    prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be an integer from 1 to "
+                      "2^31", "a prompt has at least one token")
+    output = _integer(obj, "output_tokens", 1, "output_tokens must be an integer from 1 to "
+                      "2^31", "a request samples at least one token")
     if "prefix_blocks" in obj or "prefix_block_tokens" in obj:
         return _blocks(obj, arrival, prompt, output)
     prefix_id = obj.get("prefix_id")
@@ -214,14 +226,15 @@ def _blocks(obj: dict[str, Any], arrival: int, prompt: int, output: int) -> Trac
                    json.dumps(next(b for b in blocks if b.__class__ is not int or b < 0)),
                    hint="one id per block of the prompt, e.g. [0, 1, 2] (Mooncake's hash_ids)")
     size = _integer(obj, "prefix_block_tokens", 1,
-                    "prefix_block_tokens must be a positive integer",
+                    "prefix_block_tokens must be an integer from 1 to 2^31",
                     "the tokens of one content block (Mooncake's: 512)")
     return TraceRequest(arrival, prompt, output, None, 0, tuple(blocks), size)
 
 
-def _integer(obj: dict[str, Any], key: str, least: int, message: str, hint: str) -> int:
+def _integer(obj: dict[str, Any], key: str, least: int, message: str, hint: str,
+             most: int = MAX_TOKENS) -> int:
     value = obj[key]
-    if value.__class__ is not int or value < least:
+    if value.__class__ is not int or not least <= value <= most:
         shown = json.dumps(value) if value.__class__ in (int, float, str, bool) or \
             value is None else _type(value)
         raise _Bad(message, key, found=shown, hint=hint)

@@ -235,6 +235,12 @@ class _Builder:
 
 
 def _yaml_error(exc: yaml.YAMLError, text: str, file: str) -> SourceError:
+    first = text.lstrip("\ufeff").split("\n", 1)[0].strip()
+    if first.startswith("{") and '"prompt_tokens"' in first:  # a JSONL request trace
+        return SourceError("this is a request trace (JSON Lines), not a layout source",
+                           file=file, expected="a layout source (YAML) or a .kvlayout.json",
+                           hint=f"a trace is replayed with `kvspec simulate LAYOUT --workload "
+                                f"{file}`, or named by pooling.workload.trace in a source")
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
     if isinstance(exc, yaml.reader.ReaderError):

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from kvspec.errors import ErrorList, SourceError
-from kvspec.files import size_hint
+from kvspec.files import MEMORY_HINT, size_hint
 from kvspec.source import schema as m
 from kvspec.source.document import Document, format_path
 
@@ -44,11 +44,15 @@ def allowed_fields(parent: tuple) -> list[str]:
     table: dict[tuple[str, ...], type[BaseModel]] = {
         (): m.Source, ("engine",): m.EnginePolicy, ("parallel",): m.Parallelism,
         ("quantization",): m.Quantization, ("defaults",): m.LayerFields,
-        ("engine", "draft"): m.DraftPolicy}
+        ("engine", "draft"): m.DraftPolicy, ("pooling",): m.PoolingPolicy,
+        ("pooling", "workload"): m.WorkloadSpec}
     if parent in table:
         return list(table[parent].model_fields)
     if len(parent) == 2 and parent[0] == "layer_types":
         return list(m.LayerFields.model_fields)
+    if len(parent) == 3 and parent[:2] == ("pooling", "workload") and \
+            parent[2] in ("context_tokens", "output_tokens"):
+        return list(m.Distribution.model_fields)
     if len(parent) == 2 and parent[0] == "layers":
         return sorted(set(m.LayerEntry.model_fields) | set(m.PatternEntry.model_fields))
     return []
@@ -101,6 +105,8 @@ def _type_hint(kind: str, found: Any, ctx: dict[str, Any]) -> str:
     (and the bound it missed, in ``ctx``)."""
     if kind == "size":
         return size_hint(found)
+    if kind == "memory_max":
+        return MEMORY_HINT
     absent = "null is no value: give one, or leave the field out where it is optional"
     if kind.startswith(("int_", "float_")):
         if isinstance(found, bool):
@@ -114,6 +120,8 @@ def _type_hint(kind: str, found: Any, ctx: dict[str, Any]) -> str:
         if isinstance(found, float):
             return "write a whole number, without a decimal point"
         return "write a whole number such as 16, with no quotes, units or other characters"
+    if kind == "finite_number":
+        return ".inf and .nan are not numbers here: write a finite number"
     if kind == "greater_than":
         return f"write a number above {ctx.get('gt', 0)}"
     if kind == "greater_than_equal":
@@ -145,6 +153,7 @@ def _type_hint(kind: str, found: Any, ctx: dict[str, Any]) -> str:
 
 #: What a value of each pydantic error type should have been, in the user's words.
 EXPECTED = {"int_type": "an integer", "int_parsing": "an integer",
+            "finite_number": "a finite number",
             "int_from_float": "an integer", "string_type": "a string",
             "bool_type": "true or false", "bool_parsing": "true or false",
             "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",

@@ -137,6 +137,17 @@ def pooling_of(source: Source, doc: Document,
             found.append(doc.error("a split of the budget applies to the separate policy",
                                    ("pooling", "split"), found=f"policy: {p.policy}",
                                    hint="set policy: separate, or remove split"))
+    given = p.model_fields_set
+    applies = {"max_groups": ("auto",), "state_block_size": ("separate", "auto"),
+               "block_size": ("separate", "auto")}
+    for key, policies in applies.items():
+        if key in given and getattr(p, key) is not None and p.policy not in policies:
+            found.append(doc.error(
+                f"{key} applies to the {' and '.join(policies)} polic"
+                f"{'ies' if len(policies) > 1 else 'y'}, not {p.policy}", ("pooling", key),
+                found=f"policy: {p.policy}",
+                hint=f"set policy: {policies[0]}, or remove {key} (the {p.policy} plan is "
+                     "vLLM's, planned by the engine's own settings)"))
     if p.policy == "auto" and workload is None:
         found.append(doc.error("policy auto needs a workload to choose by",
                                ("pooling", "policy"),

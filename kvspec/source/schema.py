@@ -22,7 +22,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kvspec.files import SIZE_EXPECTED, SIZE_PATTERN, size_bytes
+from kvspec.files import MAX_MEMORY, SIZE_EXPECTED, SIZE_PATTERN, size_bytes
 from kvspec.model.axes import DEFAULT_AXIS_ORDER, AxisOrderName
 from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
@@ -34,6 +34,11 @@ from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, PRESETS
 #: nothing is ever built from a typo's size (a list of 10^9 pipeline stages).
 MAX_TOKENS = 2**31
 MAX_RANKS = 4096
+#: Requests a workload summary draws for ``auto`` to simulate: each candidate replays
+#: them all, so a typo's million would run for many minutes.
+MAX_REQUESTS = 100_000
+#: Bins of a workload histogram.
+MAX_BINS = 10_000
 
 #: A positive integer (booleans and strings are not), at most ``MAX_TOKENS``.
 PositiveInt = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
@@ -44,6 +49,8 @@ def _size(value: Any) -> int:
     n = size_bytes(value)
     if n is None:
         raise PydanticCustomError("size", SIZE_EXPECTED)
+    if n > MAX_MEMORY:
+        raise PydanticCustomError("memory_max", "at most 256TiB per rank")
     return n
 
 
@@ -75,7 +82,7 @@ TokensPerState = Annotated[int | str, PlainValidator(_tokens_per_state), WithJso
 
 #: Bytes, or a size such as ``40GiB`` (one grammar everywhere: :mod:`kvspec.files`).
 Size = Annotated[int, PlainValidator(_size), WithJsonSchema(
-    {"anyOf": [{"type": "integer", "minimum": 0},
+    {"anyOf": [{"type": "integer", "minimum": 0, "maximum": MAX_MEMORY},
                {"type": "string", "pattern": SIZE_PATTERN}]})]
 #: A positive number of tokens, or ``auto``.
 MaxLen = Annotated[int | str, PlainValidator(_max_len), WithJsonSchema(
@@ -90,8 +97,9 @@ MambaType = Literal[_MAMBA_TYPE_NAMES]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):
-    # strict: YAML's types are the values' types (true is not 1, '8' is not 8)
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    # strict: YAML's types are the values' types (true is not 1, '8' is not 8); no
+    # .inf or .nan: no field of the format is infinite, and NaN compares to nothing
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class LayerFields(_Strict):
@@ -232,16 +240,18 @@ class Distribution(_Strict):
     mean: PositiveInt | None = None
     spread: Annotated[float, Field(ge=0, le=4)] = 0.5
     histogram: list[list[float]] | None = Field(
-        None, min_length=1, description="[[tokens, weight], ...]: bins instead of a mean.")
+        None, min_length=1, max_length=MAX_BINS,
+        description="[[tokens, weight], ...]: bins instead of a mean.")
 
     @field_validator("histogram")
     @classmethod
     def _bins(cls, bins: list[list[float]] | None) -> list[list[float]] | None:
-        for b in bins or ():
-            if len(b) != 2 or b[0] != int(b[0]) or b[0] < 1 or b[1] <= 0:
+        for b in bins or ():  # finite (allow_inf_nan), so int() and the bounds hold
+            if len(b) != 2 or b[0] != int(b[0]) or not 1 <= b[0] <= MAX_TOKENS or b[1] <= 0 \
+                    or b[1] > 1e12:
                 raise PydanticCustomError(
-                    "histogram_bin", "each bin is [tokens, weight]: a positive whole number "
-                    "of tokens and a positive weight, not {bin}", {"bin": b})
+                    "histogram_bin", "each bin is [tokens, weight]: a whole number of "
+                    "tokens from 1 to 2^31 and a positive weight up to 1e12, not {bin}", {"bin": b})
         return bins
 
 
@@ -291,7 +301,7 @@ class WorkloadSpec(_Strict):
     prefix_sharing: Annotated[float, Field(ge=0, le=1)] = Field(
         0.0, description="Share of requests opening with a shared prefix.")
     prefix_tokens: PositiveInt = Field(512, description="Tokens of the shared prefix.")
-    requests: Annotated[int, Field(gt=0, le=1_000_000)] = Field(
+    requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] = Field(
         500, description="Requests in the synthetic trace drawn from the summary.")
     seed: int = Field(0, ge=0, description="Seed of that synthetic trace.")
 

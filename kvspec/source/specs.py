@@ -17,6 +17,7 @@ from kvspec.model import kinds
 from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
 from kvspec.model.engine import Engine
 from kvspec.model.quant import QuantizationError, layer_quant, quant_mode
+from kvspec.model.quant.formats import KV_CACHE_DTYPES, format_for
 from kvspec.model.specs import LayerSpec
 from kvspec.source.document import Document
 from kvspec.source.layers import ExpandedLayer
@@ -154,6 +155,18 @@ def _quantized(kw: dict[str, Any], layer: ExpandedLayer, kind: kinds.Kind, cache
         kw["num_head_slots"] = q.num_head_slots
 
 
+def _known_cache_dtype(cache: str, layer: ExpandedLayer, doc: Document) -> None:
+    """Refuse a ``kv_cache_dtype`` no format has, at the field that names it."""
+    try:
+        format_for(cache)
+    except QuantizationError as exc:
+        path = layer.origin("kv_cache_dtype") if layer.fields.get("kv_cache_dtype") \
+            else ("quantization", "kv_cache_dtype")
+        close = difflib.get_close_matches(cache, KV_CACHE_DTYPES, n=1)
+        raise doc.error(exc.message, path, expected=exc.expected, found=exc.found,
+                        hint=f"did you mean {close[0]!r}?" if close else exc.hint) from exc
+
+
 def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) -> LayerSpec:
     """One expanded layer as a spec for one rank (heads split, quantization resolved)."""
     name = layer.fields.get("kind")
@@ -176,6 +189,8 @@ def build_spec(layer: ExpandedLayer, engine: Engine, cache: str, doc: Document) 
                         found=exc.found, hint=exc.hint) from exc
     if kind.latent:
         kw["cache_dtype_str"] = cache
+    if cache != "auto" and layer.fields.get("state_content_bytes") is not None:
+        _known_cache_dtype(cache, layer, doc)  # opaque cells: no packing, but a known mode
     if cache != "auto" and layer.fields.get("state_content_bytes") is None:
         _quantized(kw, layer, kind, cache, doc)
     spec = kind.spec(**kw)

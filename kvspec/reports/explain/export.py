@@ -28,7 +28,8 @@ def _plain(value: Any) -> Any:
             out["pp_layer_partition"] = list(out["pp_layer_partition"])
         return out
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not f.metadata.get("text_only")}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     if isinstance(value, dict):

@@ -12,13 +12,14 @@ per candidate), and where the kept plan's bytes go while requests wait.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.artifact.format import PoolingRecord
-from kvspec.reports.pooling import compact_rows, compact_table
+from kvspec.reports.format import count
+from kvspec.reports.pooling import compact_rows, compact_table, live_share, utilization
 
-__all__ = ["CurveRow", "PoolingView", "WasteKind", "pooling_chart", "pooling_view"]
+__all__ = ["CandidateRow", "CurveRow", "PoolingView", "WasteKind", "pooling_chart", "pooling_view"]
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,36 @@ class CurveRow:
 
 
 @dataclass(frozen=True)
+class CandidateRow:
+    """One candidate's figures, as numbers (None: not computed)."""
+
+    name: str
+    kept: bool
+    note: str | None
+    static_requests: float | None
+    workload_requests: float | None
+    simulated_mean: float | None
+    simulated_peak: int | None
+    utilization_while_waiting: float | None
+    #: The physical limit, priced at the workload's average request (the simulated peak,
+    #: of shorter requests, may pass it).
+    limit_at_average_request: float | None
+
+
+#: Fields of the view only its text renderings read (``--format json`` leaves them out).
+TEXT_ONLY = {"text_only": True}
+
+
+@dataclass(frozen=True)
 class PoolingView:
     decision: str
     workload: str | None
-    candidates: str
-    #: The same as cells (``kvspec.reports.pooling.COMPACT``), and its footnotes.
-    rows: tuple[tuple[str, ...], ...]
+    #: The candidates' table, as text (``kvspec.reports.pooling.compact_table``).
+    candidates: str = field(metadata=TEXT_ONLY)
+    #: The same as text cells (``kvspec.reports.pooling.COMPACT``), and its footnotes.
+    cells: tuple[tuple[str, ...], ...] = field(metadata=TEXT_ONLY)
+    #: The same as numbers, one row per candidate.
+    rows: tuple[CandidateRow, ...]
     notes: tuple[str, ...]
     #: Context lengths of the curve (tokens a running request holds).
     tokens: tuple[int, ...]
@@ -78,9 +103,8 @@ def _waste(record: PoolingRecord) -> tuple[str | None, tuple[WasteKind, ...]]:
         return c.name, ()
     rows = [WasteKind(label, getattr(w, attr), getattr(w, attr) / w.pool_bytes, why)
             for label, attr, why in _KINDS]
-    wasted = sum(r.bytes for r in rows)
-    live = max(w.pool_bytes - wasted, 0)
-    return c.name, (WasteKind("live tokens and states", live, live / w.pool_bytes,
+    share = live_share(w) or 0.0
+    return c.name, (WasteKind("live tokens and states", round(share * w.pool_bytes), share,
                               "what the running requests need"), *rows)
 
 
@@ -89,8 +113,8 @@ def pooling_view(record: PoolingRecord) -> PoolingView:
     w = record.workload
     workload = None
     if w is not None:
-        workload = (f"trace {w.trace} ({w.requests:,} requests)" if w.trace else
-                    f"{w.requests:,} requests, prompts ~{w.context_tokens:,.0f} tokens, "
+        workload = (f"trace {w.trace} ({count(w.requests, 'request')})" if w.trace else
+                    f"{count(w.requests, 'request')}, prompts ~{w.context_tokens:,.0f} tokens, "
                     f"outputs ~{w.output_tokens:,.0f}, seed {w.seed}")
     tokens = tuple(sorted({t for c in record.candidates for t, _ in c.curve}))
     rows = []
@@ -100,10 +124,16 @@ def pooling_view(record: PoolingRecord) -> PoolingView:
                              c.simulated.mean_running if c.simulated else None))
     kept, waste = _waste(record)
     cells, notes = compact_rows(record.candidates, record.chosen)
+    numbers = tuple(CandidateRow(
+        c.name, i == record.chosen, c.note, c.static_requests, c.workload_requests,
+        c.simulated.mean_running if c.simulated else None,
+        c.simulated.peak_running if c.simulated else None,
+        utilization(c), c.physical_limit)
+        for i, c in enumerate(record.candidates))
     return PoolingView(
         decision=f"{record.policy} (asked {record.asked}, served by {record.serve_with})",
         workload=workload, candidates=compact_table(record.candidates, record.chosen),
-        rows=tuple(tuple(r) for r in cells), notes=tuple(notes),
+        cells=tuple(tuple(r) for r in cells), rows=numbers, notes=tuple(notes),
         tokens=tokens, held_tokens=w.held_tokens if w is not None else None,
         curve=tuple(rows), kept=kept, waste=waste)
 

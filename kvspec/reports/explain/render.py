@@ -7,6 +7,7 @@ filters (every byte formatter and table from :mod:`kvspec.reports.format`).
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import Any
 
@@ -15,6 +16,7 @@ from kvspec.reports.explain.pictures import ascii_block, block_picture, capacity
 from kvspec.reports.explain.pooling import pooling_chart
 from kvspec.reports.explain.report import GroupRow, Report
 from kvspec.reports.format import (
+    count,
     human_bytes,
     md_cell,
     md_code,
@@ -108,7 +110,7 @@ def environment():
                        md_table=md_table, code=md_code, md_text=md_text, md_cell=md_cell,
                        md_html=md_html,
                        wrap=wrap, pages=pages_text, padding=group_padding,
-                       num=lambda n: f"{n:,}", arrow=arrow,
+                       num=lambda n: f"{n:,}", count=count, arrow=arrow,
                        breakable=breakable, wrap_at=wrap_at)
     return env
 
@@ -134,8 +136,9 @@ _POOL_HEAD = {"text": "POOL {name} ({share:.1%} of the budget)\n{rule}\n\n",
 
 
 def _pooled(report: Report, fmt: str) -> str:
-    """A separate plan's report: each pool's report, then the pooling section
-    (HTML: one page, each pool's sections in turn)."""
+    """A separate plan's report: one title, a section per pool (its engine, groups,
+    block, capacity and waste), then the pooling section; HTML: one page, with one
+    header and one footer."""
     env = environment()
     assert report.pooling is not None
     section = env.get_template(f"pooling.{fmt}.j2").render(
@@ -144,20 +147,29 @@ def _pooled(report: Report, fmt: str) -> str:
     parts = []
     for name, share, sub in report.pool_reports:
         head = _POOL_HEAD[fmt].format(name=name, share=share, rule="=" * 40)
-        text = _render_one(sub, fmt)
+        text = _render_one(sub, fmt, part=True)
         if fmt == "html":
             text = text.split("<main>", 1)[1].rsplit("</main>", 1)[0]
         parts.append(head + text)
+    # the title (and in HTML the header and footer) once, from the whole report
+    page = _render_one(dataclasses.replace(report, pool_reports=(), pooling=None), fmt)
     if fmt != "html":
-        return "\n".join(parts) + "\n" + section
-    page = _render_one(report.pool_reports[0][2], fmt)
+        marker = {"text": "\nENGINE\n", "md": "\n"}[fmt]
+        title = page.split(marker, 1)[0].rstrip("\n") if fmt == "text" else \
+            "\n".join(page.split("\n")[:3])
+        return title + "\n\n" + "\n".join(parts) + "\n" + section
     top, rest = page.split("<main>", 1)
+    header = rest.split("</header>", 1)[0] + "</header>\n"
+    footer = rest[rest.index("<footer>"):].rsplit("</main>", 1)[0]
     tail = rest.rsplit("</main>", 1)[1]
-    return top + "<main>\n" + "\n".join(parts) + section + "</main>" + tail
+    return (top + "<main>" + header + "\n".join(parts) + section + footer + "</main>"
+            + tail)
 
 
-def _render_one(report: Report, fmt: str) -> str:
-    ctx: dict[str, Any] = {"r": report, "version": __version__, "ascii": ascii_block(report)}
+def _render_one(report: Report, fmt: str, part: bool = False) -> str:
+    """One report; ``part``: a section of a larger one (no title, header or footer)."""
+    ctx: dict[str, Any] = {"r": report, "version": __version__, "ascii": ascii_block(report),
+                           "part": part}
     if report.pooling is not None:
         ctx["pchart"] = pooling_chart(report.pooling)
         ctx["pchart_narrow"] = pooling_chart(report.pooling, NARROW, 250)

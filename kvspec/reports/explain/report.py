@@ -15,6 +15,7 @@ from pathlib import Path
 from kvspec.model.engine import Engine
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Layout
+from kvspec.model.specs import MambaState
 from kvspec.planner.checks import early_checks
 from kvspec.reports.explain.blockmap import (
     BlockMap,
@@ -125,8 +126,11 @@ class Report:
     notes: tuple[str, ...]
     #: The pooling policy's decision (None: the layout had none to make).
     pooling: PoolingView | None = None
-    #: A separate plan's pools, each its own report: (name, share, report).
+    #: A separate plan's pools, each a section of one report: (name, share, report).
     pool_reports: tuple[tuple[str, float, Report], ...] = ()
+    #: A pool of state slots (a separate plan's Mamba pool): its blocks are slots, one
+    #: request's state each, and hold no tokens.
+    state_pool: bool = False
 
 
 def _settings(layout: Layout) -> tuple[tuple[str, str], ...]:
@@ -291,7 +295,14 @@ def build_report(subject: Subject) -> Report:
                       layout.budget.memory if layout.budget is not None else None)
             one = dataclasses.replace(subject, layout=layout, memory=memory, pools=(),
                                       pooling=None)
-            subs.append((name, share, _build(one)))
+            built = _build(one)
+            state = bool(layout.groups) and all(
+                isinstance(g.spec, MambaState) for g in layout.groups)
+            # the pool's rows by the pool's name, not the one-pool layout's "device"
+            rows = tuple(dataclasses.replace(r, name=r.name.replace("device", name, 1))
+                         for r in built.pools)
+            subs.append((name, share, dataclasses.replace(built, pools=rows,
+                                                          state_pool=state)))
         return dataclasses.replace(subs[0][2], pooling=view, pool_reports=tuple(subs))
     return dataclasses.replace(_build(subject), pooling=view)
 

@@ -1,0 +1,273 @@
+"""Bad inputs are refused early and clearly (issue 36): bounds before work, finite
+numbers, unservable workloads, pooling overrides, and a representative subset of
+``benchmarks/bad_inputs.py``'s cases through the real command line.
+
+The error goldens in ``tests/errors`` hold the source-side messages; these tests
+hold the command-line side (options, traces, artifacts) and the figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, invoke
+
+SMALL = """kvspec: 1
+name: small
+engine: {block_size: 16, max_model_len: 8192, memory: 8GiB, max_num_seqs: 64}
+defaults: {num_kv_heads: 8, head_size: 128, dtype: bfloat16}
+layer_types:
+  attn: {kind: full_attention}
+  swa: {kind: sliding_window, sliding_window: 1024}
+layers:
+  - {repeat: 2, pattern: [attn, swa, swa, swa]}
+"""
+TRACE = "".join(f'{{"arrival": {i}, "prompt_tokens": {300 + i}, "output_tokens": 20}}\n'
+                for i in range(10))
+
+
+def _bench() -> object:
+    spec = importlib.util.spec_from_file_location("bad_inputs",
+                                                  ROOT / "benchmarks" / "bad_inputs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bad_inputs"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# -- the table's cases, a representative subset ---------------------------------------
+
+def test_the_table_has_at_least_300_cases_on_every_surface() -> None:
+    bench = _bench()
+    cases = bench.cases()  # type: ignore[attr-defined]
+    assert len(cases) >= 300
+    assert {c.surface for c in cases} == set(bench.SURFACES)  # type: ignore[attr-defined]
+
+
+def test_a_subset_of_the_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
+    bench = _bench()
+    cases = bench.cases()  # type: ignore[attr-defined]
+    subset = cases[::17]  # every surface, about 30 cases
+    results = bench.run_all(subset, 2, 60.0, quiet=True)  # type: ignore[attr-defined]
+    bad = [(r.case.surface, r.case.name, r.kind, bench.first_line(r.message))  # type: ignore[attr-defined]
+           for r in results if r.kind in ("traceback", "runaway", "silent wrong")]
+    assert not bad
+
+
+def test_the_classifier_tells_the_classes_apart() -> None:
+    bench = _bench()
+    case = bench.Case("trace", "x", ("trace", "--rate", "nan"))  # type: ignore[attr-defined]
+    classify = bench.classify  # type: ignore[attr-defined]
+    assert classify(case, 2, "kvspec: error: invalid value for --rate: 'nan'", False) == "clear"
+    assert classify(case, 1, "s.yaml:3:4: error: bad", False) == "clear"
+    assert classify(case, 1, "kvspec: error: cannot convert float NaN to integer",
+                    False) == "unclear"
+    assert classify(case, 1, "Traceback (most recent call last):\n  ...", False) == "traceback"
+    assert classify(case, 0, "", False) == "silent wrong"
+    assert classify(case, None, "", True) == "runaway"
+    assert classify(case, None, "simulating: 100 of 1,000", True) == "slow"
+
+
+# -- item 6: non-finite numbers name their option --------------------------------------
+
+@pytest.mark.parametrize("option,value", [
+    ("--prompt-mean", "inf"), ("--output-mean", "inf"), ("--prompt-mean", "nan"),
+    ("--prompt-spread", "nan"), ("--rate", "nan"), ("--output-spread", "-inf"),
+    ("--prefix-share", "nan")])
+def test_trace_refuses_non_finite_numbers_naming_the_option(option: str, value: str) -> None:
+    code, out, err = invoke(["trace", "-n", "3", option, value])
+    assert code == 2, err
+    assert f"invalid value for {option}" in err and "not a finite number" in err
+    assert "Traceback" not in err and not out
+
+
+def test_trace_bounds_its_means_and_rate() -> None:
+    for option, value in (("--prompt-mean", "1e30"), ("--rate", "1e-300"),
+                          ("--max-prompt-tokens", "3000000000")):
+        code, _, err = invoke(["trace", "-n", "3", option, value])
+        assert code == 2 and f"invalid value for {option}" in err, (option, err)
+
+
+# -- item 5: bounds before work ---------------------------------------------------------
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    (tmp_path / "s.yaml").write_text(SMALL)
+    (tmp_path / "t.jsonl").write_text(TRACE)
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--num-blocks", "1000000000000"], "--num-blocks"),
+    (["--num-blocks", "1e30"], "--num-blocks"),
+    (["--memory", "1000000TiB"], "--memory"),
+    (["--memory", "200TiB"], "--memory")])
+def test_simulate_refuses_pools_too_large_before_building_them(small: Path, args: list[str],
+                                                                named: str) -> None:
+    code, _, err = invoke(["simulate", str(small / "s.yaml"), "--workload",
+                           str(small / "t.jsonl"), *args])
+    assert code == 2, err
+    assert named in err and "Traceback" not in err
+
+
+def test_simulate_refuses_a_layout_whose_own_budget_is_too_large(small: Path) -> None:
+    big = SMALL.replace("memory: 8GiB", "memory: 4TiB")
+    (small / "big.yaml").write_text(big)
+    code, _, err = invoke(["simulate", str(small / "big.yaml"), "--workload",
+                           str(small / "t.jsonl")])
+    assert code == 1, err
+    assert "the simulator holds every block" in err
+    assert err.startswith(f"{small / 'big.yaml'}: error: cannot simulate")
+
+
+def test_compile_refuses_a_budget_of_more_blocks_than_32_bit_ids(tmp_path: Path) -> None:
+    # one 8-byte fp8 head in 1-token blocks: 200 TiB is 2^44 blocks
+    code, _, err = invoke(["compile", "tests/errors/blocks-too-many.yaml", "-o",
+                           str(tmp_path / "b.kvlayout.json")])
+    assert code == 1, err
+    assert "32-bit block ids" in err and "at: engine.memory" in err
+    code, _, err = invoke(["compile", "tests/errors/blocks-too-many.yaml", "--memory",
+                           "100TiB", "-o", str(tmp_path / "b.kvlayout.json")])
+    assert code == 1 and "32-bit block ids" in err, err
+    assert not (tmp_path / "b.kvlayout.json").exists()
+
+
+# -- item 7: unservable is an error ------------------------------------------------------
+
+def test_simulate_exits_1_when_the_trace_refuses_every_request(small: Path) -> None:
+    (small / "long.jsonl").write_text(
+        '{"arrival": 0, "prompt_tokens": 9000, "output_tokens": 5}\n' * 3)
+    code, out, err = invoke(["simulate", str(small / "s.yaml"), "--workload",
+                             str(small / "long.jsonl")])
+    assert code == 1 and not out
+    assert "all 3 requests of the trace were refused" in err
+    assert "max_model_len (8,192 tokens)" in err and "the shortest prompt has 9,000" in err
+
+
+# -- item 8: pooling overrides are honoured by auto ---------------------------------------
+
+def test_auto_keeps_no_candidate_with_more_groups_than_max_groups() -> None:
+    from kvspec.compiler import compile_source
+
+    text = SMALL + ("pooling: {policy: auto, serve_with: kvspec, max_groups: 2, workload: "
+                    "{context_tokens: 512, output_tokens: 64, requests: 40}}\n")
+    record = compile_source(text).body.pooling
+    assert record is not None and record.chosen is not None
+    kept = record.candidates[record.chosen]
+    assert kept.groups <= 2
+    unified = record.candidates[0]
+    assert unified.groups > 2
+    assert unified.note is not None and "max_groups (2)" in unified.note
+
+
+# -- item 12: an unknown kv_cache_dtype on opaque cells ------------------------------------
+
+def test_compile_refuses_an_unknown_kv_cache_dtype_on_opaque_cells(tmp_path: Path) -> None:
+    text = (ROOT / "layouts" / "example-stride-alignment.yaml").read_text()
+    bad = tmp_path / "m.yaml"
+    bad.write_text(text.replace("kv_cache_dtype: fp8_ds_mla}", "kv_cache_dtype: '16'}"))
+    code, _, err = invoke(["compile", str(bad), "-o", str(tmp_path / "m.kvlayout.json")])
+    assert code == 1, err
+    assert "unknown kv_cache_dtype '16'" in err and "at: layer_types.mla.kv_cache_dtype" in err
+    assert "Traceback" not in err and "ValidationError" not in err
+
+
+# -- item 10: unclear errors made clear ---------------------------------------------------
+
+def test_a_trace_with_a_byte_order_mark_reads(small: Path) -> None:
+    (small / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + TRACE.encode())
+    code, out, err = invoke(["simulate", str(small / "s.yaml"), "--workload",
+                             str(small / "bom.jsonl")])
+    assert code == 0, err
+    assert "10 requests" in out
+
+
+def test_workload_dash_reads_the_trace_from_stdin(small: Path) -> None:
+    code, out, err = invoke(["simulate", str(small / "s.yaml"), "--workload", "-"],
+                            stdin=TRACE)
+    assert code == 0, err
+    assert "10 requests" in out
+    code, _, err = invoke(["simulate", str(small / "s.yaml"), "--workload", "-"],
+                          stdin='{"arrival": 0, "prompt_tokens": NaN, "output_tokens": 1}\n')
+    assert code == 1 and err.startswith("<stdin>:1:33: error: not valid JSON: NaN")
+
+
+def test_a_trace_given_as_an_artifact_or_a_source_is_named_so(small: Path) -> None:
+    trace = str(small / "t.jsonl")
+    code, _, err = invoke(["descriptor", trace])
+    assert code == 1 and "this is a request trace (JSON Lines), not an artifact" in err
+    assert "never edit artifacts" not in err
+    code, _, err = invoke(["explain", trace])
+    assert code == 1 and "this is a request trace (JSON Lines), not a layout source" in err
+
+
+def test_nan_in_an_artifact_is_placed(tmp_path: Path) -> None:
+    text = (ROOT / "layouts" / "llama-3.1-8b.kvlayout.json").read_text()
+    bad = tmp_path / "nan.kvlayout.json"
+    bad.write_text(text.replace('"max_num_seqs": 256', '"max_num_seqs": NaN', 1))
+    code, _, err = invoke(["descriptor", str(bad)])
+    assert code == 1
+    assert re.match(rf"{re.escape(str(bad))}:\d+:\d+: error: not valid JSON: NaN", err), err
+
+
+# -- item 9: figures named for what they are ------------------------------------------------
+
+def test_the_limit_is_labelled_at_the_average_request_and_one_share_is_printed() -> None:
+    code, out, err = invoke(["plan", "layouts/pooling-auto.kvlayout.json"])
+    assert code == 0, err
+    assert "limit at avg. request" in out and "physical limit" not in out
+    kept = re.search(r"live tokens and states fill (\d+\.\d)%", out)
+    assert kept is not None
+    code, report, _ = invoke(["explain", "layouts/pooling-auto.kvlayout.json", "--format",
+                              "json"])
+    data = json.loads(report)
+    live = data["pooling"]["waste"][0]
+    assert live["kind"] == "live tokens and states"
+    assert f"{live['share']:.1%}" == kept.group(1) + "%"  # compile/plan and explain agree
+
+
+def test_the_json_reports_pooling_rows_are_numbers() -> None:
+    code, report, err = invoke(["explain", "layouts/pooling-auto.kvlayout.json", "--format",
+                                "json"])
+    assert code == 0, err
+    pooling = json.loads(report)["pooling"]
+    assert "cells" not in pooling and "candidates" not in pooling  # text only
+    for row in pooling["rows"]:
+        assert isinstance(row["name"], str) and isinstance(row["kept"], bool)
+        for key in ("static_requests", "workload_requests", "simulated_mean",
+                    "utilization_while_waiting", "limit_at_average_request"):
+            assert row[key] is None or isinstance(row[key], (int, float)), key
+    assert sum(r["kept"] for r in pooling["rows"]) == 1
+
+
+# -- item 5: long work says how far it is ----------------------------------------------
+
+def test_long_work_prints_a_progress_line_every_few_seconds_off_a_terminal() -> None:
+    import io
+
+    from kvspec import notes
+    from kvspec.cli.progress import NOTE_EVERY, Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    bar = Progress(1000, "simulating", out, enabled=False, delay=0.0, clock=lambda: now[0],
+                   notes=True)
+    bar.advance("requests finished", 10)
+    assert out.getvalue() == ""  # nothing in the first NOTE_EVERY seconds
+    now[0] = NOTE_EVERY + 0.1
+    bar.advance("requests finished", 10)
+    assert out.getvalue() == "simulating: 20 of 1,000 requests finished\n"
+    bar.advance("requests finished", 10)  # the next one NOTE_EVERY later
+    assert out.getvalue().count("\n") == 1
+    heard: list[str] = []
+    with notes.listening(heard.append):
+        from kvspec.compiler import compile_source
+        compile_source(SMALL + "pooling: {policy: auto, serve_with: kvspec, workload: "
+                       "{context_tokens: 512, output_tokens: 64, requests: 30}}\n")
+    assert heard and heard[0].startswith("pooling: simulating unified, ")
