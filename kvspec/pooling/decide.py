@@ -170,12 +170,19 @@ def candidates(sized: Sized, pooling: Pooling, tokens: int) -> list[Candidate]:
     return out
 
 
+def _simulated(summary: dict[str, object]) -> fmt.Simulated:
+    by_reason = summary.get("waiting_steps_by_reason")
+    return fmt.Simulated(**{**summary, "waiting_steps_by_reason":  # type: ignore[arg-type]
+                            fmt.WaitingSteps(**by_reason) if isinstance(by_reason, dict)
+                            else None})
+
+
 def _record(c: Candidate, e: Evaluation, tokens: int) -> fmt.Candidate:
     return fmt.Candidate(
         name=c.name, policy=c.policy, block_size=c.block_size, groups=c.groups,
         static_requests=e.static_requests, workload_requests=e.workload_requests,
         physical_limit=e.physical_limit,
-        simulated=fmt.Simulated(**e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
+        simulated=_simulated(e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
         waste=e.waste, binding_pool=e.binding_pool, note=c.note,
         curve=capacity_curve(c.layouts, tokens))
 
@@ -190,13 +197,32 @@ def _capacity(e: Evaluation) -> float:
     return e.simulated["mean_running"] if e.simulated else (e.workload_requests or 0.0)
 
 
-def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, int, float]:
+#: Layout waste shares closer than this are a tie (a sampled average).
+WASTE_STEP = 0.001
+
+
+def _layout_waste(e: Evaluation) -> float:
+    """The share of the pools the layout loses while memory binds (0 when memory
+    never binds: the layout is not what limits)."""
+    waste = e.simulated.get("layout_waste") if e.simulated else None
+    return round(waste / WASTE_STEP) * WASTE_STEP if waste is not None else 0.0
+
+
+def _memory_bound_utilization(e: Evaluation) -> float:
+    used = e.simulated.get("utilization_while_memory_bound") if e.simulated else None
+    return used if used is not None else 0.0
+
+
+def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, float, int, float, float]:
     """Among tied candidates, higher is better: the finer prefix-match unit (none at
     all, without prefix caching, is the coarsest: turning it off must buy capacity
-    to be chosen), fewer groups, then capacity."""
+    to be chosen), the smaller layout waste while memory binds (padding, inflation,
+    per-request constants: not the idle blocks first-come admission leaves, nor steps
+    where the request cap or the token budget binds), fewer groups, capacity, then
+    the utilisation while memory binds."""
     caching = all(x.engine.enable_prefix_caching for x in c.layouts)
     unit = -c.hash_block_size if caching else float("-inf")
-    return (unit, -c.groups, _capacity(e))
+    return (unit, -_layout_waste(e), -c.groups, _capacity(e), _memory_bound_utilization(e))
 
 
 def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:

@@ -4,11 +4,14 @@ The workload becomes a request trace (the source's, or one drawn from its summar
 seeded), replayed through kvspec's request-level manager and its model of vLLM
 v1's scheduler (:mod:`kvspec.sim`) on the candidate's pools, sized for the budget.
 The waste is measured there: of the pools' bytes, averaged over the steps where
-requests wait, what padding slots, padded pages, block inflation (token slots
-blocks hold beyond their requests' tokens), per-request constants (state
-blocks beyond the one live state, window blocks beyond the window) and idle
-blocks (held by no running request) take: with the live bytes, they add up to
-the pools' bytes.
+memory keeps requests waiting (not the request cap or the token budget: then the
+layout is not what limits), what padding slots, padded pages, block inflation
+(token slots blocks hold beyond their requests' tokens), per-request constants
+(state blocks beyond the one live state, window blocks beyond the window) and
+idle blocks (held by no running request) take: with the live bytes, they add up
+to the pools' bytes. The first four are the layout's waste (``layout_waste``, a
+share of the pools); idle blocks are the scheduler's (first-come admission waits
+for the next request's whole prompt to fit).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from kvspec.runtime.manager import from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
 
-__all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
+__all__ = ["Evaluation", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
+           "workload_trace"]
 
 
 class Candidate(Protocol):
@@ -141,10 +145,12 @@ def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int,
     return out
 
 
-def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float | None,
-                                                                         fmt.Waste | None]:
-    """Mean tokens held and the waste kinds while requests wait, from the samples."""
-    held = result.held_while_waiting()
+def waste_of(result: SimResult, layouts: list[tuple[str, Layout]]
+             ) -> tuple[float | None, fmt.Waste | None]:
+    """Mean tokens held and the waste kinds while memory keeps requests waiting, from
+    the samples of a simulation run with ``sample_held`` over ``layouts``' pools
+    (``(name, layout)`` in the manager's order); None, None when memory never did."""
+    held = result.held_while_memory_bound()
     if held is None:
         return None, None
     running, live, blocks, tokens = held
@@ -162,6 +168,16 @@ def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float 
     return round(tokens, 1), fmt.Waste(pool_bytes=result.pool_bytes, padding_slots=round(slots),
                              padded_pages=round(padded), block_inflation=round(inflation),
                              per_request=round(per_request), idle=round(idle))
+
+
+def layout_waste(waste: fmt.Waste | None) -> float | None:
+    """The layout's share of the pool while memory binds: padding slots, padded
+    pages, block inflation and per-request constants (idle blocks are the
+    scheduler's)."""
+    if waste is None or not waste.pool_bytes:
+        return None
+    lost = waste.padding_slots + waste.padded_pages + waste.block_inflation + waste.per_request
+    return round(lost / waste.pool_bytes, 6)
 
 
 def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
@@ -182,6 +198,7 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) ->
                       async_scheduling=engine.async_scheduling_resolved,
                       pipeline_parallel_size=engine.pipeline_parallel_size,
                       sample_held=True)
-    tokens_held, waste = _waste(result, layouts)
-    return Evaluation(static, at_tokens, physical, simulated=result.as_dict(),
+    tokens_held, waste = waste_of(result, layouts)
+    simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
+    return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)
