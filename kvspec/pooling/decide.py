@@ -16,7 +16,7 @@ from kvspec.passes.parse import Parsed
 from kvspec.passes.plan import plan
 from kvspec.passes.size import Sized, size
 from kvspec.passes.validate import validate
-from kvspec.pooling.evaluate import Evaluation, WorkloadTrace, evaluate, workload_trace
+from kvspec.pooling.evaluate import Evaluation, Runs, WorkloadTrace, evaluate, workload_trace
 from kvspec.pooling.figures import capacity_curve
 from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
@@ -96,7 +96,8 @@ def _scaled(pools: tuple[PoolLayout, ...], factor: float
 
 
 def tune_separate(c: Candidate, e: Evaluation, sized: Sized, pooling: Pooling, tokens: int,
-                  trace: WorkloadTrace) -> tuple[Candidate, Evaluation]:
+                  trace: WorkloadTrace, runs: Runs | None = None
+                  ) -> tuple[Candidate, Evaluation]:
     """The separate plan's split tuned by simulation: the state (or windowed) pools'
     share scaled by each of :data:`SPLIT_FACTORS`; the split running the most
     requests on average wins."""
@@ -109,7 +110,7 @@ def tune_separate(c: Candidate, e: Evaluation, sized: Sized, pooling: Pooling, t
             pools = separate_layouts(c.sized or sized, dataclasses.replace(pooling, split=split),
                                      tokens)
             cand = dataclasses.replace(c, pools=pools)
-            ev = evaluate(cand, trace, sized)
+            ev = evaluate(cand, trace, sized, runs)
         except KvspecError:
             continue
         if ev.simulated and best[1].simulated and \
@@ -272,10 +273,11 @@ def decide(sized: Sized, pooling: Pooling
     trace = workload_trace(workload, sized) if workload is not None else None
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     cands, evaluations = [], []
+    runs: Runs = {}
     for listed in candidates(sized, pooling, tokens):
         c = listed
         try:
-            e = evaluate(c, trace, sized)
+            e = evaluate(c, trace, sized, runs)
         except KvspecError as err:
             if c.policy == pooling.policy and pooling.policy != "auto":
                 raise
@@ -283,7 +285,7 @@ def decide(sized: Sized, pooling: Pooling
             e = evaluate(c, None, sized)
         if c.policy == "separate" and c.pools and trace is not None and \
                 pooling.split is None and e.simulated:
-            c, e = tune_separate(c, e, sized, pooling, tokens, trace)
+            c, e = tune_separate(c, e, sized, pooling, tokens, trace, runs)
         cands.append(c)
         evaluations.append(e)
     if pooling.policy == "unified":

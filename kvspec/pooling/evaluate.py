@@ -16,6 +16,7 @@ for the next request's whole prompt to fit).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -30,11 +31,11 @@ from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling import figures
 from kvspec.pooling.layouts import PoolLayout
-from kvspec.runtime.manager import from_layouts
+from kvspec.runtime.manager import ManagedLayout, from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, generate_trace, read_trace, simulate
 
-__all__ = ["Evaluation", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
+__all__ = ["Evaluation", "Runs", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
            "workload_trace"]
 
 
@@ -180,8 +181,27 @@ def layout_waste(waste: fmt.Waste | None) -> float | None:
     return round(lost / waste.pool_bytes, 6)
 
 
-def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
-    """``candidate``'s figures at the workload; simulated when there is a budget."""
+def _unnamed(managed: ManagedLayout) -> ManagedLayout:
+    """``managed`` with its name and its pools' names left out: what a simulation reads
+    (two candidates whose pools differ only in name, such as a one-class model's
+    separate plan and its unified plan, simulate alike)."""
+    names = {p.name: str(i) for i, p in enumerate(managed.pools)}
+    return dataclasses.replace(
+        managed, name="", pools=tuple(dataclasses.replace(p, name=names[p.name])
+                                      for p in managed.pools),
+        groups=tuple(dataclasses.replace(g, pool=names[g.pool]) for g in managed.groups))
+
+
+#: Simulations already run in one decision, by what they read (:func:`_unnamed`, the
+#: engine settings); the trace is the decision's.
+Runs = dict[tuple[ManagedLayout, tuple[tuple[str, Any], ...]], SimResult]
+
+
+def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized,
+             runs: Runs | None = None) -> Evaluation:
+    """``candidate``'s figures at the workload; simulated when there is a budget.
+    ``runs``: simulations of this decision so far (the simulation is deterministic, so
+    a candidate whose pools simulate alike reuses one; its waste is still its own)."""
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
     budget = sized.budget_bytes
@@ -191,13 +211,18 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) ->
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
     engine = sized.layout.engine
     layouts = _pool_layouts(candidate)
-    result = simulate(from_layouts(layouts), trace.requests,
-                      max_num_seqs=trace.workload.concurrency or engine.max_num_seqs,
-                      max_num_batched_tokens=engine.max_num_batched_tokens,
-                      max_model_len=engine.max_model_len,
-                      async_scheduling=engine.async_scheduling_resolved,
-                      pipeline_parallel_size=engine.pipeline_parallel_size,
-                      sample_held=True)
+    managed = from_layouts(layouts)
+    settings = {"max_num_seqs": trace.workload.concurrency or engine.max_num_seqs,
+                "max_num_batched_tokens": engine.max_num_batched_tokens,
+                "max_model_len": engine.max_model_len,
+                "async_scheduling": engine.async_scheduling_resolved,
+                "pipeline_parallel_size": engine.pipeline_parallel_size}
+    key = (_unnamed(managed), tuple(settings.items()))
+    result = runs.get(key) if runs is not None else None
+    if result is None:
+        result = simulate(managed, trace.requests, sample_held=True, **settings)
+        if runs is not None:
+            runs[key] = result
     tokens_held, waste = waste_of(result, layouts)
     simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
     return Evaluation(static, at_tokens, physical, simulated=simulated,
