@@ -212,11 +212,12 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized,
     engine = sized.layout.engine
     layouts = _pool_layouts(candidate)
     managed = from_layouts(layouts)
-    settings = {"max_num_seqs": trace.workload.concurrency or engine.max_num_seqs,
-                "max_num_batched_tokens": engine.max_num_batched_tokens,
-                "max_model_len": engine.max_model_len,
-                "async_scheduling": engine.async_scheduling_resolved,
-                "pipeline_parallel_size": engine.pipeline_parallel_size}
+    settings: dict[str, Any] = {
+        "max_num_seqs": trace.workload.concurrency or engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "max_model_len": engine.max_model_len,
+        "async_scheduling": engine.async_scheduling_resolved,
+        "pipeline_parallel_size": engine.pipeline_parallel_size}
     key = (_unnamed(managed), tuple(settings.items()))
     result = runs.get(key) if runs is not None else None
     if result is None:
