@@ -24,7 +24,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str, Path]:
     tmp = tmp_path_factory.mktemp("capacity")
     out = tmp / "capacity.md"
     subprocess.run([sys.executable, "benchmarks/bench_capacity.py", "--case", CASE,
-                    "--workload", "short", "--requests", "40", "--against-vllm", "off",
+                    "--workload", "short", "--requests", "90", "--against-vllm", "off",
                     "--out", str(out), "--keep", str(tmp / "work")],
                    cwd=REPO, check=True, capture_output=True, text=True, timeout=600)
     return json.loads(out.with_suffix(".json").read_text()), out.read_text(), tmp / "work"
@@ -37,7 +37,8 @@ def test_one_row_per_case_and_workload_with_every_plan_simulated(run: tuple) -> 
     row = data["rows"][0]
     for plan in PLANS:
         sim = row[plan]["simulated"]
-        assert sim["steps"] > 0 and 0 < sim["mean_running"] <= sim["peak_running"] <= 40
+        assert sim["steps"] > 0 and 0 < sim["mean_running"] <= sim["peak_running"] <= 90
+        assert sim["waiting_steps_by_reason"]["memory"] > 0  # the waste is measured then
         assert set(row[plan]["waste"]) == {"padding_slots", "padded_pages", "block_inflation",
                                            "per_request"}
     assert row["same_baseline"] is True
@@ -60,7 +61,9 @@ def test_the_baseline_is_vllms_plan_simulated_on_the_trace(run: tuple) -> None:
     art = compile_file(work / Path(row["source"]).name, memory=row["memory_bytes"])
     assert art.body.pooling.asked == "unified" and len(art.body.pooling.candidates) == 1
     again = simulate_artifact(art, read_trace(work / Path(row["trace"]).name)).as_dict()
-    assert again == row["vllm"]["simulated"]
+    # the record adds the layout's waste, from what the pooling policy's run sampled
+    recorded = {k: v for k, v in row["vllm"]["simulated"].items() if k != "layout_waste"}
+    assert again == recorded
 
 
 def test_the_markdown_table_has_a_full_row_per_measurement(run: tuple) -> None:

@@ -203,8 +203,9 @@ def test_every_candidates_waste_adds_up_to_its_pools() -> None:
             continue
         w = c.waste
         wasted = w.padding_slots + w.padded_pages + w.block_inflation + w.per_request + w.idle
-        used = c.simulated.utilization_while_waiting
-        # live + waste = the pools' bytes (the live share is the utilisation)
+        used = c.simulated.utilization_while_memory_bound
+        # live + waste = the pools' bytes while memory binds (the live share is the
+        # utilisation then; the waste is sampled, the utilisation read at every step)
         assert abs((w.pool_bytes - wasted) / w.pool_bytes - used) < 0.02, c.name
 
 
@@ -239,7 +240,8 @@ def test_trace_is_seeded_and_simulate_reads_it(tmp_path: Path) -> None:
     data = json.loads(out)
     assert set(data["kvspec"]) == {"steps", "mean_running", "peak_running", "preemptions",
                                    "hit_tokens", "mean_utilization", "peak_utilization",
-                                   "utilization_while_waiting"}
+                                   "utilization_while_waiting", "waiting_steps_by_reason",
+                                   "utilization_while_memory_bound", "layout_waste"}
     assert data["requests"] == 50 and data["pools"] == [{"name": "device", "blocks": 300}]
     # fewer blocks: fewer requests run at once
     code, out, _ = invoke(["simulate", "layouts/llama-3.1-8b.kvlayout.json", "--workload",

@@ -48,7 +48,7 @@ __all__ = [
     "FORMAT", "FORMAT_VERSION", "Affine", "Allocation", "Budget", "Bytes", "Candidate",
     "CellPart", "Envelope", "Engine", "Group", "Layer", "Layout", "LogLine", "Pool",
     "PoolShare", "PoolingRecord", "Simulated", "Spec", "Stage", "Tensor", "Unsigned", "View",
-    "Waste", "WorkloadRecord", "at",
+    "WaitingSteps", "Waste", "WorkloadRecord", "at",
 ]
 
 FORMAT_VERSION = 3
@@ -397,7 +397,8 @@ class WorkloadRecord(Record, frozen=True):
 
 class Waste(Record, frozen=True):
     """Where a plan's bytes go that hold no live token or state, averaged over the
-    steps where requests wait (bytes of one rank; shares of the pool's bytes)."""
+    steps where memory keeps requests waiting (bytes of one rank; shares of the
+    pool's bytes): with the live bytes they add up to ``pool_bytes``."""
 
     pool_bytes: NonNeg
     #: Slots left empty in each block so every group has the same layer count.
@@ -408,12 +409,23 @@ class Waste(Record, frozen=True):
     block_inflation: NonNeg
     #: State slots and window rings held per request, whatever its length.
     per_request: NonNeg
-    #: Bytes no running request holds while others wait: free or cached blocks,
+    #: Bytes no running request holds while memory binds: free or cached blocks,
     #: too few for the next request, or in a pool that is not the one running out.
     idle: NonNeg
 
 
-class Simulated(Record, frozen=True):
+class WaitingSteps(Record, frozen=True):
+    """Steps where requests wait, by the limit that kept them waiting."""
+
+    #: The next request's blocks did not fit (or a running request was preempted).
+    memory: NonNeg
+    #: ``max_num_seqs`` requests were running.
+    max_num_seqs: NonNeg
+    #: The step's token budget (``max_num_batched_tokens``) was spent.
+    max_num_batched_tokens: NonNeg
+
+
+class Simulated(Record, frozen=True, omit_defaults=True):
     """A simulation's summary: ``kvspec simulate``'s keys (docs/simulate.md)."""
 
     steps: NonNeg
@@ -423,8 +435,18 @@ class Simulated(Record, frozen=True):
     hit_tokens: NonNeg
     mean_utilization: float
     peak_utilization: float
-    #: None when no request ever waited.
+    #: Utilisation averaged over every step where a request waits, whatever it waits
+    #: for; None when no request ever waited.
     utilization_while_waiting: float | None
+    #: (Omitted when None: artifacts from before these three keys read, and hash, as
+    #: they were written.)
+    waiting_steps_by_reason: WaitingSteps | None = None
+    #: Utilisation averaged over the steps where memory keeps requests waiting; None
+    #: when it never does.
+    utilization_while_memory_bound: float | None = None
+    #: Padding slots, padded pages, block inflation and per-request constants, as a
+    #: share of the pool while memory keeps requests waiting (:class:`Waste`).
+    layout_waste: float | None = None
 
 
 class Candidate(Record, frozen=True):

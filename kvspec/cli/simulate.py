@@ -17,6 +17,7 @@ from kvspec.cli.common import (
     check_output,
     echo_json,
     format_option,
+    note,
     parents_option,
     parse_bytes,
     progress,
@@ -32,13 +33,20 @@ from kvspec.runtime.manager import from_layouts
 from kvspec.sim import MAX_BLOCKS, simulate
 from kvspec.sim.formats import FORMATS, read_requests
 
-#: The summary's keys, in the order the table prints them (kvspec.sim.SUMMARY_KEYS).
+#: The summary's keys (kvspec.sim.SUMMARY_KEYS, a dot into a nested one) and the
+#: layout's waste, in the order the table prints them.
 ROWS = (("steps", "steps to finish", "{:,}"), ("mean_running", "mean running", "{:.2f}"),
         ("peak_running", "peak running", "{:,}"), ("preemptions", "preemptions", "{:,}"),
         ("hit_tokens", "prefix-cache hit tokens", "{:,}"),
         ("mean_utilization", "mean utilisation", "{:.3f}"),
         ("peak_utilization", "peak utilisation", "{:.3f}"),
-        ("utilization_while_waiting", "utilisation while waiting", "{:.3f}"))
+        ("utilization_while_waiting", "utilisation while waiting", "{:.3f}"),
+        ("waiting_steps_by_reason.memory", "waiting on memory (steps)", "{:,}"),
+        ("waiting_steps_by_reason.max_num_seqs", "waiting on max_num_seqs", "{:,}"),
+        ("waiting_steps_by_reason.max_num_batched_tokens", "waiting on the token budget",
+         "{:,}"),
+        ("utilization_while_memory_bound", "utilisation, memory-bound", "{:.3f}"),
+        ("layout_waste", "layout waste, memory-bound", "{:.1%}"))
 #: Traces this long show a progress bar (on a terminal).
 BAR_FROM = 2000
 
@@ -124,7 +132,7 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
     data = {"layout": str(layout), "requests": len(trace),
             "refused": results["kvspec"].rejected,
             "pools": [{"name": n, "blocks": b} for n, b in _blocks(target)],
-            **{side: r.as_dict() for side, r in results.items()}}
+            **{side: _summary(target, r, side) for side, r in results.items()}}
     if fmt == "json":
         if output is None:
             echo_json(data)
@@ -132,6 +140,9 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
         emit(json.dumps(data, indent=1) + "\n", output, quiet=quiet)
         return EXIT_OK
     emit(_table(data, list(results)) + "\n", output, quiet=quiet)
+    cap = cap_note(data["kvspec"])
+    if cap:
+        note(cap, quiet=quiet)
     return EXIT_OK
 
 
@@ -237,8 +248,18 @@ def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
     layout = from_layouts(list(target.pools), target.counts)
     with progress(len(trace), label="simulating", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
-        return simulate(layout, trace, progress=_advance(bar),
+        return simulate(layout, trace, progress=_advance(bar), sample_held=True,
                         **_settings(target, max_num_seqs))
+
+
+def _summary(target: Target, result: Any, side: str) -> dict[str, Any]:
+    """A side's summary, with the layout's waste while memory binds (kvspec's side
+    samples what running requests hold; vLLM's does not: None)."""
+    # deferred: the pooling figures load with the compiler, when the command runs
+    from kvspec.pooling.evaluate import layout_waste, waste_of
+
+    waste = waste_of(result, list(target.pools))[1] if side == "kvspec" else None
+    return {**result.as_dict(), "layout_waste": layout_waste(waste)}
 
 
 def _advance(bar: Any) -> Any:
@@ -278,9 +299,21 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
     return result
 
 
+def cap_note(summary: dict[str, Any]) -> str | None:
+    """A note when the request cap, not memory, keeps requests waiting most."""
+    by = summary["waiting_steps_by_reason"]
+    if not by or by["max_num_seqs"] <= by["memory"]:
+        return None
+    return (f"max_num_seqs ({summary['peak_running']:,} running) keeps requests waiting in "
+            f"{by['max_num_seqs']:,} steps, memory in {by['memory']:,}: the figures are the "
+            "cap's, not the layout's; give --max-num-seqs more to see where memory binds")
+
+
 def _table(data: dict[str, Any], sides: list[str]) -> str:
     def cell(side: str, key: str, spec: str) -> str:
-        value = data[side][key]
+        value: Any = data[side]
+        for part in key.split("."):
+            value = None if value is None else value[part]
         return "-" if value is None else spec.format(value)
 
     rows = [[label, *(cell(s, key, spec) for s in sides)] for key, label, spec in ROWS]

@@ -13,7 +13,7 @@ asks for a policy other than ``unified`` or declares a workload:
 * the choice: ``unified`` and ``separate`` keep what they ask for; ``auto`` keeps
   the candidate that runs the most requests on average (within 1% of the best is
   a tie), ties to the finer prefix-match unit (prefix caching kept on), then to
-  fewer groups.
+  the smaller layout waste while memory binds, then to fewer groups.
 
 Everything lands in the artifact's ``pooling`` record, so the choice is reviewable.
 """

@@ -16,7 +16,7 @@ from kvspec.passes.parse import Parsed
 from kvspec.passes.plan import plan
 from kvspec.passes.size import Sized, size
 from kvspec.passes.validate import validate
-from kvspec.pooling.evaluate import Evaluation, WorkloadTrace, evaluate, workload_trace
+from kvspec.pooling.evaluate import Evaluation, Runs, WorkloadTrace, evaluate, workload_trace
 from kvspec.pooling.figures import capacity_curve
 from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
@@ -96,7 +96,8 @@ def _scaled(pools: tuple[PoolLayout, ...], factor: float
 
 
 def tune_separate(c: Candidate, e: Evaluation, sized: Sized, pooling: Pooling, tokens: int,
-                  trace: WorkloadTrace) -> tuple[Candidate, Evaluation]:
+                  trace: WorkloadTrace, runs: Runs | None = None
+                  ) -> tuple[Candidate, Evaluation]:
     """The separate plan's split tuned by simulation: the state (or windowed) pools'
     share scaled by each of :data:`SPLIT_FACTORS`; the split running the most
     requests on average wins."""
@@ -109,7 +110,7 @@ def tune_separate(c: Candidate, e: Evaluation, sized: Sized, pooling: Pooling, t
             pools = separate_layouts(c.sized or sized, dataclasses.replace(pooling, split=split),
                                      tokens)
             cand = dataclasses.replace(c, pools=pools)
-            ev = evaluate(cand, trace, sized)
+            ev = evaluate(cand, trace, sized, runs)
         except KvspecError:
             continue
         if ev.simulated and best[1].simulated and \
@@ -189,12 +190,19 @@ def _within_max_groups(cands: list[Candidate], pooling: Pooling) -> list[Candida
     return out
 
 
+def _simulated(summary: dict[str, object]) -> fmt.Simulated:
+    by_reason = summary.get("waiting_steps_by_reason")
+    return fmt.Simulated(**{**summary, "waiting_steps_by_reason":  # type: ignore[arg-type]
+                            fmt.WaitingSteps(**by_reason) if isinstance(by_reason, dict)
+                            else None})
+
+
 def _record(c: Candidate, e: Evaluation, tokens: int) -> fmt.Candidate:
     return fmt.Candidate(
         name=c.name, policy=c.policy, block_size=c.block_size, groups=c.groups,
         static_requests=e.static_requests, workload_requests=e.workload_requests,
         physical_limit=e.physical_limit,
-        simulated=fmt.Simulated(**e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
+        simulated=_simulated(e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
         waste=e.waste, binding_pool=e.binding_pool, note=c.note,
         curve=capacity_curve(c.layouts, tokens))
 
@@ -209,13 +217,32 @@ def _capacity(e: Evaluation) -> float:
     return e.simulated["mean_running"] if e.simulated else (e.workload_requests or 0.0)
 
 
-def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, int, float]:
+#: Layout waste shares closer than this are a tie (a sampled average).
+WASTE_STEP = 0.001
+
+
+def _layout_waste(e: Evaluation) -> float:
+    """The share of the pools the layout loses while memory binds (0 when memory
+    never binds: the layout is not what limits)."""
+    waste = e.simulated.get("layout_waste") if e.simulated else None
+    return round(waste / WASTE_STEP) * WASTE_STEP if waste is not None else 0.0
+
+
+def _memory_bound_utilization(e: Evaluation) -> float:
+    used = e.simulated.get("utilization_while_memory_bound") if e.simulated else None
+    return used if used is not None else 0.0
+
+
+def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, float, int, float, float]:
     """Among tied candidates, higher is better: the finer prefix-match unit (none at
     all, without prefix caching, is the coarsest: turning it off must buy capacity
-    to be chosen), fewer groups, then capacity."""
+    to be chosen), the smaller layout waste while memory binds (padding, inflation,
+    per-request constants: not the idle blocks first-come admission leaves, nor steps
+    where the request cap or the token budget binds), fewer groups, capacity, then
+    the utilisation while memory binds."""
     caching = all(x.engine.enable_prefix_caching for x in c.layouts)
     unit = -c.hash_block_size if caching else float("-inf")
-    return (unit, -c.groups, _capacity(e))
+    return (unit, -_layout_waste(e), -c.groups, _capacity(e), _memory_bound_utilization(e))
 
 
 def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
@@ -298,10 +325,11 @@ def decide(sized: Sized, pooling: Pooling
         servable(workload, trace, sized)
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     cands, evaluations = [], []
+    runs: Runs = {}
     for listed in _within_max_groups(candidates(sized, pooling, tokens), pooling):
         c = listed
         try:
-            e = evaluate(c, trace, sized)
+            e = evaluate(c, trace, sized, runs)
         except KvspecError as err:
             if c.policy == pooling.policy and pooling.policy != "auto":
                 raise
@@ -309,7 +337,7 @@ def decide(sized: Sized, pooling: Pooling
             e = evaluate(c, None, sized)
         if c.policy == "separate" and c.pools and trace is not None and \
                 pooling.split is None and e.simulated:
-            c, e = tune_separate(c, e, sized, pooling, tokens, trace)
+            c, e = tune_separate(c, e, sized, pooling, tokens, trace, runs)
         cands.append(c)
         evaluations.append(e)
     if pooling.policy == "unified":

@@ -4,15 +4,19 @@ The workload becomes a request trace (the source's, or one drawn from its summar
 seeded), replayed through kvspec's request-level manager and its model of vLLM
 v1's scheduler (:mod:`kvspec.sim`) on the candidate's pools, sized for the budget.
 The waste is measured there: of the pools' bytes, averaged over the steps where
-requests wait, what padding slots, padded pages, block inflation (token slots
-blocks hold beyond their requests' tokens), per-request constants (state
-blocks beyond the one live state, window blocks beyond the window) and idle
-blocks (held by no running request) take: with the live bytes, they add up to
-the pools' bytes.
+memory keeps requests waiting (not the request cap or the token budget: then the
+layout is not what limits), what padding slots, padded pages, block inflation
+(token slots blocks hold beyond their requests' tokens), per-request constants
+(state blocks beyond the one live state, window blocks beyond the window) and
+idle blocks (held by no running request) take: with the live bytes, they add up
+to the pools' bytes. The first four are the layout's waste (``layout_waste``, a
+share of the pools); idle blocks are the scheduler's (first-come admission waits
+for the next request's whole prompt to fit).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
@@ -29,13 +33,14 @@ from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling import figures
 from kvspec.pooling.layouts import PoolLayout
-from kvspec.runtime.manager import from_layouts
+from kvspec.runtime.manager import ManagedLayout, from_layouts
 from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, generate_trace, simulate
 from kvspec.sim.formats import Columns, read_requests
 from kvspec.sim.presets import preset_trace
 
-__all__ = ["Evaluation", "WorkloadTrace", "evaluate", "workload_trace"]
+__all__ = ["Evaluation", "Runs", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
+           "workload_trace"]
 
 
 class Candidate(Protocol):
@@ -151,10 +156,12 @@ def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int,
     return out
 
 
-def _waste(result: SimResult, layouts: list[tuple[str, Layout]]) -> tuple[float | None,
-                                                                         fmt.Waste | None]:
-    """Mean tokens held and the waste kinds while requests wait, from the samples."""
-    held = result.held_while_waiting()
+def waste_of(result: SimResult, layouts: list[tuple[str, Layout]]
+             ) -> tuple[float | None, fmt.Waste | None]:
+    """Mean tokens held and the waste kinds while memory keeps requests waiting, from
+    the samples of a simulation run with ``sample_held`` over ``layouts``' pools
+    (``(name, layout)`` in the manager's order); None, None when memory never did."""
+    held = result.held_while_memory_bound()
     if held is None:
         return None, None
     running, live, blocks, tokens = held
@@ -184,8 +191,37 @@ def _told(name: str) -> Callable[[int, int], None] | None:
     return tick
 
 
-def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) -> Evaluation:
-    """``candidate``'s figures at the workload; simulated when there is a budget."""
+def layout_waste(waste: fmt.Waste | None) -> float | None:
+    """The layout's share of the pool while memory binds: padding slots, padded
+    pages, block inflation and per-request constants (idle blocks are the
+    scheduler's)."""
+    if waste is None or not waste.pool_bytes:
+        return None
+    lost = waste.padding_slots + waste.padded_pages + waste.block_inflation + waste.per_request
+    return round(lost / waste.pool_bytes, 6)
+
+
+def _unnamed(managed: ManagedLayout) -> ManagedLayout:
+    """``managed`` with its name and its pools' names left out: what a simulation reads
+    (two candidates whose pools differ only in name, such as a one-class model's
+    separate plan and its unified plan, simulate alike)."""
+    names = {p.name: str(i) for i, p in enumerate(managed.pools)}
+    return dataclasses.replace(
+        managed, name="", pools=tuple(dataclasses.replace(p, name=names[p.name])
+                                      for p in managed.pools),
+        groups=tuple(dataclasses.replace(g, pool=names[g.pool]) for g in managed.groups))
+
+
+#: Simulations already run in one decision, by what they read (:func:`_unnamed`, the
+#: engine settings); the trace is the decision's.
+Runs = dict[tuple[ManagedLayout, tuple[tuple[str, Any], ...]], SimResult]
+
+
+def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized,
+             runs: Runs | None = None) -> Evaluation:
+    """``candidate``'s figures at the workload; simulated when there is a budget.
+    ``runs``: simulations of this decision so far (the simulation is deterministic, so
+    a candidate whose pools simulate alike reuses one; its waste is still its own)."""
     tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
     budget = sized.budget_bytes
@@ -195,14 +231,22 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized) ->
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
     engine = sized.layout.engine
     layouts = _pool_layouts(candidate)
-    name = getattr(candidate, "name", "a candidate")
-    result = simulate(from_layouts(layouts), trace.requests, progress=_told(name),
-                      max_num_seqs=trace.workload.concurrency or engine.max_num_seqs,
-                      max_num_batched_tokens=engine.max_num_batched_tokens,
-                      max_model_len=engine.max_model_len,
-                      async_scheduling=engine.async_scheduling_resolved,
-                      pipeline_parallel_size=engine.pipeline_parallel_size,
-                      sample_held=True)
-    tokens_held, waste = _waste(result, layouts)
-    return Evaluation(static, at_tokens, physical, simulated=result.as_dict(),
+    managed = from_layouts(layouts)
+    settings: dict[str, Any] = {
+        "max_num_seqs": trace.workload.concurrency or engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "max_model_len": engine.max_model_len,
+        "async_scheduling": engine.async_scheduling_resolved,
+        "pipeline_parallel_size": engine.pipeline_parallel_size}
+    key = (_unnamed(managed), tuple(settings.items()))
+    result = runs.get(key) if runs is not None else None
+    if result is None:
+        result = simulate(managed, trace.requests, sample_held=True,
+                          progress=_told(getattr(candidate, "name", "a candidate")),
+                          **settings)
+        if runs is not None:
+            runs[key] = result
+    tokens_held, waste = waste_of(result, layouts)
+    simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
+    return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)

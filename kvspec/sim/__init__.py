@@ -32,7 +32,7 @@ from kvspec.errors import KvspecError
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
 from kvspec.sim.engine import KvspecEngine, Progress, drive
 from kvspec.sim.generate import generate_trace
-from kvspec.sim.metrics import SUMMARY_KEYS, LiveBytes, SimResult, StepRecord
+from kvspec.sim.metrics import SUMMARY_KEYS, Limits, LiveBytes, SimResult, StepRecord
 from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
@@ -69,8 +69,8 @@ def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_se
              progress: Progress | None = None, sample_held: bool = False) -> SimResult:
     """Replay ``trace`` through ``layout``'s pools; requests whose prompt does not fit
     ``max_model_len`` (default: the layout's) are refused, as vLLM refuses them.
-    ``sample_held``: also sample what running requests hold while others wait (the
-    pooling policy's waste breakdown, :meth:`SimResult.held_while_waiting`)."""
+    ``sample_held``: also sample what running requests hold while memory keeps others
+    waiting (the waste breakdown, :meth:`SimResult.held_while_memory_bound`)."""
     return run(layout, trace, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                async_scheduling=async_scheduling,
@@ -102,12 +102,14 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
                           max_num_batched_tokens=max_num_batched_tokens,
                           async_scheduling=async_scheduling,
                           lazy=lazy and depth == (2 if async_scheduling else 1))
+    limits = Limits(max_num_seqs, max_num_batched_tokens,
+                    layout.split_block_size if layout.has_align_state else 0)
     engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers,
-                          sample_held=sample_held)
+                          sample_held=sample_held, limits=limits)
     records, steps = drive(engine, admitted, depth, progress)
     result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
                        scheduler.hit_tokens, len(admitted), len(trace) - len(admitted),
-                       tuple(engine.samples), live.scale, live.pool_bytes)
+                       tuple(engine.samples), live.scale, live.pool_bytes, limits)
     return result, engine
 
 

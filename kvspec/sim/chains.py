@@ -68,6 +68,13 @@ class ChainRequest(SimRequest):
         self._block_tokens = block_tokens
         self._chain_limit = min(prompt, len(chain) * block_tokens)
 
+    @property
+    def shares_keys(self) -> bool:
+        """Whether other requests may cache its keys: its content blocks are keyed by
+        chain codes that any request opening with the same blocks holds too (so the
+        manager never skips its prefix-cache lookup)."""
+        return self._chain_limit > 0
+
     def key(self, j: int, hash_block_size: int) -> int:
         end = (j + 1) * hash_block_size
         if end <= self._chain_limit:

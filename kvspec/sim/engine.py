@@ -24,7 +24,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kvspec.errors import KvspecError
 from kvspec.sim.chains import ChainRequest, Chains
-from kvspec.sim.metrics import LiveBytes, StepRecord
+from kvspec.sim.metrics import Limits, LiveBytes, StepRecord, waiting_reason
 from kvspec.sim.request import Batch, SimRequest
 from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceRequest, prefix_codes
@@ -93,19 +93,23 @@ def _check_progress(engine: StepEngine, step: int) -> None:
                               "max_model_len), or shorten the trace's requests")
 
 
-#: Waiting steps sampled at the most for the waste breakdown.
+#: Memory-bound steps sampled at the most for the waste breakdown.
 MAX_SAMPLES = 200
 
 
 class HeldSample(NamedTuple):
-    """One sampled step while requests wait: running requests, their live bytes (in
-    :class:`~kvspec.sim.metrics.LiveBytes` units) and the blocks they hold per group."""
+    """One sampled step while memory keeps requests waiting: running requests, their
+    live bytes (in :class:`~kvspec.sim.metrics.LiveBytes` units) and the blocks they
+    hold per group (a block shared by a prefix counts once per request holding it,
+    as live bytes do)."""
 
     running: int
     live: int
     held: tuple[int, ...]
     #: Tokens the running requests hold (computed).
     tokens: int
+    #: Free blocks per pool (cached blocks nobody holds count as free).
+    free: tuple[int, ...] = ()
 
 
 class KvspecEngine:
@@ -113,7 +117,7 @@ class KvspecEngine:
 
     def __init__(self, scheduler: Scheduler, live: LiveBytes, trace: Sequence[TraceRequest],
                  *, log_blocks: bool = False, numbers: Sequence[int] | None = None,
-                 sample_held: bool = False) -> None:
+                 sample_held: bool = False, limits: Limits | None = None) -> None:
         self.scheduler = scheduler
         #: Each request's 1-based position in the whole trace (for messages).
         self.numbers = numbers if numbers is not None else range(1, len(trace) + 1)
@@ -127,12 +131,15 @@ class KvspecEngine:
         #: first pool's free queue).
         self.block_log: list[tuple[dict[int, tuple], list[int]]] | None = (
             [] if log_blocks else None)
-        #: Samples of the steps where requests wait: (running requests, their live bytes
-        #: in LiveBytes units, blocks they hold per group), every ``_stride``-th.
+        #: Samples of the steps where memory keeps requests waiting
+        #: (:func:`~kvspec.sim.metrics.waiting_reason`), every ``_stride``-th.
         self.samples: list[HeldSample] = []
         self._stride, self._seen = 1, 0
         #: Whether to sample what running requests hold (the pooling policy's waste).
         self.sample_held = sample_held
+        #: The scheduler's limits, to tell memory-bound steps.
+        self.limits = limits or Limits(scheduler.max_num_seqs, scheduler.budget,
+                                       scheduler.split.block if scheduler.split else 0)
 
     def add(self, index: int, request: TraceRequest) -> None:
         if request.prefix_blocks:
@@ -164,14 +171,17 @@ class KvspecEngine:
             self.block_log.append(({r.index: tuple(tuple(b.block_id for b in t)
                                                    for t in r.tables) for r in s.running},
                                    [b.block_id for b in self.pools[0].free_block_queue]))
-        if self.sample_held and s.waiting and s.running:
-            self._sample(live)
-        return StepRecord(step, len(s.running), len(s.waiting),
-                          tuple(p.free_block_queue.num_free_blocks for p in self.pools),
-                          batch.total, batch.preempted, self.live.utilization(live))
+        record = StepRecord(step, len(s.running), len(s.waiting),
+                            tuple(p.free_block_queue.num_free_blocks for p in self.pools),
+                            batch.total, batch.preempted, self.live.utilization(live))
+        if self.sample_held and s.waiting and s.running and \
+                waiting_reason(record, self.limits) == "memory":
+            self._sample(live, record.free)
+        return record
 
-    def _sample(self, live: int) -> None:
-        """What the running requests hold while others wait, for the waste breakdown:
+    def _sample(self, live: int, free: tuple[int, ...]) -> None:
+        """What the running requests hold while memory keeps others waiting, for the
+        waste breakdown:
         every ``_stride``-th such step, the stride doubling (and every other sample
         dropped) past :data:`MAX_SAMPLES`, so long traces cost a bounded walk."""
         self._seen += 1
@@ -190,7 +200,7 @@ class KvspecEngine:
             for g, table in enumerate(r.tables):
                 # blocks compare by identity: list.count walks the table in C
                 held[g] += len(table) - table.count(nulls[g])
-        self.samples.append(HeldSample(len(running), live, tuple(held), tokens))
+        self.samples.append(HeldSample(len(running), live, tuple(held), tokens, free))
         if len(self.samples) > MAX_SAMPLES:
             self.samples = self.samples[1::2]
             self._stride *= 2

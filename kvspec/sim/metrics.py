@@ -26,11 +26,16 @@ from typing import Any, NamedTuple
 
 from kvspec.runtime.manager import ManagedLayout
 
-__all__ = ["SUMMARY_KEYS", "LiveBytes", "SimResult", "StepRecord"]
+__all__ = ["REASONS", "SUMMARY_KEYS", "Limits", "LiveBytes", "SimResult", "StepRecord",
+           "waiting_reason"]
 
 #: The summary's keys, in order.
 SUMMARY_KEYS = ("steps", "mean_running", "peak_running", "preemptions", "hit_tokens",
-                "mean_utilization", "peak_utilization", "utilization_while_waiting")
+                "mean_utilization", "peak_utilization", "utilization_while_waiting",
+                "waiting_steps_by_reason", "utilization_while_memory_bound")
+
+#: Why requests wait in a step: the limit that stopped admission (``waiting_reason``).
+REASONS = ("memory", "max_num_seqs", "max_num_batched_tokens")
 
 
 class StepRecord(NamedTuple):
@@ -44,6 +49,48 @@ class StepRecord(NamedTuple):
     scheduled_tokens: int
     preempted: int
     utilization: float
+
+
+class Limits(NamedTuple):
+    """The engine's limits a step's admission stops at (besides memory)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    #: Tokens a prefill chunk of a Mamba ``align`` layout ends on (0: no such layout).
+    align: int = 0
+
+
+def waiting_reason(record: StepRecord, limits: Limits) -> str | None:
+    """Why requests wait after ``record``'s step (one of :data:`REASONS`), None when
+    none waits; decided as vLLM's ``Scheduler.schedule()`` stops admitting:
+
+    * a running request was preempted (its blocks did not fit): waiting requests
+      are not looked at -- ``memory``;
+    * the step's token budget is spent -- ``max_num_batched_tokens`` (also when
+      what is left is less than one aligned chunk of a Mamba ``align`` layout, which
+      ends a chunk only on a block boundary);
+    * ``max_num_seqs`` requests run -- ``max_num_seqs``;
+    * otherwise the next request's prompt (after its prefix-cache hit) does not fit
+      the free blocks -- ``memory`` (so do preempted requests whose outputs are
+      still in flight: they wait because they were preempted).
+
+    >>> limits = Limits(max_num_seqs=4, max_num_batched_tokens=64)
+    >>> [waiting_reason(StepRecord(0, r, 1, (9,), t, 0, 0.5), limits)
+    ...  for r, t in ((2, 64), (4, 10), (2, 10))]
+    ['max_num_batched_tokens', 'max_num_seqs', 'memory']
+    """
+    if not record.waiting:
+        return None
+    if record.preempted:
+        return "memory"
+    left = limits.max_num_batched_tokens - record.scheduled_tokens
+    if left <= 0:
+        return "max_num_batched_tokens"
+    if record.running >= limits.max_num_seqs:
+        return "max_num_seqs"
+    if left < limits.align:
+        return "max_num_batched_tokens"
+    return "memory"
 
 
 class LiveBytes:
@@ -103,17 +150,19 @@ class SimResult:
     num_requests: int
     #: Requests whose prompt does not fit ``max_model_len`` (vLLM refuses them).
     rejected: int = 0
-    #: Sampled steps where requests wait (kvspec's simulator): what running requests
-    #: hold, for :meth:`held_while_waiting`.
+    #: Sampled steps where memory keeps requests waiting (kvspec's simulator, with
+    #: ``sample_held``): what running requests hold, for :meth:`held_while_memory_bound`.
     samples: tuple[Any, ...] = field(default=(), repr=False)
     #: LiveBytes' unit (1 / scale byte) and the pools' bytes.
     scale: int = 1
     pool_bytes: int = 0
+    #: The limits a step's admission stops at (for ``waiting_steps_by_reason``).
+    limits: Limits | None = None
 
-    def held_while_waiting(self) -> tuple[float, float, tuple[float, ...], float] | None:
-        """Averaged over the sampled steps where requests wait: running requests, the
-        bytes they need (live tokens and states), the blocks they hold per group, and
-        the tokens they hold; None when no request waited."""
+    def held_while_memory_bound(self) -> tuple[float, float, tuple[float, ...], float] | None:
+        """Averaged over the sampled steps where memory keeps requests waiting: running
+        requests, the bytes they need (live tokens and states), the blocks they hold per
+        group, and the tokens they hold; None when memory never did."""
         s = self.samples
         if not s:
             return None
@@ -124,12 +173,26 @@ class SimResult:
                 sum(x.tokens for x in s) / n)
 
     def as_dict(self) -> dict[str, Any]:
-        """The summary (:data:`SUMMARY_KEYS`); ``utilization_while_waiting`` is None
-        when no request ever waited."""
+        """The summary (:data:`SUMMARY_KEYS`). ``utilization_while_waiting``:
+        utilisation averaged over every step where a request waits, whatever it waits
+        for (None when none ever waited); ``waiting_steps_by_reason``: those steps by
+        the limit that kept requests waiting (:func:`waiting_reason`);
+        ``utilization_while_memory_bound``: utilisation averaged over the steps where
+        memory is that limit (None when it never is)."""
         records = self.steps
         running = [r.running for r in records]
         used = [r.utilization for r in records]
         waited = [r.utilization for r in records if r.waiting]
+        by_reason = dict.fromkeys(REASONS, 0)
+        bound: list[float] = []
+        if self.limits is not None:
+            limits = self.limits
+            for r in records:
+                if r.waiting:
+                    why = waiting_reason(r, limits)
+                    by_reason[why] += 1  # type: ignore[index]
+                    if why == "memory":
+                        bound.append(r.utilization)
         return {
             "steps": self.num_steps,
             "mean_running": _round(sum(running) / len(running)) if running else 0.0,
@@ -140,6 +203,9 @@ class SimResult:
             "peak_utilization": _round(max(used, default=0.0)),
             "utilization_while_waiting": _round(math.fsum(waited) / len(waited))
             if waited else None,
+            "waiting_steps_by_reason": by_reason if self.limits is not None else None,
+            "utilization_while_memory_bound": _round(math.fsum(bound) / len(bound))
+            if bound else None,
         }
 
 

@@ -241,7 +241,9 @@ class Scheduler:
             if r.stale:  # its output is still in flight: resume it later
                 skipped.append(waiting.popleft())
                 continue
-            hits, hit, r.shared_prefix_boundary = manager.get_computed_blocks(r)
+            # a request never scheduled has had none of its own keys cached
+            hits, hit, r.shared_prefix_boundary = manager.get_computed_blocks(
+                r, unseen=r.seq == 0)
             n = min(r.num_tokens - hit, budget)
             if self.split is not None:
                 n = self.split(r, n, hit)

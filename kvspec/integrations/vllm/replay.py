@@ -21,7 +21,7 @@ from kvspec.integrations.vllm.specs import engine_settings, to_vllm
 from kvspec.integrations.vllm.verify import budget
 from kvspec.sim import SimResult, TraceRequest, admit
 from kvspec.sim.engine import Progress, drive
-from kvspec.sim.metrics import LiveBytes
+from kvspec.sim.metrics import Limits, LiveBytes
 from kvspec.sim.setup import layout_of
 
 __all__ = ["replay", "run_engine", "vllm_engine"]
@@ -64,7 +64,13 @@ def vllm_engine(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | 
 def run_engine(engine: Any, layout: Any, admitted: list[TraceRequest], num_trace: int,
                progress: Progress | None = None) -> SimResult:
     """Drive a :func:`vllm_engine` through its requests."""
-    depth = engine.s.vllm_config.max_concurrent_batches
+    config = engine.s.vllm_config
+    depth = config.max_concurrent_batches
     records, steps = drive(engine, admitted, depth, progress)
+    # the limits vLLM's scheduler admits under, to tell why requests wait (as kvspec's)
+    sc = config.scheduler_config
+    limits = Limits(sc.max_num_seqs, sc.max_num_batched_tokens,
+                    layout.split_block_size if layout.has_align_state else 0)
     return SimResult(layout.name, steps, tuple(records), engine.preemptions,
-                     engine.hit_tokens, len(admitted), num_trace - len(admitted))
+                     engine.hit_tokens, len(admitted), num_trace - len(admitted),
+                     limits=limits)

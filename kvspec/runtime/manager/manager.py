@@ -76,6 +76,10 @@ class KVCacheManager:
         self.num_groups = len(self.managers)
         self._states = tuple(m for m in self.managers if isinstance(m, StateManager))
         self._lookup = self._spec_groups()
+        #: Whether a request none of whose keys any block holds hits nothing: every
+        #: finder but chunked local attention's (its hit starts with the null blocks of
+        #: the chunks before the current one, cached or not) then finds no block.
+        self._unseen_misses = not any(isinstance(m, LocalManager) for m, _, _ in self._lookup)
         self._empty: Hits = [[] for _ in self.managers]
         #: Hybrid layouts cache only up to a hit boundary (a scheduler block multiple).
         self._cache_unit = layout.scheduler_block_size if self.num_groups > 1 else 1
@@ -118,9 +122,14 @@ class KVCacheManager:
             m.new_step()
 
     # -- prefix-cache hits ----------------------------------------------------
-    def get_computed_blocks(self, r: RequestState) -> tuple[Hits | None, int, int]:
-        """(hit blocks per group or None, hit tokens, shared prefix boundary)."""
-        if not self.caching or not self._lookup:
+    def get_computed_blocks(self, r: RequestState, *, unseen: bool = False
+                            ) -> tuple[Hits | None, int, int]:
+        """(hit blocks per group or None, hit tokens, shared prefix boundary).
+        ``unseen``: the caller knows no block was ever cached under the request's keys
+        (it was never scheduled, and shares no prefix): the lookup, which would find
+        nothing, is skipped where finding nothing means no hit."""
+        if not self.caching or not self._lookup or (unseen and self._unseen_misses
+                                                     and not r.shares_keys):
             return None, 0, 0
         max_length = r.num_tokens - 1
         if self.num_groups == 1:

@@ -77,6 +77,12 @@ class RequestState:
                       self._own_base + (last + 1) * scale - 1, scale)
         return keys
 
+    @property
+    def shares_keys(self) -> bool:
+        """Whether some of its keys are its prefix group's (so other requests cache
+        them too)."""
+        return self._shared_limit > 0
+
     def num_hashed_tokens(self, hash_block_size: int) -> int:
         """Tokens covered by block hashes: the full hash blocks of the known tokens."""
         return self.num_tokens // hash_block_size * hash_block_size
