@@ -174,8 +174,8 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
             notes.append(f"the {count} multi-token-prediction layer(s) ({key}) belong to a "
                          "speculative drafter and are not listed.")
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
-    if options.model:
-        source["model"] = options.model
+    if options.model_id:
+        source["model"] = options.model_id
     source["layer_name"] = section.pop("layer_name")
     source["engine"] = engine_section(facts, options, hyb, notes)
     source["parallel"] = flow(parallel)
