@@ -38,8 +38,12 @@ def _init(tmp_path: Path, out: str, *args: str, config: Path | None = None) -> P
 
 def test_init_records_the_directory_a_config_came_from(tmp_path: Path) -> None:
     art = _init(tmp_path, "l4", "--tp", "4")
-    assert yaml.safe_load((tmp_path / "l4.yaml").read_text())["model"] == "Llama-3.1-8B"
-    assert json.loads(art.read_text())["body"]["model"] == "Llama-3.1-8B"
+    source = yaml.safe_load((tmp_path / "l4.yaml").read_text())
+    assert (source["model"], source["architecture"]) == ("Llama-3.1-8B", "LlamaForCausalLM")
+    body = json.loads(art.read_text())["body"]
+    assert (body["model"], body["architecture"]) == ("Llama-3.1-8B", "LlamaForCausalLM")
+    code, _, err = invoke(["check", str(art)])  # re-planned: the identity is carried
+    assert code == 0, err
 
 
 def test_init_records_the_configs_name_or_path_and_model_wins(tmp_path: Path) -> None:

@@ -176,6 +176,10 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
     if options.model_id:
         source["model"] = options.model_id
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and architectures and \
+            isinstance(architectures[0], str) and architectures[0].strip():
+        source["architecture"] = architectures[0].strip()
     source["layer_name"] = section.pop("layer_name")
     source["engine"] = engine_section(facts, options, hyb, notes)
     source["parallel"] = flow(parallel)

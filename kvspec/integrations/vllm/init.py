@@ -188,6 +188,8 @@ def source_data(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
     if options.model_id:
         source["model"] = options.model_id
+    if isinstance(facts.get("architecture"), str) and facts["architecture"]:
+        source["architecture"] = facts["architecture"]
     source["layer_name"] = section.pop("layer_name")
     engine = engine_section(cfg)
     if options.max_model_len == "auto" and options.memory is None:
