@@ -15,6 +15,7 @@ registers them, and a header saying where it came from and what to check.
 >>> print("\\n".join(line for line in text.splitlines() if not line.startswith("#")))
 kvspec: 1
 name: llama
+architecture: LlamaForCausalLM
 layer_name: model.layers.{index}.self_attn.attn
 engine:
   block_size: 16
