@@ -107,6 +107,8 @@ def replan(artifact: Artifact, origin: str = "<artifact>") -> CompiledArtifact:
     except Exception as exc:  # noqa: BLE001 - whatever malformed inputs make the planner raise
         raise ArtifactError(f"its layers cannot be planned again: {type(exc).__name__}: {exc}",
                             file=origin, hint=RECOMPILE) from None
+    # the architecture names the model and plans nothing: carried, not re-planned
+    planned = msgspec.structs.replace(planned, architecture=env.body.architecture)
     if canonical(planned) != canonical(env.body):
         raise _difference(artifact, planned, origin)
     return CompiledArtifact(env, layout, source=artifact.source, pools=pools)

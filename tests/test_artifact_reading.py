@@ -13,6 +13,7 @@ import copy
 import importlib.util
 import json
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,12 @@ import kvspec
 from kvspec.artifact import Artifact
 from kvspec.artifact.blocks import memory_problems
 from kvspec.artifact.format import Envelope
+from kvspec.artifact.read import RECOMPILE
 from kvspec.artifact.structure import shape_problems
 from kvspec.artifact.text import canonical, sha256_of
 from kvspec.compiled import verified
 from kvspec.errors import ArtifactError
-from tests.artifact_oracle import memory_unsafe
+from tests.artifact_oracle import memory_unsafe, untrusted_fields
 from tests.conftest import ROOT, invoke
 
 TAMPER_SOURCES = ["tests/data/runtime/tiny.yaml", "layouts/example-hidden-state.yaml",
@@ -197,6 +199,124 @@ def test_what_the_structure_checks_accept_is_memory_safe(source: str) -> None:
     for stage in range(len(base["body"]["stages"])):
         body = msgspec.convert(base, Envelope).body
         assert memory_unsafe(body, stage, 3) == [] == memory_problems(body, stage, 3)
+
+
+#: Layouts whose trusted fields are edited: attention, MLA, state layers, quantized
+#: cells, a drafter's own pool, pipeline stages, separate pools.
+TRUST_SOURCES = ["layouts/llama-3.1-8b.yaml", "layouts/deepseek-v3.yaml",
+                 "layouts/jamba-v0.1.yaml", "layouts/example-mixed-precision.yaml",
+                 "layouts/example-glm5-next-drafter.yaml",
+                 "layouts/example-pipeline-parallel.yaml", "layouts/pooling-separate.yaml"]
+#: What connectors trust of a spec, and of a budget.
+_SPEC_FIELDS = ("num_kv_heads", "head_size", "head_size_v", "block_size", "dtype",
+                "page_size_bytes", "kind", "sliding_window", "shapes", "dtypes",
+                "kv_lora_rank", "qk_rope_head_dim", "num_heads")
+
+
+def _trust_edits(data: dict) -> list[tuple[str, dict]]:
+    """Every one-field edit of a spec's geometry (each spec once) and of the budget's
+    figures, the hash recomputed as an editor covering its tracks would."""
+    out = []
+    body = data["body"]
+    targets: list[tuple[tuple, Any]] = []
+    for i, spec in enumerate(body["specs"]):
+        for key in _SPEC_FIELDS:
+            if key in spec:
+                targets.append((("specs", i, key), spec[key]))
+    if body["budget"] is not None:
+        targets += [(("budget", k), body["budget"][k]) for k in ("num_blocks", "memory")]
+    for i, pool in enumerate((body["pooling"] or {}).get("pools", [])):
+        if pool["budget"] is not None:
+            targets.append((("pooling", "pools", i, "budget", "num_blocks"),
+                            pool["budget"]["num_blocks"]))
+    for path, value in targets:
+        if isinstance(value, bool):
+            news: list[Any] = []
+        elif isinstance(value, int):
+            news = [value + 1, value * 2, max(1, value // 2), value - 1]
+        elif path[-1] == "dtype":
+            news = ["float16" if value != "float16" else "bfloat16", "float32", "fp8_e4m3"]
+        elif path[-1] == "kind":
+            news = ["sliding_window", "full_attention", "mla"]
+        elif path[-1] == "dtypes":
+            news = [["float32"] * len(value)]
+        elif path[-1] == "shapes":
+            news = [[[d * 2 for d in shape] for shape in value]]
+        else:
+            news = []
+        for new in news:
+            if new == value or (isinstance(new, int) and new < 0):
+                continue
+            edited = copy.deepcopy(data)
+            _set(edited["body"], path, new)
+            out.append((".".join(map(str, path)) + f"={new!r}", resign(edited)))
+    return out
+
+
+@pytest.mark.parametrize("source", TRUST_SOURCES, ids=lambda s: Path(s).stem)
+def test_what_reading_accepts_has_the_page_sizes_and_budget_its_fields_give(
+        source: str) -> None:
+    """The trust model's promise for what connectors read (issue 36): an edit of a
+    spec's heads, head size, block size, dtype, kind or page size, or of the budget's
+    block count or memory (hash recomputed), is refused, or leaves every spec's page
+    size and every pool's budget count what the oracle works out from the fields
+    (what stays accepted changes no byte: a state's fields within its padded page, a
+    dtype of the same width, a budget a few bytes larger)."""
+    data = json.loads(kvspec.compile(ROOT / source).text())
+    refused, accepted = 0, []
+    for name, edited in _trust_edits(data):
+        try:
+            art = Artifact.from_text(json.dumps(edited, indent=1), origin="x.kvlayout.json")
+        except ArtifactError as err:
+            assert err.hint, name  # noqa: PT017
+            refused += 1
+            continue
+        assert untrusted_fields(art.body) == [], name
+        accepted.append(name)
+    # the figures themselves never pass edited; most edits of the fields do not either
+    assert not [n for n in accepted if "page_size_bytes" in n or "num_blocks" in n], accepted
+    assert refused > len(accepted), (refused, accepted)
+
+
+def test_the_issues_two_edits_are_refused_by_every_reader(tmp_path: Path) -> None:
+    """budget.num_blocks 20480 -> 20481 and num_kv_heads 8 -> 4, each re-hashed: refused
+    by ``descriptor``, ``transfer`` and ``load``, at the field."""
+    data = json.loads((ROOT / "layouts/llama-3.1-8b.kvlayout.json").read_text())
+    for path, new, where in ((("budget", "num_blocks"), 20481, "body.budget.num_blocks"),
+                             (("specs", 0, "num_kv_heads"), 4,
+                              "body.specs[0].page_size_bytes")):
+        edited = copy.deepcopy(data)
+        _set(edited["body"], path, new)
+        file = tmp_path / "x.kvlayout.json"
+        file.write_text(json.dumps(resign(edited), indent=1))
+        for args in (["descriptor", str(file)], ["transfer", str(file), str(file)],
+                     ["descriptor", str(file), "--as", "vllm-nixl"]):
+            code, out, err = invoke(args)
+            assert (code, out) == (1, ""), (args, out)
+            assert err.startswith(f"{file}:") and f"at: {where}" in err, err
+        if importlib.util.find_spec("torch") is not None:
+            with pytest.raises(ArtifactError, match="structure is unsound"):
+                kvspec.load(file, device="meta")
+
+
+@pytest.mark.parametrize("resigned", [False, True], ids=["raw", "re-hashed"])
+@pytest.mark.parametrize("first", [256, 9], ids=["same-value", "other-value"])
+def test_a_key_twice_in_one_object_is_refused_at_the_second(first: int, resigned: bool
+                                                            ) -> None:
+    """JSON readers disagree on which of two equal keys counts: refused at the second,
+    as the source reader refuses it, whether the value repeats (the hash still
+    matches) or differs and the hash was recomputed over what a last-wins reader sees."""
+    text = (ROOT / "layouts/llama-3.1-8b.kvlayout.json").read_text()
+    line = text[:text.index('"max_num_seqs": 256,')].count("\n") + 2
+    edited = _retyped(text, '"max_num_seqs": 256,',
+                      f'"max_num_seqs": {first},\n   "max_num_seqs": 256,')
+    if resigned:
+        edited = re.sub(r'"sha256": "[0-9a-f]{64}"',
+                        f'"sha256": "{resign(json.loads(edited))["sha256"]}"', edited)
+    with pytest.raises(ArtifactError, match="has the key 'max_num_seqs' twice") as info:
+        Artifact.from_text(edited, origin="x.kvlayout.json")
+    assert (info.value.line, info.value.column) == (line, 4)
+    assert info.value.hint == RECOMPILE
 
 
 def _retyped(text: str, old: str, new: str) -> str:

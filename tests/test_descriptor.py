@@ -243,4 +243,4 @@ def test_transfer_command(tmp_path: Path) -> None:
     assert json.loads(out)["ok"] is False
     code, out, err = invoke(["transfer", str(src), str(llama)])
     assert (code, out) == (1, "")
-    assert err.startswith(f"{llama}:") and "different models" in err
+    assert err.startswith(f"{llama}:") and "is missing from" in err

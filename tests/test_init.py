@@ -81,7 +81,7 @@ def test_source_shape_for_llama(tmp_path: Path) -> None:
                            "meta-llama/Llama-3.1-8B", "--name", "llama")
     assert source == {
         "kvspec": 1, "name": "llama", "model": "meta-llama/Llama-3.1-8B",
-        "layer_name": "model.layers.{index}.self_attn.attn",
+        "architecture": "LlamaForCausalLM", "layer_name": "model.layers.{index}.self_attn.attn",
         "engine": {"block_size": 16, "max_model_len": 131072, "max_num_batched_tokens": 8192,
                    "max_num_seqs": 256, "layout": "LBNHC", "prefix_caching": True},
         "parallel": {"tensor": 1, "pipeline": 1},

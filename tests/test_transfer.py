@@ -148,8 +148,6 @@ def test_random_pairs_of_layouts_move_exactly_their_blocks() -> None:
 # -- refusals -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("src, dst, message, path", [
-    (dict(), dict(model="other"), "different models: synthetic/dense and other/dense",
-     "body.model"),
     (dict(), dict(dtype="float16"), "dtype differs (bfloat16 in SRC, float16 in DST)",
      "body.stages[0].tensors[0].view.dtype"),
     (dict(), dict(quantization="fp8"), "kv_cache_dtype differs: auto in SRC, fp8 in DST",

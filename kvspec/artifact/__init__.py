@@ -31,9 +31,9 @@ import msgspec
 from kvspec._version import __version__
 from kvspec.artifact.format import FORMAT, Envelope, Layout, Stage
 from kvspec.artifact.read import decode
-from kvspec.artifact.sizing import blocks_for, pool_counts
+from kvspec.artifact.sizing import blocks_for, counts_for
 from kvspec.artifact.text import file_text
-from kvspec.errors import ArtifactError, PlanError
+from kvspec.errors import ArtifactError
 from kvspec.files import parse_size, read_text, shown, write_atomic
 
 __all__ = ["COMPILER", "FORMAT", "Artifact", "is_artifact_text"]
@@ -156,21 +156,15 @@ class Artifact:
         """Whether its stages split the budget between pools (the separate policy)."""
         return any(p.share is not None for st in self.body.stages for p in st.pools)
 
-    def pool_counts_for(self, stage: int = 0, *, memory: int | str | None = None
-                        ) -> dict[str, int]:
-        """Each pool's block count on ``stage`` for a per-rank ``memory`` budget
-        (default: the one it was compiled for)."""
+    def counts_for(self, stage: int = 0, *, memory: int | str | None = None,
+                   num_blocks: int | None = None, fewest: bool = False) -> dict[str, int]:
+        """Each pool's block count on ``stage``, for every policy
+        (:func:`~kvspec.artifact.sizing.counts_for`: what ``load``, ``descriptor``
+        and ``transfer`` all use): for ``num_blocks``, else a per-rank ``memory``
+        budget (bytes or ``"40GiB"``), else the source's override, else the budget
+        it was compiled for (``fewest``: else the fewest that serve one request)."""
         mem = parse_size(memory, what="memory") if memory is not None else None
-        if mem is None:
-            if self.body.budget is None:
-                raise PlanError("the artifact has no memory budget of its own",
-                                hint="give memory=... to size its pools")
-            mem = self.body.budget.memory
-        st = self.body.stages[stage]
-        if not self.pooled:
-            n = self.num_blocks_for(memory=mem)
-            return {p.name: p.num_blocks if p.num_blocks is not None else n for p in st.pools}
-        return pool_counts(st.pools, mem)
+        return counts_for(self.body, stage, memory=mem, num_blocks=num_blocks, fewest=fewest)
 
     def __repr__(self) -> str:
         return f"Artifact({self.name!r}, {self.fingerprint})"

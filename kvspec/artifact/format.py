@@ -505,6 +505,10 @@ class Layout(Record, frozen=True):
 
     name: str
     model: str | None
+    #: The model's architecture as its config names it (``architectures[0]``, e.g.
+    #: ``LlamaForCausalLM``); None where the source does not say. Like ``model``, it
+    #: names the model and plans nothing.
+    architecture: str | None
     engine: Engine
     #: The distinct layer specs, each of its kind's record.
     specs: list[Spec]

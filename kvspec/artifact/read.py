@@ -4,14 +4,18 @@ Cheapest first, each refusal an :class:`~kvspec.errors.ArtifactError` at the
 line and column of what is wrong, with a hint:
 
 1. the text is JSON of this format (``kvspec.layout/3``; an artifact of another
-   format is refused naming its version), and matches the format's schema
-   (:mod:`.format`: every field present, of its type and range, nothing else);
+   format is refused naming its version), with no key twice in one object (JSON
+   readers disagree on which of the two counts, as the source reader says), and
+   matches the format's schema (:mod:`.format`: every field present, of its type
+   and range, nothing else);
 2. ``sha256`` is that of the canonical text of the rest (:mod:`.text`);
 3. its structure is sound (:mod:`.structure`): placement, pools, dtypes, strides
-   as the axis order gives them, accounting; and, for the fewest blocks that
-   serve a request and for the budget's count, every view inside its pool and
-   no two block ids sharing a byte. ``load`` proves the latter again for the
-   count it allocates.
+   as the axis order gives them, accounting, each spec's page size the one its
+   own fields give; the budget's block count (each pool's, for separate pools)
+   the one its memory and bytes per block give (:mod:`.sizing`); and, for the
+   fewest blocks that serve a request and for the budget's count, every view
+   inside its pool and no two block ids sharing a byte. ``load`` proves the
+   latter again for the count it allocates.
 
 That an artifact is *exactly what this compiler plans from its inputs* is not
 checked here: that needs the planner, and is ``kvspec check`` / ``verify`` (and
@@ -27,10 +31,11 @@ from typing import Any
 import msgspec
 
 from kvspec.artifact.blocks import memory_problems
-from kvspec.artifact.format import FORMAT, Envelope, Unsigned
+from kvspec.artifact.format import FORMAT, Envelope, Layout, Unsigned
+from kvspec.artifact.sizing import counts_for
 from kvspec.artifact.structure import Problem, shape_problems
 from kvspec.artifact.text import signature
-from kvspec.errors import ArtifactError, format_path
+from kvspec.errors import ArtifactError, KvspecError, format_path
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
 __all__ = ["RECOMPILE", "decode", "format_problems", "parse_path", "position"]
@@ -60,15 +65,76 @@ def decode(text: str | bytes, origin: str) -> Envelope:
         raise _hostile(text, origin) or _unreadable(text, origin) from None
     if env.format != FORMAT:
         raise _other_format(env.format, origin)
+    _no_key_twice(text, origin)
     got = signature(env.unsigned())
     if env.sha256 != got:
         raise ArtifactError("the artifact does not match its sha256: it was edited or "
                             "corrupted", file=origin, expected=env.sha256, found=got,
                             hint=RECOMPILE)
-    problems = shape_problems(env.body) or _memory(env)
+    problems = shape_problems(env.body) or _budget(env.body) or _memory(env)
     if problems:
         raise unsound(problems, origin, text)
     return env
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _Twice
+    return out
+
+
+class _Twice(Exception):
+    """A JSON object of the text has a key twice."""
+
+
+def _no_key_twice(text: str | bytes, origin: str) -> None:
+    """Refuse a text with a key twice in one object, at the second (the typed decoder
+    keeps the last, silently); the positions are found only when there is one."""
+    try:
+        json.loads(text, object_pairs_hook=_pairs)
+    except _Twice:
+        s = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        try:
+            scan(s, what="the artifact", max_depth=MAX_DEPTH)
+        except Located as exc:
+            raise exc.error(s, origin, RECOMPILE, cls=ArtifactError).replace(
+                hint=RECOMPILE) from None
+        raise ArtifactError("the artifact has a key twice in one object", file=origin,
+                            expected="each key once", hint=RECOMPILE) from None
+    except (ValueError, RecursionError):  # read by the typed decoder already: not reached
+        return
+
+
+def _budget(body: Layout) -> list[Problem]:
+    """The budget's block count (and each separate pool's) is the one its memory and
+    the pools' bytes per block give, by the rule ``load`` sizes with."""
+    if body.budget is None:
+        return []
+    try:
+        counts = counts_for(body, 0, memory=body.budget.memory)
+    except KvspecError as err:
+        return [Problem(("body", "budget", "memory"), f"the budget's memory "
+                        f"({body.budget.memory:,} bytes) cannot be sized: {err.message}")]
+    main = next((p.name for p in body.stages[0].pools if p.num_blocks is None), None)
+    out = []
+    if main is not None and counts[main] != body.budget.num_blocks:
+        out.append(Problem(("body", "budget", "num_blocks"), f"the budget says "
+                           f"{body.budget.num_blocks} blocks; {body.budget.memory:,} bytes give "
+                           f"{counts[main]} at {_per_block(body, main)} bytes per block"))
+    shares = body.pooling.pools if body.pooling is not None else []
+    for i, share in enumerate(shares):
+        want = counts.get(share.name)
+        if share.budget is not None and want is not None and share.budget.num_blocks != want:
+            out.append(Problem(("body", "pooling", "pools", i, "budget", "num_blocks"),
+                               f"pool {share.name}: the budget says {share.budget.num_blocks} "
+                               f"blocks; its share of {body.budget.memory:,} bytes gives {want} "
+                               f"at {_per_block(body, share.name)} bytes per block"))
+    return out
+
+
+def _per_block(body: Layout, pool: str) -> int:
+    return next(p.bytes_per_block for p in body.stages[0].pools if p.name == pool)
 
 
 def _memory(env: Envelope) -> list[Problem]:

@@ -1,10 +1,13 @@
 """How many blocks a compiled layout's pools get for a budget: one rule, used by
-``load``, ``plan --memory`` and ``explain`` alike (no planner needed).
+``load``, ``descriptor``, ``transfer``, ``plan --memory`` and ``explain`` alike
+(no planner needed).
 
-Every stage of a deployment uses one block count, the smallest any stage's
-budget allows; the source's own ``num_blocks`` override wins over a budget (as
-in the reference); a count that cannot serve one request at ``max_model_len``
-(the null block included) is refused.
+Every stage of a deployment uses one block count per pool, the smallest any
+stage's budget allows (a block id valid on one stage is valid on all); the
+source's own ``num_blocks`` override wins over a budget (as in the reference),
+for every budget-sized pool of every policy; a count that cannot serve one
+request at ``max_model_len`` (the null block included) is refused, and so is
+one whose allocation could not be addressed (:data:`MAX_BYTES`).
 
 >>> blocks_for([(2 << 20, 0)], need=8193, override=None, max_model_len=131072,
 ...            memory=40 << 30)
@@ -16,10 +19,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from fractions import Fraction
 
-from kvspec.artifact.format import Pool
+from kvspec.artifact.format import Layout, at
 from kvspec.errors import PlanError
 
-__all__ = ["blocks_for", "pool_counts"]
+__all__ = ["MAX_BYTES", "blocks_for", "counts_for"]
+
+#: The most bytes one allocation may have: what a signed 64-bit size (torch's, a
+#: connector's registered length) holds.
+MAX_BYTES = 2**63 - 1
 
 
 def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | None,
@@ -48,31 +55,90 @@ def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | 
     return num_blocks
 
 
-def pool_counts(pools: Sequence[Pool], memory: int) -> dict[str, int]:
-    """Each pool's block count for ``memory`` bytes per rank, where a stage splits
-    its budget between pools (the ``separate`` policy): a fixed pool its own count,
-    a pool with a share ``floor(memory * share / bytes_per_block)``; a pool left
-    with fewer blocks than one request at max_model_len takes is refused.
+def counts_for(body: Layout, stage: int, *, memory: int | None = None,
+               num_blocks: int | None = None, fewest: bool = False) -> dict[str, int]:
+    """Each pool's block count on ``stage``, whatever the policy: for ``num_blocks``
+    (every budget-sized pool), else a per-rank ``memory`` budget, else the
+    artifact's own budget (``fewest``: else the fewest blocks that serve one
+    request). The source's ``num_blocks`` override wins over a budget. A pool
+    sized by ``share`` gets, on every stage, the least any stage affords it.
 
-    >>> from kvspec.artifact.format import Pool
-    >>> p = Pool(name="a", allocation="a", offset=0, bytes_per_block=1024, num_blocks=None,
-    ...          min_num_blocks=5, share=[1, 4], groups=[0])
-    >>> pool_counts([p], 1 << 20)
-    {'a': 256}
+    >>> from kvspec.artifact import Artifact
+    >>> art = Artifact.read("layouts/pooling-separate.kvlayout.json")
+    >>> counts_for(art.body, 0)
+    {'sliding_window_1024': 5286, 'full_attention': 38044}
     """
+    pooled = any(p.share is not None for st in body.stages for p in st.pools)
+    override = body.engine.num_blocks
+    if num_blocks is None and memory is None and override is None:
+        if body.budget is not None:
+            memory = body.budget.memory
+        elif not fewest:
+            raise PlanError("the artifact has no memory budget of its own",
+                            hint="give num_blocks=..., memory=... or memory_fraction=...")
+    st = body.stages[stage]
+    if not pooled:
+        need = max((s.min_num_blocks for s in body.stages), default=1)
+        n = need if memory is None and num_blocks is None and override is None else blocks_for(
+            [(s.bytes_per_block, s.fixed_bytes) for s in body.stages], need=need,
+            override=override, max_model_len=body.engine.max_model_len, memory=memory,
+            num_blocks=num_blocks)
+        counts = {p.name: p.num_blocks if p.num_blocks is not None else n for p in st.pools}
+    else:
+        counts = _pooled_counts(body, stage, memory, num_blocks if num_blocks is not None
+                                else override)
+    _addressable(body, counts)
+    return counts
+
+
+def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | None
+                   ) -> dict[str, int]:
+    """A separate plan's pools on ``stage``: ``fixed`` blocks each, else each pool's
+    share of ``memory`` on the stage that affords the fewest (None: the fewest that
+    serve one request)."""
+    least: dict[str, int] = {}
+    afford: dict[str, int] = {}
+    for s in body.stages:
+        for p in s.pools:
+            least[p.name] = max(least.get(p.name, 1), p.min_num_blocks)
+            if p.num_blocks is None and memory is not None:
+                share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
+                n = int(memory * share) // p.bytes_per_block
+                afford[p.name] = min(afford.get(p.name, n), n)
     out = {}
-    for p in pools:
+    for p in body.stages[stage].pools:
         if p.num_blocks is not None:
             out[p.name] = p.num_blocks
             continue
-        share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
-        n = int(memory * share) // p.bytes_per_block
-        if n < p.min_num_blocks:
+        n = fixed if fixed is not None else afford.get(p.name, least[p.name])
+        if n < least[p.name]:
+            if fixed is not None:
+                raise PlanError(
+                    f"{n} blocks cannot serve one request at max_model_len "
+                    f"{body.engine.max_model_len} in pool {p.name}: it needs {least[p.name]} "
+                    "blocks (one of them the null block)",
+                    expected=f"num_blocks >= {least[p.name]}", found=str(n),
+                    hint="give more blocks, or compile with a shorter max_model_len")
+            share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
             raise PlanError(
                 f"pool {p.name} gets {n} blocks of {memory:,} bytes ({float(share):.1%} of "
-                f"them), fewer than one request at max_model_len takes ({p.min_num_blocks}, "
-                "one of them the null block)", expected=f"num_blocks >= {p.min_num_blocks}",
+                f"them), fewer than one request at max_model_len takes ({least[p.name]}, "
+                "one of them the null block)", expected=f"num_blocks >= {least[p.name]}",
                 found=str(n), hint="give the KV cache more memory or compile with a shorter "
                 "max_model_len")
         out[p.name] = n
     return out
+
+
+def _addressable(body: Layout, counts: dict[str, int]) -> None:
+    """Refuse counts whose allocation on some stage would pass :data:`MAX_BYTES`."""
+    for s in body.stages:
+        for a in s.allocations:
+            n = counts.get(a.scales_with, 0) if a.scales_with else 0
+            size = at(a.size, n)
+            if size > MAX_BYTES:
+                raise PlanError(
+                    f"a pool of {n:,} blocks would be {size:,} bytes (allocation {a.name}), "
+                    f"more than a 64-bit address space holds", found=f"{n:,} blocks",
+                    expected=f"an allocation of at most {MAX_BYTES:,} bytes",
+                    hint="give fewer blocks, or a memory budget")

@@ -8,7 +8,10 @@ own stage and group; every tensor in a pool of an allocation of its stage; a
 known dtype that tiles the cell, offsets and strides whole elements of it; the
 H and N strides exactly those the axis order gives
 (:func:`kvspec.model.geometry.axis_strides`); each group's bytes accounted
-(useful + padding = the block's bytes).
+(useful + padding = the block's bytes); each spec's page size the one its own
+fields give (kind, heads, head size, block size, dtype: the model's rule,
+:func:`kvspec.model.kinds.spec_from_dict`, checked once per spec), and each
+group's page size its spec's.
 
 Each problem carries the path of what it is about in the artifact's JSON, so the
 reader can name its line and column.
@@ -20,9 +23,12 @@ reader can name its line and column.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
+
+import msgspec
 
 from kvspec.artifact.format import Affine, Layout, Stage, Tensor
+from kvspec.model import kinds
 from kvspec.model.affine import Affine as Form
 from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
 from kvspec.model.dtypes import DTYPE_SIZES, canonical_dtype
@@ -209,6 +215,54 @@ def _accounting(body: Layout) -> list[Problem]:
     return out
 
 
+def _differs(record: dict[str, Any], made: dict[str, Any], path: Path
+             ) -> tuple[Path, Any, Any] | None:
+    """The first field where a spec as written and as its fields make it differ."""
+    for key, value in record.items():
+        if isinstance(value, dict) and isinstance(made.get(key), dict):
+            for name in value:
+                inner = _differs(value[name], made[key].get(name, {}), (*path, key, name))
+                if inner is not None:
+                    return inner
+        elif made.get(key) != value:
+            return (*path, key), value, made.get(key)
+    return None
+
+
+def _specs(body: Layout) -> list[Problem]:
+    """Each spec is what the model makes of its own fields (its page size from its
+    kind, heads, head size, block size and dtype), once per spec; each group's page
+    size is its spec's."""
+    out = []
+    for i, spec in enumerate(body.specs):
+        where: Path = ("body", "specs", i)
+        record = msgspec.to_builtins(spec)
+        try:
+            spec_ = kinds.spec_from_dict(record)
+            made = kinds.describe(spec_)
+            unpadded = getattr(spec_, "unpadded_page_size_bytes", 0)
+        except Exception as exc:  # noqa: BLE001 - whatever a malformed spec raises
+            out.append(Problem(where, f"spec {i} is not one its kind makes: "
+                               f"{type(exc).__name__}: {exc}"))
+            continue
+        diff = _differs(record, made, where)
+        if diff is None and unpadded > spec_.page_size_bytes:
+            out.append(Problem((*where, "page_size_padded"), f"spec {i}: a padded page of "
+                               f"{spec_.page_size_bytes} bytes under the {unpadded} bytes "
+                               "its kind, heads, head size, shapes and dtypes give"))
+        if diff is not None:
+            path, written, given = diff
+            out.append(Problem(path, f"spec {i}: {path[-1]} {written!r}, where its kind, "
+                               f"heads, head size, block size and dtype give {given!r}"))
+    for g in body.groups:
+        if g.spec < len(body.specs) and \
+                g.page_size_bytes != body.specs[g.spec].page_size_bytes:
+            out.append(Problem(("body", "groups", g.id, "page_size_bytes"),
+                               f"group {g.id}: page_size_bytes {g.page_size_bytes}, its spec "
+                               f"{g.spec}'s {body.specs[g.spec].page_size_bytes}"))
+    return out
+
+
 def shape_problems(body: Layout) -> list[Problem]:
     """Violations that do not depend on the block count (empty: none)."""
     try:
@@ -217,6 +271,8 @@ def shape_problems(body: Layout) -> list[Problem]:
         return [Problem(("body", "engine", "axis_order"),
                         f"unknown axis order {body.engine.axis_order!r}")]
     out = _groups(body)
+    if not out:
+        out += _specs(body)
     for si, st in enumerate(body.stages):
         if st.index != si:
             out.append(Problem(("body", "stages", si, "index"),

@@ -58,12 +58,14 @@ def command(artifact: Path, rank: int, num_blocks: int | None, target: str | Non
     names what that format cannot express."""
     # deferred: msgspec (the artifact reader, the descriptor, its exporters) loads when it runs
     from kvspec.artifact import Artifact
-    from kvspec.connectors.describe import describe
+    from kvspec.connectors.describe import check_num_blocks, describe
     from kvspec.connectors.exporters import export
 
     check_output(output, suffixes=(".json",), force=force, parents=parents,
                  inputs=(artifact,), ours=_ours)
-    desc = describe(Artifact.read(artifact), rank=rank, num_blocks=num_blocks)
+    art = Artifact.read(artifact)
+    check_num_blocks(art, num_blocks, "--num-blocks")
+    desc = describe(art, rank=rank, num_blocks=num_blocks)
     if target is not None:
         text = json.dumps(export(desc, target), indent=1, sort_keys=True) + "\n"
     elif fmt == "json" or output is not None:

@@ -52,6 +52,27 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
     return name.lower() or str(config.get("model_type") or "model")
 
 
+def _model_id(source: Path, config: dict, *, directory: bool) -> str | None:
+    """The model's identity when ``--model`` is not given: the config's
+    ``_name_or_path``, else the name of the directory it came from (a model
+    directory, or the one holding a file named ``config.json``); None from stdin.
+
+    >>> _model_id(Path("models/Llama-3.1-8B/config.json"), {}, directory=False)
+    'Llama-3.1-8B'
+    >>> _model_id(Path("x.json"), {"_name_or_path": "meta-llama/Llama-3.1-8B"}, directory=False)
+    'meta-llama/Llama-3.1-8B'
+    """
+    named = config.get("_name_or_path")
+    if isinstance(named, str) and named.strip():
+        return named.strip()
+    if is_stdin(source):
+        return None
+    folder = source if directory else source.parent if source.name == "config.json" else None
+    if folder is None:
+        return None
+    return folder.resolve().name or None
+
+
 @cli_command("init", short_help="Write a layout source from a Hugging Face config.json.")
 @click.option("--from-hf", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="The model's Hugging Face config.json (-: read it from stdin).")
@@ -91,7 +112,8 @@ def _default_name(config_path: Path, output: Path | None, config: dict) -> str:
 @click.option("--mamba-ssm-cache-dtype", default="auto", show_default=True,
               help="Dtype of SSM states (vLLM's --mamba-ssm-cache-dtype).")
 @click.option("--name", help="The layout's name (default: from -o or the config file).")
-@click.option("--model", "model_id", help="The model's id, e.g. meta-llama/Llama-3.1-8B.")
+@click.option("--model", "model_id", help="The model's id, e.g. meta-llama/Llama-3.1-8B "
+              "(default: the config's _name_or_path, else the directory it came from).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               callback=dash_is_stdout, help="Where to write the source, a .yaml file "
               "(default, or -: stdout).")
@@ -137,7 +159,8 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
         config, config_text = read_config(config_path)
     options = InitOptions(
         name=name or _default_name(source, output, config),
-        model=model_id, tp=tp, pp=pp, dcp=dcp, max_model_len=_max_model_len(max_model_len),
+        model=model_id, found_model=_model_id(source, config, directory=vllm_model is not None),
+        tp=tp, pp=pp, dcp=dcp, max_model_len=_max_model_len(max_model_len),
         memory=single_memory(memory), kv_cache_dtype=kv_cache_dtype,
         dtype=dtype, block_size=block_size, mamba_cache_dtype=mamba_cache_dtype,
         mamba_ssm_cache_dtype=mamba_ssm_cache_dtype, config_name=shown(source),

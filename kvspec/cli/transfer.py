@@ -54,11 +54,15 @@ def command(src: Path, dst: Path, src_num_blocks: int | None, dst_num_blocks: in
     connector's, and vLLM's NIXL connector's where it can move the cache."""
     # deferred: msgspec (the artifact reader, the transfer planner) loads when it runs
     from kvspec.artifact import Artifact
+    from kvspec.connectors.describe import check_num_blocks
     from kvspec.connectors.transfer import plan_transfer
 
     check_output(output, suffixes=(".json",), force=force, parents=parents,
                  inputs=(src, dst), ours=_ours)
-    t = plan_transfer(Artifact.read(src), Artifact.read(dst), src_file=shown(src),
+    src_art, dst_art = Artifact.read(src), Artifact.read(dst)
+    check_num_blocks(src_art, src_num_blocks, "--src-num-blocks")
+    check_num_blocks(dst_art, dst_num_blocks, "--dst-num-blocks")
+    t = plan_transfer(src_art, dst_art, src_file=shown(src),
                       dst_file=shown(dst), src_blocks=src_num_blocks,
                       dst_blocks=dst_num_blocks)
     if output is not None:

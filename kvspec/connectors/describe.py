@@ -43,7 +43,7 @@ from kvspec.errors import KvspecError
 from kvspec.model import kinds
 from kvspec.model.dtypes import dtype_size
 
-__all__ = ["Base", "default_num_blocks", "describe", "describe_loaded", "head_range",
+__all__ = ["Base", "check_num_blocks", "describe", "describe_loaded", "head_range",
            "merge_runs", "retention_of"]
 
 #: A group's retention: the first of these any of its layers has.
@@ -117,29 +117,46 @@ def merge_runs(runs: Iterable[Run]) -> list[Run]:
     return out
 
 
-def default_num_blocks(art: Artifact) -> int:
-    """The block count a descriptor or plan uses when none is given: the budget's, the
-    source's fixed count, else the fewest that serve one request."""
-    body = art.body
-    if body.engine.num_blocks is not None:
-        return body.engine.num_blocks
-    if body.budget is not None:
-        return body.budget.num_blocks
-    return art.min_num_blocks()
+def check_num_blocks(art: Artifact, num_blocks: int | None, option: str) -> None:
+    """Refuse a block count no stage of ``art`` can take (too few for one request,
+    too many for an address space), naming the ``option`` that gave it.
 
-
-def _counts(art: Artifact, st: fmt.Stage, num_blocks: int | Mapping[str, int] | None
-            ) -> dict[str, int]:
+    >>> art = Artifact.read("layouts/llama-3.1-8b.kvlayout.json")
+    >>> check_num_blocks(art, 10**23, "--num-blocks")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    kvspec.connectors.descriptor.DescriptorError: ...--num-blocks: a pool of 100,000,...
+    """
     if num_blocks is None:
-        num_blocks = default_num_blocks(art)
-    if isinstance(num_blocks, int):
+        return
+    for stage in range(len(art.body.stages)):
         try:
-            art.num_blocks_for(num_blocks=num_blocks)
+            _counts(art, stage, num_blocks)
         except KvspecError as err:
-            raise err.as_type(DescriptorError).replace(
-                hint="give at least the blocks one request needs (--num-blocks)") from None
-        return stage_counts(st, num_blocks)
-    return stage_counts(st, num_blocks)
+            raise err.replace(message=f"{option}: {err.message}",
+                              hint=f"give {option} at least the blocks one request needs, "
+                                   "and no more than a 64-bit address space holds") from None
+
+
+def _counts(art: Artifact, stage: int, num_blocks: int | Mapping[str, int] | None
+            ) -> dict[str, int]:
+    """Each pool's count on ``stage``: the counts given (a loaded cache's), else the
+    artifact's one sizing rule (:meth:`~kvspec.artifact.Artifact.counts_for`, what
+    ``load`` uses) for ``num_blocks``, else for its override or budget, else the fewest
+    blocks that serve one request."""
+    if isinstance(num_blocks, Mapping):
+        return stage_counts(art.body.stages[stage], num_blocks)
+    if num_blocks is not None and (isinstance(num_blocks, bool)
+                                   or not isinstance(num_blocks, int) or num_blocks < 1):
+        raise DescriptorError("the block count must be a positive integer",
+                              found=repr(num_blocks), hint="give at least the blocks one "
+                              "request needs (--num-blocks)")
+    try:
+        return art.counts_for(stage, num_blocks=num_blocks, fewest=True)
+    except KvspecError as err:
+        raise err.as_type(DescriptorError).replace(
+            hint="give at least the blocks one request needs, and no more than an "
+                 "address space holds (--num-blocks)") from None
 
 
 def describe(art: Artifact, *, rank: int = 0, num_blocks: int | Mapping[str, int] | None = None,
@@ -147,7 +164,8 @@ def describe(art: Artifact, *, rank: int = 0, num_blocks: int | Mapping[str, int
              kernel_block_sizes: Mapping[int, int] | None = None) -> Descriptor:
     """Rank ``rank``'s descriptor (``rank = stage * tensor_parallel_size + tensor_rank``),
     its pools sized for ``num_blocks`` (one count for the budget-sized pools, or a count
-    per pool name; default :func:`default_num_blocks`)."""
+    per pool name; default: the artifact's override or budget, as ``load`` sizes it, else
+    the fewest blocks that serve one request)."""
     body, e = art.body, art.body.engine
     tp, pp = e.tensor_parallel_size, e.pipeline_parallel_size
     world = tp * pp
@@ -159,7 +177,7 @@ def describe(art: Artifact, *, rank: int = 0, num_blocks: int | Mapping[str, int
                               "parallel size + tensor-parallel rank")
     stage, tensor_rank = divmod(rank, tp)
     st = body.stages[stage]
-    counts = _counts(art, st, num_blocks)
+    counts = _counts(art, stage, num_blocks)
     n = allocation_blocks(st, counts)
     bases = bases or {}
     region_ids = {a.name: i for i, a in enumerate(st.allocations)}

@@ -316,11 +316,14 @@ class Identity(Record, frozen=True):
     stages: list[IdentityStage]
 
 
-def identity_of(body: fmt.Layout, artifact_format: str = fmt.FORMAT) -> Identity:
-    """The :class:`Identity` of an artifact's body."""
+def identity_of(body: fmt.Layout, artifact_format: str = fmt.FORMAT, *,
+                named: bool = True) -> Identity:
+    """The :class:`Identity` of an artifact's body (``named=False``: its geometry
+    alone, the model's name left out, as ``kvspec transfer`` compares two sides)."""
     e = body.engine
     return Identity(
-        descriptor=FORMAT, artifact_format=artifact_format, model=body.model or body.name,
+        descriptor=FORMAT, artifact_format=artifact_format,
+        model=(body.model or body.name) if named else "",
         kv_cache_dtype=e.kv_cache_dtype, axis_order=e.axis_order,
         tensor_parallel_size=e.tensor_parallel_size,
         pipeline_parallel_size=e.pipeline_parallel_size,
@@ -342,15 +345,17 @@ def identity_of(body: fmt.Layout, artifact_format: str = fmt.FORMAT) -> Identity
                               tensors=list(st.tensors)) for st in body.stages])
 
 
-def identity_digest(body: fmt.Layout, artifact_format: str = fmt.FORMAT) -> str:
-    """``sha256:`` and the SHA-256 of the canonical JSON of ``body``'s :class:`Identity`.
+def identity_digest(body: fmt.Layout, artifact_format: str = fmt.FORMAT, *,
+                    named: bool = True) -> str:
+    """``sha256:`` and the SHA-256 of the canonical JSON of ``body``'s :class:`Identity`
+    (``named=False``: of its geometry alone).
 
     >>> from kvspec.artifact import Artifact
     >>> art = Artifact.read("layouts/llama-3.1-8b.kvlayout.json")
     >>> identity_digest(art.body).startswith("sha256:")
     True
     """
-    return "sha256:" + sha256_of(canonical(identity_of(body, artifact_format)))
+    return "sha256:" + sha256_of(canonical(identity_of(body, artifact_format, named=named)))
 
 
 def json_schema() -> dict[str, Any]:

@@ -4,9 +4,10 @@
 engine and its offload tier) and returns a :class:`Transfer`: the verdict, the
 :class:`~kvspec.connectors.plan.TransferPlan` and what it costs in descriptors.
 
-* **compatible** -- the same identity digest and block counts: every rank moves its
-  blocks' bytes to the same bytes of the same rank;
-* **re-mappable** -- the same model and cells, laid out differently: another tensor
+* **compatible** -- the same geometry (the identity digest but for the model's name)
+  and block counts: every rank moves its blocks' bytes to the same bytes of the same
+  rank;
+* **re-mappable** -- the same geometry and cells, laid out differently: another tensor
   parallel size (a destination rank gathers its heads from several source ranks, or
   several destination ranks split one source rank's), axis order, block size where one
   divides the other (the smaller block is the unit moved), pipeline split or block
@@ -34,7 +35,7 @@ from functools import lru_cache
 
 from kvspec.artifact import Artifact
 from kvspec.connectors.compat import Deployment, check, heads_total
-from kvspec.connectors.descriptor import Layer
+from kvspec.connectors.descriptor import Layer, identity_digest
 from kvspec.connectors.exporters.vllm_nixl import descriptors_per_block
 from kvspec.connectors.plan import Region, Route, Run, Side, TransferPlan
 from kvspec.connectors.remap import merge, page_runs
@@ -242,7 +243,9 @@ def _verdict(src: Deployment, dst: Deployment, pairs: Mapping[int, GroupPair]
     if counts[0] != counts[1]:
         shown = [", ".join(f"{k} {v}" for k, v in c.items()) for c in counts]
         reasons.append(f"num_blocks {shown[0]} -> {shown[1]}")
-    same = src.descs[0].identity == dst.descs[0].identity
+    # the geometry decides, not the names (two sources of one config are one model)
+    same = identity_digest(src.art.body, src.art.envelope.format, named=False) == \
+        identity_digest(dst.art.body, dst.art.envelope.format, named=False)
     if same and not reasons:
         return "compatible", ()
     if not same and not reasons:

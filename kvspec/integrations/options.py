@@ -17,6 +17,10 @@ class InitOptions:
 
     name: str
     model: str | None = None
+    #: The model's identity found where ``--model`` was not given: the config's
+    #: ``_name_or_path`` or the directory it came from (recorded as the source's
+    #: ``model``, so an artifact names its model, not its file).
+    found_model: str | None = None
     tp: int = 1
     pp: int = 1
     #: vLLM's ``--decode-context-parallel-size``.
@@ -44,6 +48,11 @@ class InitOptions:
     #: vLLM's ``--enable-prefix-caching`` (on by default); hybrids then run in
     #: ``mamba_cache_mode: align`` (:func:`kvspec.integrations.rules.mamba_cache_mode`).
     prefix_caching: bool = True
+
+    @property
+    def model_id(self) -> str | None:
+        """The source's ``model``: ``--model``, else the identity found."""
+        return self.model or self.found_model
 
     def command_line(self, start: str) -> str:
         """The ``kvspec init`` command that asks for these options; ``start`` is

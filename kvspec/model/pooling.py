@@ -25,13 +25,23 @@ from fractions import Fraction
 
 from kvspec.model.workloads import DEFAULT_STEP_MS
 
-__all__ = ["POLICIES", "RUNTIMES", "Lengths", "Pooling", "PoolingRef", "Workload"]
+__all__ = ["ONE_SHARED_POOL", "POLICIES", "RUNTIMES", "SERVE_SEPARATE", "Lengths", "Pooling",
+           "PoolingRef", "Workload"]
 
 #: Pooling policies, in documentation order.
 POLICIES = ("unified", "separate", "auto")
 #: The runtimes a plan can be served by: ``vllm`` (0.33, one shared pool, through
 #: kvspec's plugin) or ``kvspec`` (kvspec's own runtime: several pools).
 RUNTIMES = ("vllm", "kvspec")
+#: Why vLLM 0.33 cannot hold a plan of several pools (``engine-args``, the plugin's
+#: guard and the exporters of caches vLLM holds all say it in these words).
+ONE_SHARED_POOL = ("vLLM 0.33 keeps every group in one shared pool with one page size, so "
+                   "it cannot hold them")
+#: What serves a separate-pool plan instead of vLLM 0.33.
+SERVE_SEPARATE = ("serve it with SGLang (`kvspec engine-args ARTIFACT --engine sglang`) or "
+                  "with kvspec's own runtime (pooling.serve_with: kvspec); to serve it with "
+                  "vLLM, recompile with pooling.policy: unified, or policy: auto with "
+                  "serve_with: vllm (the plans vLLM's one pool can hold)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -242,8 +242,9 @@ def body_of(layout: Layout, pools: Sequence[PoolLayout] = (),
     layers = _layers(layout, tables)
     groups = [_group(i, layout, tables) for i in range(len(layout.groups))]
     return fmt.Layout(
-        name=layout.name, model=layout.model, engine=engine_record(layout), specs=tables.specs,
-        cells=tables.cells, layers=layers, groups=groups,
+        name=layout.name, model=layout.model, architecture=None,
+        engine=engine_record(layout), specs=tables.specs, cells=tables.cells, layers=layers,
+        groups=groups,
         stages=[_stage(st, layout) for st in layout.stages],
         scheduler_block_size=layout.scheduler_block_size,
         hash_block_size=layout.hash_block_size, needs_zeroing=layout.needs_zeroing,
@@ -296,7 +297,8 @@ def pooled_body(name: str, model: str | None, engine: fmt.Engine, stage_layers: 
         for index, (names, part) in enumerate(zip(stage_layers, parts))]
     layouts = [p.layout for p in pools]
     return fmt.Layout(
-        name=name, model=model, engine=engine, specs=tables.specs, cells=tables.cells,
+        name=name, model=model, architecture=None, engine=engine, specs=tables.specs,
+        cells=tables.cells,
         layers={n: layers[n] for n in layer_order if n in layers}, groups=groups,
         stages=stages, scheduler_block_size=math.lcm(*(x.scheduler_block_size for x in layouts)),
         hash_block_size=math.gcd(*(x.hash_block_size for x in layouts)),
@@ -327,15 +329,17 @@ def freeze(pooled: Pooled) -> CompiledArtifact:
     """The pass: the plan the policy kept -> the artifact; the source's sha256 in its
     envelope."""
     return frozen(pooled.layout, pooled.text, pooled.pools, pooled.decision,
-                  pooled.budget_bytes)
+                  pooled.budget_bytes, architecture=pooled.source.architecture)
 
 
 def frozen(layout: Layout, source_text: str, pools: Sequence[PoolLayout] = (),
-           decision: fmt.PoolingRecord | None = None, memory: int | None = None
-           ) -> CompiledArtifact:
+           decision: fmt.PoolingRecord | None = None, memory: int | None = None, *,
+           architecture: str | None = None) -> CompiledArtifact:
     """The frozen, hashed artifact of ``layout`` (or its pools) compiled from
     ``source_text``."""
     body = body_of(layout, pools, decision, memory)
+    if architecture is not None:  # it names the model; the planner never sees it
+        body = msgspec.structs.replace(body, architecture=architecture)
     envelope = sign(fmt.Unsigned(body=body, compiler=COMPILER, format=fmt.FORMAT,
                                  source_sha256=sha256_of(source_text)))
     return CompiledArtifact(envelope, pools[0].layout if pools else layout, pools=tuple(pools))

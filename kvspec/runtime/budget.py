@@ -57,7 +57,16 @@ def _budget(device: torch.device, memory: int | str | None,
 def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
                        num_blocks: int | None = None, memory: int | str | None = None,
                        memory_fraction: float | None = None) -> int:
-    """This rank's block count, checked to serve one request."""
+    """This rank's block count of a unified plan, checked to serve one request."""
+    budget, given = _given(artifact, device, num_blocks=num_blocks, memory=memory,
+                           memory_fraction=memory_fraction)
+    return artifact.num_blocks_for(memory=budget, num_blocks=given)
+
+
+def _given(artifact: Artifact, device: torch.device, *, num_blocks: int | None,
+           memory: int | str | None, memory_fraction: float | None
+           ) -> tuple[int | None, int | None]:
+    """``(budget in bytes, block count)`` the caller gave (at most one), checked."""
     given = [k for k, v in (("num_blocks", num_blocks), ("memory", memory),
                             ("memory_fraction", memory_fraction)) if v is not None]
     if len(given) > 1:
@@ -71,32 +80,23 @@ def resolve_num_blocks(artifact: Artifact, device: torch.device, *,
                         hint="or give memory='40GiB' to size the pool from a budget")
     budget = _budget(device, memory, memory_fraction)
     body = artifact.body
-    if artifact.pooled and num_blocks is not None:
-        raise LoadError("a plan of several pools (policy separate) sizes each from a memory "
-                        "budget, not from one block count", found=f"num_blocks={num_blocks}",
-                        hint="give memory='40GiB' (or memory_fraction=...), or none to take "
-                             "the budget it was compiled for")
     if num_blocks is None and budget is None and body.engine.num_blocks is None:
         if body.budget is None:
             raise LoadError("the artifact has no memory budget of its own",
                             hint="give num_blocks=..., memory=... or memory_fraction=...")
         budget = body.budget.memory
-    if artifact.pooled:
-        return budget  # type: ignore[return-value]  # the pools' counts: resolve_counts
-    return artifact.num_blocks_for(memory=budget, num_blocks=num_blocks)
+    return budget, num_blocks
 
 
 def resolve_counts(artifact: Artifact, stage: int, device: torch.device, *,
                    num_blocks: int | None = None, memory: int | str | None = None,
                    memory_fraction: float | None = None) -> tuple[int, dict[str, int]]:
-    """This rank's main block count and every pool's count on ``stage``."""
-    n = resolve_num_blocks(artifact, device, num_blocks=num_blocks, memory=memory,
+    """This rank's main block count and every pool's count on ``stage``: the
+    artifact's one sizing rule (:meth:`~kvspec.artifact.Artifact.counts_for`), which
+    ``descriptor`` and ``transfer`` use too."""
+    budget, given = _given(artifact, device, num_blocks=num_blocks, memory=memory,
                            memory_fraction=memory_fraction)
-    if not artifact.pooled:
-        st = artifact.body.stages[stage]
-        return n, {p.name: p.num_blocks if p.num_blocks is not None else n for p in st.pools}
-    try:
-        counts = artifact.pool_counts_for(stage, memory=n)
-    except KvspecError as err:
-        raise err.as_type(LoadError) from None
-    return next(iter(counts.values())), counts
+    counts = artifact.counts_for(stage, memory=budget, num_blocks=given)
+    main = next((p.name for p in artifact.body.stages[stage].pools if p.num_blocks is None),
+                None)
+    return (counts[main] if main is not None else min(counts.values(), default=1)), counts

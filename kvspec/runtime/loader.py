@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from kvspec.artifact import Artifact
-from kvspec.artifact.blocks import allocation_blocks, memory_problems, stage_counts
+from kvspec.artifact.blocks import allocation_blocks, memory_problems
 from kvspec.artifact.format import Pool, Stage, at
 from kvspec.artifact.read import unsound
 from kvspec.connectors.describe import describe_loaded
@@ -204,16 +204,13 @@ def load(artifact: Artifact | Mapping[str, Any] | str | Path, *, device: Any = "
     else:
         art = _verified(artifact, replan)
         dev, st_index = _target(art, device, stage)
-    if art.pooled:
+    if distributed.is_initialized():  # the count every rank agreed on
+        count, counts = resolve_counts(art, st_index, dev, num_blocks=count)
+    else:
         count, counts = resolve_counts(art, st_index, dev, num_blocks=num_blocks,
                                        memory=memory, memory_fraction=memory_fraction)
-    elif not distributed.is_initialized():
-        count = resolve_num_blocks(art, dev, num_blocks=num_blocks, memory=memory,
-                                   memory_fraction=memory_fraction)
     st = art.body.stages[st_index]
     order = AxisOrder.parse(art.body.engine.axis_order)
-    if not art.pooled:
-        counts = stage_counts(st, count)
     problems = memory_problems(art.body, st_index, counts)
     if problems:
         raise unsound(problems, _origin(artifact), art.source)

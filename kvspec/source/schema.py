@@ -329,6 +329,9 @@ class Source(_Strict):
     kvspec: Literal[1] = Field(description="Source format version.")
     name: str = Field(min_length=1)
     model: str | None = Field(None, description="Where the model comes from, e.g. a HF id.")
+    architecture: str | None = Field(
+        None, description="The model's architecture as its config names it, e.g. "
+        "LlamaForCausalLM (recorded in the artifact; plans nothing).")
     description: str | None = None
     layer_name: str = "model.layers.{index}.self_attn.attn"
     engine: EnginePolicy

@@ -8,7 +8,11 @@ field's connectors read (``kvspec descriptor --as NAME``).
 
 Each returns plain JSON data, or raises
 :class:`~kvspec.connectors.descriptor.ExportError` naming the field the target
-format cannot express and why.
+format cannot express and why. A cache its engine cannot serve is refused the same
+way: ``vllm-nixl`` and ``lmcache`` describe a cache vLLM 0.33 holds, one shared
+pool (a drafter's own pool aside), so a plan of several pools (the ``separate``
+policy) is refused by both, in the words ``kvspec engine-args`` uses
+(:func:`one_pool`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from typing import Any
 
 from kvspec.connectors.descriptor import Descriptor
 from kvspec.connectors.exporters import dynamo, lmcache, vllm_nixl
+from kvspec.connectors.exporters.pools import one_pool
 
-__all__ = ["EXPORTERS", "export"]
+__all__ = ["EXPORTERS", "export", "one_pool"]
 
 #: ``--as`` name -> exporter.
 EXPORTERS: dict[str, Callable[[Descriptor], dict[str, Any]]] = {

@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvspec.connectors.descriptor import Descriptor, ExportError, Layer
+from kvspec.connectors.exporters.pools import one_pool
 from kvspec.model import kinds
 from kvspec.model.axes import DIM_H, DIM_N, AxisOrder
 from kvspec.model.dtypes import canonical_dtype, dtype_size
@@ -98,7 +99,10 @@ def _format(x: Layer, hnd: bool) -> str:
 
 def export(desc: Descriptor, *, chunk_size: int = 256) -> dict[str, Any]:
     """What LMCache 0.5.6 derives from ``desc``'s cache (see the module's docstring),
-    its attention windows for LMCache chunks of ``chunk_size`` tokens."""
+    its attention windows for LMCache chunks of ``chunk_size`` tokens. A cache of
+    several pools is refused (:func:`~kvspec.connectors.exporters.pools.one_pool`): the
+    vLLM 0.33 cache LMCache reads is one."""
+    one_pool(desc, "lmcache")
     kv_layout = hint(AxisOrder.parse(desc.axis_order))
     if kv_layout is None:
         raise _refuse(f"axis order {desc.axis_order} splits a layer's page in one run per "

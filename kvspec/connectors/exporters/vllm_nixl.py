@@ -14,7 +14,8 @@ a :class:`~kvspec.connectors.descriptor.Descriptor`, following those rules:
   whole block rows, its layers in ``packed_member_layouts``; a state (Mamba) layer
   ``(base, page, page)``;
 * regions at one address are one (slot aliasing), their group id ``-1`` when layers
-  of several groups share it;
+  of several groups share it; a later layer whose page there is longer, or strided
+  otherwise, than the region vLLM keeps (the first one's) cannot be registered;
 * ``block_size`` the lcm of the attention groups' block sizes (a kernel block size
   where the cache was loaded split), ``ssm_sizes`` the first state layer's two tensors.
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvspec.connectors.descriptor import Descriptor, ExportError, Layer
+from kvspec.connectors.exporters.pools import one_pool
 from kvspec.model import kinds
 
 __all__ = ["FIELDS", "RUNTIME_FIELDS", "agent_metadata", "descriptors_per_block", "export",
@@ -139,6 +141,8 @@ def regions(desc: Descriptor) -> tuple[list[_Region], dict[str, tuple[int, int]]
             else:
                 if kinds.by_name(x.kind).latent:
                     r.block_len, r.block_stride, r.num_blocks = block_len, stride, pool.num_blocks
+                elif block_len > r.block_len or stride != r.block_stride:
+                    return None  # vLLM keeps the first layer's region: this one's bytes fall out
                 if r.group != x.group:
                     r.group = _SHARED
                 r.state |= kinds.by_name(x.kind).state
@@ -190,8 +194,8 @@ def descriptors_per_block(desc: Descriptor, group: int) -> int | None:
     """The descriptors vLLM 0.33.0's NIXL connector posts per block of ``group`` (read
     from one remote rank); None where it cannot move this cache or group."""
     found = regions(desc)
-    if found is None:
-        return None
+    if found is None or len({g.pool for g in desc.groups if not g.own_pool}) > 1:
+        return None  # it cannot register this cache, or hold its several pools
     regs, _ = found
     states = [r for r in regs if r.state]
     g = next(x for x in desc.groups if x.id == group)
@@ -206,7 +210,9 @@ def descriptors_per_block(desc: Descriptor, group: int) -> int | None:
 
 def export(desc: Descriptor) -> dict[str, Any]:
     """:func:`agent_metadata` as JSON data: ``agent_metadata`` (bytes the NIXL agent
-    makes at run time) as ``""``, tuples as lists."""
+    makes at run time) as ``""``, tuples as lists. A cache of several pools is refused
+    (:func:`~kvspec.connectors.exporters.pools.one_pool`): vLLM 0.33 holds one."""
+    one_pool(desc, "vllm-nixl")
     try:
         meta = agent_metadata(desc)
     except ValueError as exc:

@@ -15,6 +15,7 @@ registers them, and a header saying where it came from and what to check.
 >>> print("\\n".join(line for line in text.splitlines() if not line.startswith("#")))
 kvspec: 1
 name: llama
+architecture: LlamaForCausalLM
 layer_name: model.layers.{index}.self_attn.attn
 engine:
   block_size: 16
@@ -174,8 +175,12 @@ def source_data(facts: ModelFacts, config: Mapping[str, Any], options: InitOptio
             notes.append(f"the {count} multi-token-prediction layer(s) ({key}) belong to a "
                          "speculative drafter and are not listed.")
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
-    if options.model:
-        source["model"] = options.model
+    if options.model_id:
+        source["model"] = options.model_id
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and architectures and \
+            isinstance(architectures[0], str) and architectures[0].strip():
+        source["architecture"] = architectures[0].strip()
     source["layer_name"] = section.pop("layer_name")
     source["engine"] = engine_section(facts, options, hyb, notes)
     source["parallel"] = flow(parallel)

@@ -165,7 +165,8 @@ def to_dump(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
         config["available_memory_bytes"] = options.memory
     layers = [dump_layer(n, d, engine, facts["dtype"])
               for stage in built["stages"] for n, d in stage.items()]
-    return {"name": options.name, "model": options.model, "config": config, "layers": layers}
+    return {"name": options.name, "model": options.model_id, "config": config,
+            "layers": layers}
 
 
 def source_data(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
@@ -185,8 +186,10 @@ def source_data(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
         layer.mamba_type or "", r.type_name)) for r, layer in zip(recs, dump.layers)]
     section = layers_section(recs, max_skip=MAX_SKIP)
     source: dict[str, Any] = {"kvspec": 1, "name": options.name}
-    if options.model:
-        source["model"] = options.model
+    if options.model_id:
+        source["model"] = options.model_id
+    if isinstance(facts.get("architecture"), str) and facts["architecture"]:
+        source["architecture"] = facts["architecture"]
     source["layer_name"] = section.pop("layer_name")
     engine = engine_section(cfg)
     if options.max_model_len == "auto" and options.memory is None:

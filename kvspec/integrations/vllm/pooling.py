@@ -23,14 +23,10 @@ from __future__ import annotations
 
 from kvspec.artifact import format as fmt
 from kvspec.compiled import CompiledArtifact
+from kvspec.model.pooling import ONE_SHARED_POOL, SERVE_SEPARATE
 
 __all__ = ["SERVE_SEPARATE", "decision_notes", "refusal"]
 
-#: What serves a separate-pool plan instead of vLLM 0.33.
-SERVE_SEPARATE = ("serve it with SGLang (`kvspec engine-args ARTIFACT --engine sglang`) or "
-                  "with kvspec's own runtime (pooling.serve_with: kvspec); to serve it with "
-                  "vLLM, recompile with pooling.policy: unified, or policy: auto with "
-                  "serve_with: vllm (the plans vLLM's one pool can hold)")
 
 
 def _share(p: fmt.PoolShare) -> str:
@@ -44,9 +40,9 @@ def refusal(artifact: CompiledArtifact) -> tuple[str, str] | None:
     if record is None or record.policy != "separate":
         return None
     pools = ", ".join(map(_share, record.pools))
-    return ((f"the plan holds {len(record.pools)} separate pools ({pools} of the budget); "
-            "vLLM 0.33 keeps every group in one shared pool with one page size, so it "
-            "cannot hold them"), "body.pooling.policy")
+    why = (f"the plan holds {len(record.pools)} separate pools ({pools} of the budget); "
+           f"{ONE_SHARED_POOL}")
+    return why, "body.pooling.policy"
 
 
 def _figure(c: fmt.Candidate) -> str:
