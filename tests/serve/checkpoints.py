@@ -23,6 +23,9 @@ from typing import Any
 
 SEED = 38
 VOCAB = 512
+#: Weights are N(0, INIT_STD), drawn in parameter-name order: large enough that the
+#: greedy tokens depend on the whole context (the KV cache), not one token repeated.
+INIT_STD = 0.1
 
 # Shared geometry: head_dim 64 (a head size the CPU attention backend supports),
 # vocab 512, a few layers. A few MB of bf16 each.
@@ -34,7 +37,9 @@ _DENSE: dict[str, Any] = {
     "num_key_value_heads": 2,
     "head_dim": 64,
     "max_position_embeddings": 4096,
-    "tie_word_embeddings": True,
+    # untied: with tied random embeddings, Gemma's scaled embedding dominates and the
+    # model copies its input token (it never needs the KV cache)
+    "tie_word_embeddings": False,
     "bos_token_id": 1,
     "eos_token_id": 2,
     "pad_token_id": 0,
@@ -72,7 +77,8 @@ def _digest(family: str) -> str:
     import transformers
 
     payload = json.dumps(
-        {"config": FAMILIES[family], "seed": SEED, "transformers": transformers.__version__},
+        {"config": FAMILIES[family], "seed": SEED, "std": INIT_STD,
+         "transformers": transformers.__version__},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
@@ -93,7 +99,13 @@ def make(family: str, root: Path) -> Path:
     config = AutoConfig.for_model(model_type, **conf)
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Random init is N(0, 0.02) for most families; keep it, only cast.
+    # transformers' own init is N(0, 0.02) and family-specific; draw every matrix
+    # again from one seeded generator (norms and biases keep their init)
+    gen = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=gen) * INIT_STD)
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
     tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
