@@ -26,6 +26,11 @@ VOCAB = 512
 #: Weights are N(0, INIT_STD), drawn in parameter-name order: large enough that the
 #: greedy tokens depend on the whole context (the KV cache), not one token repeated.
 INIT_STD = 0.1
+#: Families whose embedding is drawn smaller: Gemma ties its output head to the
+#: embedding (vLLM's Gemma-2 has no lm_head) and scales the embedding by
+#: sqrt(hidden_size); at INIT_STD the input token's own row dominates every logit
+#: and the model copies its input, never reading the KV cache.
+EMBED_STD = {"gemma2": 0.01}
 
 # Shared geometry: head_dim 64 (a head size the CPU attention backend supports),
 # vocab 512, a few layers. A few MB of bf16 each.
@@ -37,8 +42,6 @@ _DENSE: dict[str, Any] = {
     "num_key_value_heads": 2,
     "head_dim": 64,
     "max_position_embeddings": 4096,
-    # untied: with tied random embeddings, Gemma's scaled embedding dominates and the
-    # model copies its input token (it never needs the KV cache)
     "tie_word_embeddings": False,
     "bos_token_id": 1,
     "eos_token_id": 2,
@@ -62,15 +65,134 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "sliding_window": 64,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
         "query_pre_attn_scalar": 64,
+        "tie_word_embeddings": True,
+    },
+    # alternating 64-token sliding window and full attention, with attention sinks;
+    # a mixture of 4 experts
+    "gpt_oss": {
+        "model_type": "gpt_oss",
+        "architectures": ["GptOssForCausalLM"],
+        **_DENSE,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": 64,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    },
+    # MLA with DeepSeek's own latent geometry (vLLM's MLA kernels take only
+    # kv_lora_rank 512 + rope 64 = 576): one dense layer, then a mixture of experts
+    "deepseek_v2": {
+        "model_type": "deepseek_v2",
+        "architectures": ["DeepseekV2ForCausalLM"],
+        **_DENSE,
+        "num_key_value_heads": 4,
+        "head_dim": None,
+        "num_hidden_layers": 3,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 64,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 64,
+        "first_k_dense_replace": 1,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "topk_method": "greedy",
+    },
+    # Mamba-1 layers with one attention layer in two, experts every other layer
+    "jamba": {
+        "model_type": "jamba",
+        "architectures": ["JambaForCausalLM"],
+        **_DENSE,
+        "head_dim": None,
+        "num_hidden_layers": 4,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "num_experts": 2,
+        "num_experts_per_tok": 1,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+    },
+    # Granite-4 hybrid: Mamba-2 and attention layers, a dense shared MLP
+    "granitemoehybrid": {
+        "model_type": "granitemoehybrid",
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        **_DENSE,
+        "head_dim": None,
+        "num_hidden_layers": 4,
+        "layer_types": ["mamba", "attention", "mamba", "attention"],
+        "num_local_experts": 0,
+        "shared_intermediate_size": 512,
+        "position_embedding_type": "rope",
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 64,
+    },
+    # Nemotron-H: Mamba-2, attention and MLP layers
+    "nemotron_h": {
+        "model_type": "nemotron_h",
+        "architectures": ["NemotronHForCausalLM"],
+        **_DENSE,
+        "num_hidden_layers": 4,
+        "layers_block_type": ["mamba", "attention", "mlp", "mamba"],
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 64,
+        "ssm_state_size": 64,
+        "n_groups": 1,
+        "conv_kernel": 4,
+        "expand": 2,
+        "chunk_size": 64,
+    },
+    # Falcon-H1: attention and Mamba-2 side by side in every layer
+    "falcon_h1": {
+        "model_type": "falcon_h1",
+        "architectures": ["FalconH1ForCausalLM"],
+        **_DENSE,
+        "num_hidden_layers": 4,
+        "mamba_d_ssm": 512,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_chunk_size": 64,
+    },
+    # Qwen3-Next: gated DeltaNet (linear attention) layers, one full attention in four
+    "qwen3_next": {
+        "model_type": "qwen3_next",
+        "architectures": ["Qwen3NextForCausalLM"],
+        **_DENSE,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 64,
+        "linear_value_head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
     },
 }
 
 
 def config_dict(family: str) -> dict[str, Any]:
-    """The family's HF config as a plain dict (a copy)."""
+    """The family's HF config as a plain dict (a copy); a key set to None is left
+    out (the family's config class derives it, e.g. ``head_dim``)."""
     if family not in FAMILIES:
         raise KeyError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILIES))}")
-    return json.loads(json.dumps(FAMILIES[family]))
+    return {k: v for k, v in json.loads(json.dumps(FAMILIES[family])).items()
+            if v is not None}
 
 
 def _digest(family: str) -> str:
@@ -78,6 +200,7 @@ def _digest(family: str) -> str:
 
     payload = json.dumps(
         {"config": FAMILIES[family], "seed": SEED, "std": INIT_STD,
+         "embed_std": EMBED_STD.get(family),
          "transformers": transformers.__version__},
         sort_keys=True,
     )
@@ -102,10 +225,12 @@ def make(family: str, root: Path) -> Path:
     # transformers' own init is N(0, 0.02) and family-specific; draw every matrix
     # again from one seeded generator (norms and biases keep their init)
     gen = torch.Generator().manual_seed(SEED)
+    embed_std = EMBED_STD.get(family, INIT_STD)
     with torch.no_grad():
-        for _, param in sorted(model.named_parameters()):
+        for name, param in sorted(model.named_parameters()):
             if param.dim() >= 2:
-                param.copy_(torch.randn(param.shape, generator=gen) * INIT_STD)
+                std = embed_std if "embed_tokens" in name else INIT_STD
+                param.copy_(torch.randn(param.shape, generator=gen) * std)
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
     tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
