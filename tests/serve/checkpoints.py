@@ -100,6 +100,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 128,
         "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
     },
     # Mamba-1 layers with one attention layer in two, experts every other layer
     "jamba": {
