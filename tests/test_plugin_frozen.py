@@ -160,3 +160,14 @@ def test_the_plugin_and_its_checks_import_nothing_heavy() -> None:
                                                        if "." not in h}
              or any(m == h or m.startswith(h + ".") for h in HEAVY if "." in h)]
     assert heavy == []
+
+
+def test_an_engine_that_schedules_otherwise_than_the_artifact_is_stopped() -> None:
+    """vLLM's CPU platform turns async scheduling off; an artifact planned with it
+    on predicts other steps (tests/serve/test_capacity.py) and, for sliding-window
+    layers, other blocks per request."""
+    exp = Expectation.read(LLAMA)
+    assert exp.settings()["async_scheduling"] is True
+    with pytest.raises(EngineDrift, match="engine: async_scheduling: engine False, "
+                       "artifact True"):
+        exp.check_engine({**exp.settings(), "async_scheduling": False})

@@ -45,7 +45,9 @@ from kvspec.model.specs import LayerSpec, MambaState
 #: Modes of ``KVSPEC_MODE``.
 MODES = ("verify", "enforce", "allocate")
 #: Engine settings a plan depends on, compared with the running engine's.
-CHECKED_SETTINGS = ("block_size", "kv_cache_dtype", "enable_prefix_caching",
+#: ``async_scheduling``: batches in flight, so the blocks a sliding window keeps per
+#: request, and every step the simulator predicts (vLLM's CPU platform turns it off).
+CHECKED_SETTINGS = ("block_size", "kv_cache_dtype", "enable_prefix_caching", "async_scheduling",
                     "disable_hybrid_kv_cache_manager", "tensor_parallel_size",
                     "pipeline_parallel_size", "decode_context_parallel_size",
                     "num_gpu_blocks_override", "max_num_batched_tokens",
