@@ -94,7 +94,8 @@ class Expectation:
             raise PluginError(f"KVSPEC_MODE={mode!r} is not a mode",
                               expected=" or ".join(MODES), found=mode,
                               hint="verify: vLLM plans and must match the artifact; "
-                              "enforce: vLLM serves the artifact's placement (docs/vllm.md)")
+                              "enforce: vLLM serves the artifact's placement; allocate: as "
+                              "verify, and kvspec.load allocates the KV cache (docs/vllm.md)")
         pools = refusal(artifact)
         if pools is not None:
             raise PluginError(f"KVSPEC_LAYOUT={path}: vLLM cannot serve this artifact in "
