@@ -20,7 +20,7 @@ look at the model runner it served with:
   holds for the engine's block count, and fails for an artifact whose block stride
   was shrunk.
 
-Run as a script, this file is the child: ``python test_allocate.py CHILD_ARGS_JSON``.
+As a module, this file is the child: ``python -m tests.serve.test_allocate ARGS_JSON``.
 """
 
 from __future__ import annotations
@@ -34,29 +34,25 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-#: Where the tests keep their checkpoints, artifacts and children's results.
-CACHE = ROOT / "build" / "serve"
-#: The families allocate mode runs on: dense GQA, sliding window + full, a Mamba-2
-#: hybrid (state layers take kvspec's raw allocation; the artifact needs zeroing).
-FAMILIES = ("llama", "gemma2", "granitemoehybrid")
-#: The CPU engine's block sizes: 128 by default (CpuPlatform); a hybrid's attention
-#: block is raised to a multiple of 32 whose page holds one Mamba state.
-CPU_BLOCK_SIZE = {"granitemoehybrid": 384}
+from tests.serve.conftest import (
+    CACHE,
+    KV_SPACE_GIB,
+    MAX_MODEL_LEN,
+    MAX_TOKENS,
+    PROMPTS,
+    ROOT,
+    artifact,
+    checkpoint,
+    engine,
+)
 
-#: Prompts (token ids < 512, the checkpoints' vocabulary): two sharing a 300-token
-#: prefix (prefix caching hits), one of 700 tokens (over 5 blocks of 128, ten
-#: 64-token windows), one short.
-PREFIX = [(i * 37 + 11) % 500 + 3 for i in range(300)]
-PROMPTS = [
-    PREFIX + [(i * 13 + 5) % 500 + 3 for i in range(40)],
-    PREFIX + [(i * 29 + 7) % 500 + 3 for i in range(90)],
-    [(i * 7 + 1) % 500 + 3 for i in range(700)],
-    [5, 17, 42, 99, 256],
-]
-MAX_TOKENS = 24
-MAX_MODEL_LEN = 1024
+#: The families allocate mode runs on: dense GQA, sliding window + full (two groups
+#: overlaid in one allocation), a Mamba-2 hybrid (its state layers take kvspec's raw
+#: allocation; the artifact needs zeroing).
+FAMILIES = ("llama", "gemma2", "granitemoehybrid")
+#: ``kvspec init`` arguments per family: a hybrid's attention block on the CPU engine is
+#: raised to 384 tokens (a multiple of 32 whose page holds one Mamba state).
+INIT = {"granitemoehybrid": ("--block-size", "384")}
 
 
 # ---------------------------------------------------------------------------
@@ -107,7 +103,7 @@ def _inspect(worker: Any) -> dict[str, Any]:
 
 def child(args: dict[str, Any]) -> None:
     os.environ.update({"VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                       "VLLM_CPU_KVCACHE_SPACE": "1"})
+                       "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB)})
     if args["mode"] == "allocate":
         os.environ.update({"KVSPEC_LAYOUT": args["artifact"], "KVSPEC_MODE": "allocate"})
         if "zero" in args:
@@ -119,18 +115,16 @@ def child(args: dict[str, Any]) -> None:
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=args["model"], skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=MAX_MODEL_LEN, enforce_eager=True,
-              distributed_executor_backend="uni", seed=0, **args.get("engine", {}))
+              enforce_eager=True, distributed_executor_backend="uni", seed=0,
+              **args["engine"])
     seen = llm.collective_rpc(_inspect)[0] if args["mode"] == "allocate" else {}
     core = llm.llm_engine.engine_core.engine_core
     seen["engine_needs_zeroing"] = bool(core.scheduler.needs_kv_cache_zeroing)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, detokenize=False,
-                            ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params,
-                        use_tqdm=False)
-    # the same prompts again: their prefixes are now cached
-    again = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], params,
-                         use_tqdm=False)
+    params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"],
+                            detokenize=False, ignore_eos=True)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in args["prompts"]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    again = llm.generate(prompts, params, use_tqdm=False)  # their prefixes cached now
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
               "again": [list(o.outputs[0].token_ids) for o in again],
               "cached": [o.num_cached_tokens for o in again],
@@ -159,73 +153,28 @@ def _poison() -> None:
 # ---------------------------------------------------------------------------
 
 
-def checkpoint(family: str) -> Path:
-    sys.path.insert(0, str(HERE))
-    import checkpoints
-
-    return checkpoints.make(family, CACHE / "checkpoints")
-
-
-def kvspec(*args: str, cwd: Path = ROOT) -> str:
-    done = subprocess.run([sys.executable, "-m", "kvspec", *args], cwd=cwd, check=False,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def artifact(family: str) -> Path:
-    """The artifact the user would serve: ``kvspec init --from-vllm`` of the checkpoint
-    (vLLM 0.32's own model code, the CPU engine's settings), compiled for the
-    engine's budget (VLLM_CPU_KVCACHE_SPACE=1)."""
-    model = checkpoint(family)
-    out = CACHE / "allocate" / family
-    out.mkdir(parents=True, exist_ok=True)
-    source = out / f"{family}.yaml"
-    text = kvspec("init", "--from-vllm", str(model), "--max-model-len", str(MAX_MODEL_LEN),
-                  "--block-size", str(CPU_BLOCK_SIZE.get(family, 128)), "-q")
-    # init describes a GPU deployment; the CPU engine differs in three settings: its
-    # attention reads head-major blocks only ("Using LBHNC KV cache layout"), the CPU
-    # platform turns async scheduling off and batches 4096 tokens a step
-    assert "\n  layout:" not in text and "\n  max_num_batched_tokens: 8192\n" in text
-    text = text.replace("\n  max_num_batched_tokens: 8192\n",
-                        "\n  max_num_batched_tokens: 4096\n", 1)
-    source.write_text(text.replace(
-        "\nengine:\n", "\nengine:\n  layout: LBHNC\n  async_scheduling: false\n", 1))
-    target = out / f"{family}.kvlayout.json"
-    kvspec("compile", str(source), "--memory", "1GiB", "-o", str(target), "-q")
-    return target
-
-
-def run(family: str, mode: str, tag: str = "", **extra: Any) -> dict[str, Any]:
-    """One child engine; its tokens and what it saw."""
-    out = CACHE / "allocate" / family / f"{mode}{tag}.json"
+def run(family: str, artifact: Path, tag: str, **extra: Any) -> dict[str, Any]:
+    """One engine in allocate mode (a child process: this file); its tokens and what
+    it saw. Same engine arguments and prompts as conftest's vanilla engine."""
+    out = CACHE / "allocate" / f"{family}{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
-    args = {"mode": mode, "model": str(checkpoint(family)), "out": str(out), **extra}
+    args = {"mode": "allocate", "model": str(checkpoint(family)), "artifact": str(artifact),
+            "out": str(out), "prompts": PROMPTS, "max_tokens": MAX_TOKENS,
+            "engine": {"max_model_len": MAX_MODEL_LEN}, **extra}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSPEC_")}
-    done = subprocess.run([sys.executable, __file__, json.dumps(args)], env=env, check=False,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-m", "tests.serve.test_allocate", json.dumps(args)],
+                          env=env, cwd=ROOT, check=False, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0 and out.is_file(), done.stdout[-4000:] + done.stderr[-8000:]
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def vanilla() -> dict[str, dict[str, Any]]:
-    return {}
-
-
-def vanilla_of(cache: dict[str, dict[str, Any]], family: str) -> dict[str, Any]:
-    if family not in cache:
-        cache[family] = run(family, "vanilla")
-    return cache[family]
-
-
 @pytest.mark.serve
 @pytest.mark.parametrize("family", FAMILIES)
-def test_kvspec_allocates_the_engines_kv_cache(family: str, vanilla: dict) -> None:
-    art = artifact(family)
-    got = run(family, "allocate", artifact=str(art), poison=True)
-    want = vanilla_of(vanilla, family)
+def test_kvspec_allocates_the_engines_kv_cache(family: str) -> None:
+    got = run(family, artifact(family, *INIT.get(family, ())), "", poison=True)
+    want = engine(family)
     seen = got["seen"]
     assert seen["loads"] == 1
     # the tensors the attention layers read are kvspec's views, byte for byte
@@ -238,24 +187,80 @@ def test_kvspec_allocates_the_engines_kv_cache(family: str, vanilla: dict) -> No
     # the block-id proof holds for the engine's own block count
     assert seen["kvspec_num_blocks"] == seen["num_blocks"] > 0
     assert seen["proof"] == []
-    # zeroing: the artifact's rule is the engine's; the allocation is zeroed
+    # zeroing: the artifact's rule is the engine's own; the whole pool is zeroed
     assert seen["needs_zeroing"] == seen["engine_needs_zeroing"]
     assert seen["zeroed"]
-    # identical greedy tokens, with the pool poisoned before zeroing; prefix hits
+    # identical greedy tokens (the pool poisoned with 0xFF before zeroing), prefix hits
     assert got["tokens"] == want["tokens"]
     assert got["again"] == want["again"] == want["tokens"]
     assert got["cached"] == want["cached"] and got["cached"][1] >= 256
 
 
 @pytest.mark.serve
-def test_the_artifacts_zeroing_rule_alone_is_not_enough(vanilla: dict) -> None:
-    """Evidence for allocate.ZERO: with only the artifact's rule (a plain attention
-    cache needs no zeroing) and the pool filled with 0xFF (NaN in bf16), vLLM's
-    kernels read NaN from the unwritten slots of partial blocks."""
-    art = artifact("llama")
-    got = run("llama", "allocate", "-rule", artifact=str(art), poison=True, zero=None)
+def test_the_artifacts_zeroing_rule_alone_is_not_enough() -> None:
+    """Why allocate mode zeroes the whole pool (allocate.ZERO): with only the artifact's
+    rule (a plain attention cache needs none) and the pool filled with 0xFF (NaN in
+    bf16), vLLM's kernels read NaN from the unwritten slots of partial blocks."""
+    got = run("llama", artifact("llama"), "-rule-only", poison=True, zero=None)
     assert got["seen"]["needs_zeroing"] is False and got["seen"]["zeroed"] is False
-    assert got["tokens"] != vanilla_of(vanilla, "llama")["tokens"]
+    assert got["tokens"] != engine("llama")["tokens"]
+
+
+@pytest.mark.serve
+def test_a_placement_other_than_vllms_is_refused() -> None:
+    """The proof each allocation passes, without an engine: kvspec's views against the
+    views vLLM builds (on the meta device) from a KVCacheConfig."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    from kvspec.integrations.vllm.v0_32 import allocate
+    from kvspec.runtime.loader import load
+
+    n, names = 64, [f"model.layers.{i}.self_attn.attn" for i in range(4)]
+    spec = FullAttentionSpec(block_size=128, num_kv_heads=2, head_size=64,
+                             dtype=torch.bfloat16)
+    page = spec.page_size_bytes
+
+    def config(layer_stride: int, block_stride: int) -> Any:
+        return KVCacheConfig(num_blocks=n, kv_cache_groups=[KVCacheGroupSpec(names, spec)],
+                             kv_cache_tensors=[KVCacheTensor(
+                                 size=4 * n * page, layers=names, layer_stride=layer_stride,
+                                 block_stride=block_stride)])
+
+    cache = load(artifact("llama"), device="meta", num_blocks=n)
+    same = config(n * page, page)   # layer-outermost, as the artifact places it
+    assert allocate.drifts(cache, same, allocate.reference(same, KVCacheLayout.LBHNC, [128])) \
+        == []
+    packed = config(page, 4 * page)   # block-outermost: another placement of the bytes
+    found = allocate.drifts(cache, packed,
+                            allocate.reference(packed, KVCacheLayout.LBHNC, [128]))
+    assert {(d.where, d.field) for d in found} >= {
+        ("layer model.layers.1.self_attn.attn", "byte offset"),
+        ("layer model.layers.0.self_attn.attn", "strides")}
+    assert allocate.drifts(cache, config(n * page, page),
+                           allocate.reference(same, KVCacheLayout.LBNHC, [128]))
+
+
+@pytest.mark.serve
+def test_the_0_33_adapter_hooks_the_same_point() -> None:
+    """vLLM 0.33's CUDA model runner allocates through the same function: the 0.33
+    adapter's hook check accepts the installed runner and refuses one without it."""
+    import importlib
+    import types
+
+    from kvspec.integrations.vllm.guard import PluginError
+    from kvspec.integrations.vllm.v0_33 import allocate
+
+    allocate.check_hook(importlib.import_module(allocate.RUNNER_MODULE), allocate.RUNNER_MODULE)
+    other = types.SimpleNamespace(allocate_kv_cache=lambda kv_cache_config, device: {})
+    with pytest.raises(PluginError, match="does not allocate its KV cache through"):
+        allocate.check_hook(other, "a.runner")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvspec.integrations.vllm.guard import Drift, Expectation
+from kvspec.integrations.vllm.guard import Drift, Expectation, PluginError
 
 #: The caches kvspec allocated for the engine in this process, in order.
 LOADED: list[Any] = []
@@ -52,16 +52,28 @@ RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 _saved: dict[str, Any] = {}
 
 
+#: The parameters kvspec's hook takes the place of, in order.
+HOOK_PARAMETERS = ("kv_cache_config", "device", "layout", "kernel_block_sizes")
+
+
 def install(expectation: Expectation) -> None:
     """Hold vLLM's planning to the artifact as ``verify`` does, and make the model
     runner's KV-cache allocation kvspec's (idempotent)."""
     # deferred: vLLM (and torch)
-    import importlib
-
     from kvspec.integrations.vllm.v0_32.builder import install as hold_planning
 
     hold_planning(expectation)   # mode allocate plans as verify: vLLM's plan, checked
-    runner: Any = importlib.import_module(RUNNER_MODULE)
+    hook(expectation, RUNNER_MODULE)
+
+
+def hook(expectation: Expectation, module: str) -> None:
+    """Put kvspec's allocation in place of ``module.allocate_kv_cache`` (vLLM's, with
+    the parameters :data:`HOOK_PARAMETERS`); a vLLM without it is refused."""
+    import importlib
+
+    runner: Any = importlib.import_module(module)
+    check_hook(runner, module)
+    _saved.setdefault("module", module)
     _saved.setdefault("allocate_kv_cache", runner.allocate_kv_cache)
 
     def allocate_kv_cache(kv_cache_config: Any, device: Any, layout: Any,
@@ -72,14 +84,39 @@ def install(expectation: Expectation) -> None:
     runner.allocate_kv_cache = allocate_kv_cache
 
 
+def check_hook(runner: Any, module: str) -> None:
+    """The model runner allocates through ``allocate_kv_cache(kv_cache_config, device,
+    layout, kernel_block_sizes)``, or a :class:`PluginError` saying it does not."""
+    import inspect
+
+    found = getattr(runner, "allocate_kv_cache", None)
+    if getattr(found, "__kvspec__", False):
+        return
+    try:
+        names = tuple(inspect.signature(found).parameters) if callable(found) else None
+    except (TypeError, ValueError):
+        names = None
+    if names != HOOK_PARAMETERS:
+        raise PluginError(
+            f"KVSPEC_MODE=allocate: this vLLM's model runner ({module}) does not allocate "
+            "its KV cache through allocate_kv_cache(" + ", ".join(HOOK_PARAMETERS) + ")",
+            expected="vLLM 0.32.0 or 0.33.0", found=f"allocate_kv_cache: {names!r}",
+            hint="serve with KVSPEC_MODE=enforce (vLLM allocates the artifact's placement)")
+
+
 def uninstall() -> None:
-    import importlib
 
     from kvspec.integrations.vllm.v0_32.builder import uninstall as release_planning
 
     release_planning()
+    unhook()
+
+
+def unhook() -> None:
+    import importlib
+
     if "allocate_kv_cache" in _saved:
-        runner: Any = importlib.import_module(RUNNER_MODULE)
+        runner: Any = importlib.import_module(_saved.pop("module"))
         runner.allocate_kv_cache = _saved.pop("allocate_kv_cache")
 
 
