@@ -109,7 +109,7 @@ def run(checkpoint: str, trace: list[dict[str, int]], settings: dict[str, Any]
         engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids),
                            SamplingParams(max_tokens=r["output_tokens"], ignore_eos=True,
                                           temperature=0.0))
-    finished: dict[str, int] = {}
+    finished: dict[str, list[int]] = {}
     finished_at: list[int] = []
     # Step as the engine core's busy loop does while it serves (EngineCoreProc runs
     # a step while ``scheduler.has_requests()``: unfinished requests, or finished
@@ -117,11 +117,11 @@ def run(checkpoint: str, trace: list[dict[str, int]], settings: dict[str, Any]
     while engine.has_unfinished_requests() or scheduler.has_requests():
         done = [out for out in engine.step() if out.finished]
         for out in done:
-            finished[out.request_id] = len(out.outputs[0].token_ids)
+            finished[out.request_id] = list(out.outputs[0].token_ids)
         finished_at.append(len(done))
     return {"capacity": capacity, "stats": stats, "scheduled": scheduled,
             "finished": finished_at,
-            "output_tokens": [finished.get(str(i)) for i in range(len(trace))]}
+            "tokens": [finished.get(str(i)) for i in range(len(trace))]}
 
 
 if __name__ == "__main__":
