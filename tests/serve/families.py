@@ -7,9 +7,9 @@ max_model_len=512, enforce_eager=True, **engine)`` with ``VLLM_CPU_KVCACHE_SPACE
 then greedy generation from token ids. ``start_s`` is the ``LLM(...)`` call on this
 project's machine (2 cores shared by several engineers: read it as an order of
 magnitude). ``error`` is vLLM's own message, for a refused case; ``needs`` what would
-make it serve. ``init_hf`` / ``init_vllm``: what ``kvspec init --from-hf
-DIR/config.json`` / ``--from-vllm DIR`` make of the checkpoint ("ok", or kvspec's
-refusal).
+make it serve; ``limits`` what a served case serves only with a flag. ``init_hf`` /
+``init_vllm``: what ``kvspec init --from-hf DIR/config.json`` / ``--from-vllm DIR`` make
+of the checkpoint ("ok", or kvspec's refusal); ``--from-vllm`` took 43-80 s each here.
 
 Re-measure with the engine venv (one engine at a time)::
 
@@ -45,8 +45,19 @@ class Case:
     needs: str | None = None
     init_hf: str = "ok"
     init_vllm: str = "ok"
+    #: What it serves only with a flag: vLLM's error otherwise.
+    limits: str = ""
     notes: str = ""
 
+
+#: The Mamba-2 hybrids on the CPU engine, with prefix caching on (vLLM's default there:
+#: mamba_cache_mode align): the first forward pass over a prompt longer than one block
+#: fails in vLLM's own code, vanilla or not. The same prompts serve with
+#: ``enable_prefix_caching=False`` (Qwen3-Next's GDN layers serve them either way).
+_ALIGN = ("prefix caching on (mamba_cache_mode align), a prompt longer than one block "
+          "(384 tokens) fails: 'IndexError: index 23 is out of bounds for dimension 0 "
+          "with size 4' in mamba_mixer2.conv_ssm_forward (varlen_states"
+          "[last_chunk_indices_p]); serves with --no-enable-prefix-caching")
 
 _UNSUPPORTED = ("error: unsupported model (model_type {!r}, architectures [{!r}]); kvspec "
                 "init supports these families: ...")
@@ -65,17 +76,20 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("deepseek_v2", "deepseek_v2",
          "MLA: kv_lora_rank 512 + qk_rope_head_dim 64 (576-wide latent cache), MoE", True,
          31.3, notes="backend AMX_MLA, prefill CPU_SDPA_MLA; the CPU platform forces "
-                     "block size 16 for MLA. A 64 + 16 latent is refused: 'Head "
-                     "dimension 80 is not supported by MLA'"),
+                     "block size 16 for MLA and turns prefix caching off. Issue 38 saw a "
+                     "64 + 16 latent refused: 'Head dimension 80 is not supported by MLA'"),
     Case("granitemoehybrid", "granitemoehybrid",
          "Granite-4 hybrid: Mamba-2 and attention layers", True, 38.6,
          init_hf=_UNSUPPORTED.format("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
-         notes="attention block raised to 384 tokens so one page holds one Mamba state"),
+         limits=_ALIGN,
+         notes="attention block raised to 384 tokens so one page holds one Mamba state; "
+               "SSM states float32 (CpuPlatform, AVX512-BF16); allocate mode runs on it"),
     Case("nemotron_h", "nemotron_h", "Nemotron-H: Mamba-2, attention and MLP layers",
-         True, 34.3, notes="block 384, as Granite; init --from-hf reads the "
+         True, 34.3, limits=_ALIGN, notes="block 384, as Granite; init --from-hf reads the "
                            "transformers-5 form (layers_block_type) since this work"),
     Case("falcon_h1", "falcon_h1", "Falcon-H1: attention and Mamba-2 side by side", True,
-         23.2, init_hf=_UNSUPPORTED.format("falcon_h1", "FalconH1ForCausalLM")),
+         23.2, init_hf=_UNSUPPORTED.format("falcon_h1", "FalconH1ForCausalLM"),
+         limits=_ALIGN),
     Case("qwen3_next", "qwen3_next",
          "Qwen3-Next: gated DeltaNet linear attention, one full layer in four, MoE", True,
          29.8, notes="attention block raised to 256; GDN on the CPU kernels"),

@@ -9,16 +9,18 @@ look at the model runner it served with:
 
 * the tensor every attention layer reads (``static_forward_context[name].kv_cache``,
   what ``bind_kv_cache`` bound) has the data pointer, shape, strides and dtype of
-  kvspec's per-layer view (``LoadedCache.views``) -- or, for a layer that addresses
-  its own pages (Mamba), is kvspec's allocation itself;
-* the greedy tokens equal vanilla vLLM's, for prompts that share a prefix, prompts
-  longer than several blocks and, for sliding-window models, longer than the window;
-* the loader's zeroing rule: memory the artifact does not ask to zero is filled with
-  0xFF bytes (NaN in bf16) before the engine sees it, and the tokens are still
-  vanilla's; memory it asks to zero is all zeros when the engine starts;
-* the block-id proof (no two block ids share a byte, every view inside its pool)
-  holds for the engine's block count, and fails for an artifact whose block stride
-  was shrunk.
+  kvspec's per-layer view (``LoadedCache.views``); a Mamba layer, which unpacks the page
+  view it is given into its states, holds states inside kvspec's allocation;
+* the greedy tokens equal vanilla vLLM's, for prompts that share a prefix (prefix
+  caching hits), prompts longer than several blocks and, for the sliding-window model,
+  longer than the window;
+* zeroing: the artifact's rule (``needs_zeroing``) is the engine's own
+  (``Scheduler.needs_kv_cache_zeroing``); the pool is filled with 0xFF bytes (NaN in
+  bf16) before kvspec zeroes it, and allocate mode zeroes it whole, as vLLM does: with
+  the rule alone the tokens break (``test_the_artifacts_zeroing_rule_alone_is_not_enough``);
+* the block-id proof (every view inside its pool, no two block ids sharing a byte)
+  holds for the engine's own block count; a placement other than the one vLLM would
+  make is refused (on the meta device, without an engine).
 
 As a module, this file is the child: ``python -m tests.serve.test_allocate ARGS_JSON``.
 """
