@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,9 +123,11 @@ def child(args: dict[str, Any]) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    start = time.monotonic()
     llm = LLM(model=args["model"], skip_tokenizer_init=True, dtype="bfloat16",
               enforce_eager=True, distributed_executor_backend="uni", seed=0,
               **args["engine"])
+    started = time.monotonic() - start
     seen = llm.collective_rpc(_inspect)[0] if args["mode"] == "allocate" else {}
     core = llm.llm_engine.engine_core.engine_core
     seen["engine_needs_zeroing"] = bool(core.scheduler.needs_kv_cache_zeroing)
@@ -136,7 +139,7 @@ def child(args: dict[str, Any]) -> None:
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs],
               "again": [list(o.outputs[0].token_ids) for o in again],
               "cached": [o.num_cached_tokens for o in again],
-              "seen": seen}
+              "seen": seen, "start_seconds": started}
     Path(args["out"]).write_text(json.dumps(result))
 
 
