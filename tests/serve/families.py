@@ -75,9 +75,9 @@ CASES: dict[str, Case] = {c.name: c for c in (
          True, 39.3, notes="bf16 experts (no MXFP4): vLLM's CPU unquantized MoE"),
     Case("deepseek_v2", "deepseek_v2",
          "MLA: kv_lora_rank 512 + qk_rope_head_dim 64 (576-wide latent cache), MoE", True,
-         31.3, notes="backend AMX_MLA, prefill CPU_SDPA_MLA; the CPU platform forces "
-                     "block size 16 for MLA and turns prefix caching off. Issue 38 saw a "
-                     "64 + 16 latent refused: 'Head dimension 80 is not supported by MLA'"),
+         31.3, notes="backend AMX_MLA, prefill CPU_SDPA_MLA; serves prompts of 700 "
+                     "tokens with prefix-cache hits. Issue 38 saw a 64 + 16 latent "
+                     "refused: 'Head dimension 80 is not supported by MLA'"),
     Case("granitemoehybrid", "granitemoehybrid",
          "Granite-4 hybrid: Mamba-2 and attention layers", True, 38.6,
          init_hf=_UNSUPPORTED.format("granitemoehybrid", "GraniteMoeHybridForCausalLM"),
