@@ -91,31 +91,35 @@ def kvspec(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def cpu_engine_source(text: str) -> str:
+def cpu_engine_source(text: str, layout: str = "LBHNC", batched: int = 4096) -> str:
     """``kvspec init --from-vllm``'s source with the three settings the CPU engine
-    chooses its own way (init describes a GPU deployment): its attention reads
-    head-major blocks only ("Using LBHNC KV cache layout"), and the CPU platform turns
-    async scheduling off and batches 4096 tokens a step (docs/serving.md)."""
+    chooses its own way (init describes a GPU deployment): the axis order its
+    attention backend reads ("Using LBHNC KV cache layout"; its MLA backend: LBNHC),
+    and the CPU platform turns async scheduling off and batches ``batched`` tokens a
+    step (4096 with one worker, 8192 with two; docs/serving.md)."""
     assert "\n  layout:" not in text and "\n  max_num_batched_tokens: 8192\n" in text, text
     text = text.replace("\n  max_num_batched_tokens: 8192\n",
-                        "\n  max_num_batched_tokens: 4096\n", 1)
+                        f"\n  max_num_batched_tokens: {batched}\n", 1)
     return text.replace("\nengine:\n",
-                        "\nengine:\n  layout: LBHNC\n  async_scheduling: false\n", 1)
+                        f"\nengine:\n  layout: {layout}\n  async_scheduling: false\n", 1)
 
 
-def artifact(family: str, *init: str) -> Path:
+def artifact(family: str, *init: str, layout: str = "LBHNC", batched: int = 4096) -> Path:
     """The artifact a user serves: ``kvspec init --from-vllm`` of the checkpoint (vLLM
-    0.32's own model code) at the CPU engine's settings, compiled for its budget."""
+    0.32's own model code) at the CPU engine's settings (``layout``: the axis order its
+    attention backend reads), compiled for its budget."""
     model = checkpoint(family)
     out = CACHE / "verify" / family
     out.mkdir(parents=True, exist_ok=True)
-    tag = hashlib.sha256(" ".join(init).encode()).hexdigest()[:8] if init else "default"
+    key = " ".join(init) + ("" if layout == "LBHNC" else f" {layout}") + (
+        "" if batched == 4096 else f" {batched}")
+    tag = hashlib.sha256(key.encode()).hexdigest()[:8] if key else "default"
     target = out / f"{family}-{tag}.kvlayout.json"
     source = out / f"{family}-{tag}.yaml"
     block = () if "--block-size" in init else ("--block-size", str(CPU_BLOCK_SIZE))
     text = kvspec("init", "--from-vllm", str(model), "--max-model-len", str(MAX_MODEL_LEN),
                   *block, "-q", *init).stdout
-    source.write_text(cpu_engine_source(text))
+    source.write_text(cpu_engine_source(text, layout, batched))
     kvspec("compile", str(source), "--memory", f"{KV_SPACE_GIB}GiB", "-o", str(target), "-q")
     return target
 
@@ -128,14 +132,16 @@ _RESULTS: dict[str, dict[str, Any]] = {}
 
 
 def engine(family: str, mode: str | None = None, layout: Path | None = None,
-           prompts: list[list[int]] | None = None, **engine_args: Any) -> dict[str, Any]:
+           prompts: list[list[int]] | None = None, env: dict[str, str] | None = None,
+           **engine_args: Any) -> dict[str, Any]:
     """One engine run (a child process) on the family's checkpoint: vanilla when
-    ``mode`` is None, else with kvspec's plugin holding it to ``layout``. The result
-    of tests/serve/engine.py; the same run is made once per session."""
+    ``mode`` is None, else with kvspec's plugin holding it to ``layout``; ``env``:
+    more environment for vLLM. The result of tests/serve/engine.py; the same run is
+    made once per session."""
     args = {"model": str(checkpoint(family)), "prompts": prompts or PROMPTS,
             "max_tokens": MAX_TOKENS,
             "engine": {"max_model_len": MAX_MODEL_LEN, **engine_args}}
-    key = json.dumps([family, mode, str(layout), args], sort_keys=True)
+    key = json.dumps([family, mode, str(layout), args, env], sort_keys=True)
     if key in _RESULTS:
         return _RESULTS[key]
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -144,14 +150,14 @@ def engine(family: str, mode: str | None = None, layout: Path | None = None,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
     args["out"] = str(out)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSPEC_")}
-    env.update({"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB),
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    child = {k: v for k, v in os.environ.items() if not k.startswith("KVSPEC_")}
+    child.update({"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(KV_SPACE_GIB),
+                  "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})})
     if mode is not None:
         assert layout is not None
-        env.update({"KVSPEC_LAYOUT": str(layout), "KVSPEC_MODE": mode})
+        child.update({"KVSPEC_LAYOUT": str(layout), "KVSPEC_MODE": mode})
     done = subprocess.run([sys.executable, str(HERE / "engine.py"), json.dumps(args)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=child, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           check=False)
     assert out.is_file(), f"the engine child died:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     result = json.loads(out.read_text())

@@ -56,7 +56,7 @@ def _worker_view(worker: Any) -> dict[str, Any]:
     bound = {}
     for name in (n for t in runner.kv_cache_config.kv_cache_tensors for n in t.layers):
         cache = getattr(ctx.get(name), "kv_cache", None)
-        if cache is None or isinstance(cache, list):
+        if cache is None or isinstance(cache, (list, tuple)):  # Mamba: its states
             continue
         base = cache.untyped_storage()
         bound[name] = {"storage_bytes": base.nbytes(), "shape": list(cache.shape),
@@ -114,12 +114,20 @@ def main(args: dict[str, Any]) -> int:
                        "kv_cache_size_tokens": cc.kv_cache_size_tokens,
                        "kv_cache_layout": cc.kv_cache_layout,
                        "enable_prefix_caching": bool(cc.enable_prefix_caching),
-                       "cache_dtype": cc.cache_dtype}
+                       "cache_dtype": cc.cache_dtype,
+                       "max_num_batched_tokens":
+                           llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens}
     params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"], detokenize=False,
                             ignore_eos=True)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in args["prompts"]]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    again = llm.generate(prompts, params, use_tqdm=False)  # prefixes cached now
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        again = llm.generate(prompts, params, use_tqdm=False)  # prefixes cached now
+    except BaseException as exc:  # noqa: BLE001 - vLLM failing to serve is the result
+        result.update(error=_causes(exc), stage="generate",
+                      traceback=traceback.format_exc()[-6000:])
+        out.write_text(json.dumps(result))
+        return 4
     result["tokens"] = [list(o.outputs[0].token_ids) for o in outs]
     result["again"] = [list(o.outputs[0].token_ids) for o in again]
     result["cached"] = [o.num_cached_tokens for o in again]
