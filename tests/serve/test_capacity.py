@@ -44,10 +44,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.serve
+from tests.serve.conftest import ROOT, checkpoint, kvspec
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "build" / "serve"
+pytestmark = pytest.mark.serve
 
 #: The engine's settings but the block size (the plan's); the source says the same in
 #: kvspec's terms. The CPU platform turns async scheduling off (vllm/platforms/cpu.py).
@@ -86,19 +85,13 @@ CAPACITY_LINE = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency
 
 
 def _kvspec(*args: str) -> str:
-    run = subprocess.run([sys.executable, "-m", "kvspec", *args], cwd=ROOT,
-                         capture_output=True, text=True, check=False)
-    assert run.returncode == 0, run.stderr
-    return run.stdout
+    return kvspec(*args).stdout
 
 
 def _serve(work: Path, name: str, pooling: str) -> dict[str, Any]:
     """Compile the source (with ``pooling``), serve the trace with the plugin in
     enforce mode, simulate it: the engine's records, ``plan``'s figures, the result."""
-    sys.path.insert(0, str(ROOT))
-    from tests.serve.checkpoints import make
-
-    checkpoint = make("llama", BUILD / "checkpoints")
+    model = checkpoint("llama")
     source, artifact, trace = (work / f"{name}.yaml", work / f"{name}.kvlayout.json",
                                work / "trace.jsonl")
     source.write_text(SOURCE.format(pooling=pooling))
@@ -115,7 +108,7 @@ def _serve(work: Path, name: str, pooling: str) -> dict[str, Any]:
     env = {**os.environ, "KVSPEC_LAYOUT": str(artifact), "KVSPEC_MODE": "enforce",
            "VLLM_TARGET_DEVICE": "cpu"}
     run = subprocess.run([sys.executable, str(ROOT / "tests" / "serve" / "live_capacity.py"),
-                          str(checkpoint), str(trace), json.dumps(engine)], cwd=ROOT, env=env,
+                          str(model), str(trace), json.dumps(engine)], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900, check=False)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-4000:]
