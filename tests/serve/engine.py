@@ -115,6 +115,7 @@ def main(args: dict[str, Any]) -> int:
                        "kv_cache_layout": cc.kv_cache_layout,
                        "enable_prefix_caching": bool(cc.enable_prefix_caching),
                        "cache_dtype": cc.cache_dtype,
+                       "mamba_ssm_cache_dtype": cc.mamba_ssm_cache_dtype,
                        "max_num_batched_tokens":
                            llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens}
     params = SamplingParams(temperature=0.0, max_tokens=args["max_tokens"], detokenize=False,
