@@ -39,6 +39,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from kvspec.integrations.vllm.guard import PLAN_NEUTRAL_FIELDS, Expectation
+from kvspec.integrations.vllm.specs import same_value
 from kvspec.integrations.vllm.v0_33 import specs as vspecs
 from kvspec.integrations.vllm.v0_33.config import settings_of
 
@@ -150,11 +151,18 @@ def artifact_groups(exp: Expectation, specs: dict[str, Any]) -> list[KVCacheGrou
 
 
 def _like_engine(spec: Any, engine_spec: Any) -> Any:
-    """The artifact's group spec, with the plan-neutral fields the engine set
-    (and the sliding-window lookahead tokens ``get_kv_cache_configs`` tagged)."""
+    """The artifact's group spec, with the plan-neutral fields the engine set (and the
+    sliding-window lookahead tokens ``get_kv_cache_configs`` tagged), and the engine's
+    storage dtype where both mean the same bytes: kvspec names an fp8 cache's storage
+    ``float8_e4m3fn``, the engine ``uint8``, and its kernels read the views it makes
+    from the group spec in that dtype ("key_cache must be uint8 for FP8 path")."""
     fields = {f.name for f in dataclasses.fields(spec) if f.init}
     keep = {f: getattr(engine_spec, f) for f in (*PLAN_NEUTRAL_FIELDS, "extra_retained_tokens")
             if f in fields and hasattr(engine_spec, f)}
+    for name in ("dtype", "dtypes"):
+        if name in fields and hasattr(engine_spec, name) and same_value(
+                name, vspecs.plain(getattr(engine_spec, name)), vspecs.plain(getattr(spec, name))):
+            keep[name] = getattr(engine_spec, name)
     return dataclasses.replace(spec, **keep) if keep else spec
 
 
