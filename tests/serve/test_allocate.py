@@ -56,16 +56,20 @@ from tests.serve.conftest import (
 #: The families allocate mode runs on: dense GQA, sliding window + full (two groups
 #: overlaid in one allocation), a Mamba-2 hybrid (its state layers unpack kvspec's
 #: pages; the artifact needs zeroing), MLA (one 576-wide latent per token).
-FAMILIES = ("llama", "gemma2", "granitemoehybrid", "deepseek_v2")
+FAMILIES = ("llama", "gemma2", "granitemoehybrid", "deepseek_v2", "llama_fp8")
+#: A case's checkpoint, where it is not the case's name.
+CHECKPOINT = {"llama_fp8": "llama"}
 #: ``kvspec init`` arguments per family, where the CPU engine decides its own way: it
 #: keeps SSM states in float32 on a host with AVX512-BF16 (CpuPlatform), and raises a
 #: hybrid's attention block to 384 tokens (a multiple of 32 whose page holds one state).
 INIT = {"granitemoehybrid": ("--block-size", "384", "--mamba-ssm-cache-dtype", "float32",
-                             "--no-prefix-caching")}
+                             "--no-prefix-caching"),
+        "llama_fp8": ("--kv-cache-dtype", "fp8")}
 #: Engine arguments per family (the vanilla engine's and kvspec's alike): the CPU engine
 #: fails a Mamba-2 hybrid's prompts longer than a block with prefix caching on
 #: (mamba_cache_mode align; tests/serve/families.py), so the hybrid runs without it.
-ENGINE = {"granitemoehybrid": {"enable_prefix_caching": False}}
+ENGINE = {"granitemoehybrid": {"enable_prefix_caching": False},
+          "llama_fp8": {"kv_cache_dtype": "fp8"}}
 #: The CPU engine's axis order where it is not LBHNC: its MLA backend's is LBNHC.
 LAYOUT = {"deepseek_v2": "LBNHC"}
 
@@ -73,7 +77,7 @@ LAYOUT = {"deepseek_v2": "LBNHC"}
 def allocate_artifact(family: str) -> Path:
     """conftest's artifact for the family, at the CPU engine's axis order."""
     if family not in LAYOUT:
-        return artifact(family, *INIT.get(family, ()))
+        return artifact(CHECKPOINT.get(family, family), *INIT.get(family, ()))
     out = CACHE / "allocate" / family
     out.mkdir(parents=True, exist_ok=True)
     text = kvspec("init", "--from-vllm", str(checkpoint(family)), "--max-model-len",
@@ -124,6 +128,9 @@ def _inspect(worker: Any) -> dict[str, Any]:
             if bound.dim() == view.dim() - 1 and view.shape[1] == 1:
                 view = view.squeeze(1)   # MLA binds its one latent "head" squeezed
                 row["squeezed"] = True
+            if view.dtype != bound.dtype:   # fp8: kvspec's float8 view as vLLM's uint8
+                row["kvspec_dtype"] = str(view.dtype)
+                view = allocate.as_engine_dtype(view, bound)
             row["same"] = (bound.data_ptr() == view.data_ptr()
                            and tuple(bound.shape) == tuple(view.shape)
                            and bound.stride() == view.stride() and bound.dtype == view.dtype)
@@ -195,7 +202,8 @@ def run(family: str, artifact: Path, tag: str, **extra: Any) -> dict[str, Any]:
     out = CACHE / "allocate" / f"{family}{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
-    args = {"mode": "allocate", "model": str(checkpoint(family)), "artifact": str(artifact),
+    args = {"mode": "allocate", "model": str(checkpoint(CHECKPOINT.get(family, family))),
+            "artifact": str(artifact),
             "out": str(out), "prompts": PROMPTS, "max_tokens": MAX_TOKENS,
             "engine": {"max_model_len": MAX_MODEL_LEN, **ENGINE.get(family, {})}, **extra}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVSPEC_")}
@@ -210,7 +218,7 @@ def run(family: str, artifact: Path, tag: str, **extra: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_kvspec_allocates_the_engines_kv_cache(family: str) -> None:
     got = run(family, allocate_artifact(family), "", poison=True)
-    want = engine(family, **ENGINE.get(family, {}))
+    want = engine(CHECKPOINT.get(family, family), **ENGINE.get(family, {}))
     seen = got["seen"]
     assert seen["loads"] == 1
     # the tensors the attention layers read are kvspec's views, byte for byte

@@ -159,8 +159,25 @@ def allocate(expectation: Expectation, kv_cache_config: Any, device: Any, layout
         if ref.dim() == 1:   # a layer that addresses its own pages: the raw allocation
             out[layer] = cache.buffers[_allocation_of(cache, layer)]
         else:
-            out[layer] = cache.views[layer]
+            out[layer] = as_engine_dtype(cache.views[layer], ref)
     return out
+
+
+def as_engine_dtype(view: Any, ref: Any) -> Any:
+    """``view`` in the engine's storage dtype where the two name the same bytes: vLLM
+    stores an fp8 cache as uint8 (its kernels refuse float8 tensors: "key_cache must be
+    uint8 for FP8 path"), kvspec views it as the float8 type it holds. Same data
+    pointer, shape and strides."""
+    if view.dtype != ref.dtype and view.element_size() == ref.element_size() and \
+            ref.dtype in _storage_dtypes():
+        return view.view(ref.dtype)
+    return view
+
+
+def _storage_dtypes() -> tuple[Any, ...]:
+    import torch
+
+    return (torch.uint8,)
 
 
 def kernel_sizes(art: Any, kv_cache_config: Any,
@@ -204,7 +221,7 @@ def drifts(cache: Any, kv_cache_config: Any, want: dict[str, Any]) -> list[Drift
             continue
         if ref.dim() == 1:
             continue
-        view = cache.views[name]
+        view = as_engine_dtype(cache.views[name], ref)
         base = cache.buffers[_allocation_of(cache, name)]
         mine = (view.storage_offset() * view.element_size()
                 - base.storage_offset() * base.element_size())
