@@ -67,7 +67,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("llama_fp8", "llama", "--kv-cache-dtype fp8 (e4m3) on the dense model", True, 34.8,
          engine={"kv_cache_dtype": "fp8"},
          notes="the CPU attention backend lists fp8, fp8_e4m3 and fp8_e5m2 (head sizes "
-               "divisible by 32); greedy tokens drift from bf16's after a few steps"),
+               "divisible by 32); greedy tokens drift from bf16's after a few steps; "
+               "allocate mode runs on it (vLLM stores fp8 as uint8)"),
     Case("gemma2", "gemma2", "64-token sliding window alternating with full attention",
          True, 20.3, notes="its first 8 greedy tokens equal transformers' own"),
     Case("gpt_oss", "gpt_oss",
@@ -75,7 +76,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
          True, 39.3, notes="bf16 experts (no MXFP4): vLLM's CPU unquantized MoE"),
     Case("deepseek_v2", "deepseek_v2",
          "MLA: kv_lora_rank 512 + qk_rope_head_dim 64 (576-wide latent cache), MoE", True,
-         31.3, notes="backend AMX_MLA, prefill CPU_SDPA_MLA; serves prompts of 700 "
+         31.3, notes="backend AMX_MLA (LBNHC), prefill CPU_SDPA_MLA; allocate mode runs "
+                     "on it; serves prompts of 700 "
                      "tokens with prefix-cache hits. Issue 38 saw a 64 + 16 latent "
                      "refused: 'Head dimension 80 is not supported by MLA'"),
     Case("granitemoehybrid", "granitemoehybrid",
