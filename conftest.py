@@ -7,7 +7,8 @@ import importlib.util
 from pathlib import Path
 
 #: Package folders and the import each needs.
-_OPTIONAL = {"kvspec/runtime": "torch", "kvspec/integrations/vllm/v0_33": "vllm"}
+_OPTIONAL = {"kvspec/runtime": "torch", "kvspec/integrations/vllm/v0_33": "vllm",
+             "kvspec/integrations/vllm/v0_32": "vllm"}
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:

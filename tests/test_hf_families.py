@@ -27,6 +27,7 @@ from kvspec.integrations.hf.families import (
     describe,
     family_of,
 )
+from kvspec.integrations.hf.families.facts import ConfigError
 
 DATA = Path(__file__).parent / "data" / "hf"
 
@@ -417,6 +418,23 @@ def test_nemotron_h_pattern_positions():
     assert kind_at(facts, 116) == "mamba"
     assert kind_at(facts, 117) is None
     assert {lay.mamba_type for lay in facts.layers_of_kind("mamba")} == {"mamba2"}
+
+
+def test_nemotron_h_as_transformers_5_saves_it():
+    # transformers 5 writes the pattern as layers_block_type names (M: linear_attention,
+    # *: full_attention, -: mlp, E: moe) and drops num_hidden_layers
+    hub = load("nemotron-h-56b-base-8k.json")
+    names = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+    saved = {k: v for k, v in hub.items()
+             if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    saved["layers_block_type"] = [names[c] for c in hub["hybrid_override_pattern"]]
+    assert describe(saved) == describe(hub)
+    bad = {**saved, "layers_block_type": [*saved["layers_block_type"][:-1], "conv"]}
+    with pytest.raises(ConfigError, match="unknown layers_block_type entry 'conv'"):
+        describe(bad)
+    with pytest.raises(ConfigError, match="117 entries for 118 layers"):
+        describe({**saved, "num_hidden_layers": 118,
+                  "layers_block_type": saved["layers_block_type"][:-1]})
 
 
 # --------------------------------------------------------------------------

@@ -158,4 +158,6 @@ def pooling_of(source: Source, doc: Document,
         raise_all(found)
     return Pooling(policy=p.policy, serve_with=p.serve_with, workload=workload, split=split,
                    max_groups=p.max_groups, state_block_size=p.state_block_size,
-                   block_size=p.block_size)
+                   block_size=p.block_size,
+                   **({"block_sizes": tuple(sorted(set(p.block_sizes)))}
+                      if p.block_sizes is not None else {}))

@@ -321,6 +321,10 @@ class PoolingPolicy(_Strict):
     state_block_size: PositiveInt | None = Field(
         None, description="separate: tokens per state block (default: the engine's).")
     block_size: PositiveInt = Field(16, description="separate: tokens per attention block.")
+    block_sizes: list[PositiveInt] | None = Field(
+        None, min_length=1, description="auto: the attention block sizes its unified "
+        "candidates try (default 16, 32, 64, 128); name those the serving engine's "
+        "attention kernels take (vLLM's CPU backend: multiples of 32).")
 
 
 class Source(_Strict):

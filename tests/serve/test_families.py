@@ -1,0 +1,41 @@
+"""The record of tests/serve/families.py holds: every checkpoint family has a case, and
+each refused case is still refused by the CPU engine with the error recorded (when
+vLLM fixes one, this fails: move it to the served cases). The served cases are
+exercised by the rest of the serving suite, one engine per family."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import checkpoints  # noqa: E402
+import families  # noqa: E402
+
+
+@pytest.mark.serve
+def test_every_checkpoint_family_has_a_case() -> None:
+    assert {c.checkpoint for c in families.CASES.values()} == set(checkpoints.FAMILIES)
+    for case in families.CASES.values():
+        assert case.serves == (case.error is None), case.name
+        assert case.serves == (case.needs is None), case.name
+        assert case.serves == (case.start_s is not None), case.name
+
+
+@pytest.mark.serve
+@pytest.mark.parametrize("name", families.REFUSED)
+def test_the_refusal_still_holds(name: str) -> None:
+    done = subprocess.run([sys.executable, str(HERE / "families.py"), name], check=False,
+                          capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("FAMILY ")]
+    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(lines[-1].removeprefix("FAMILY "))
+    assert result["served"] is False
+    error = families.CASES[name].error
+    assert error is not None and error in done.stdout + done.stderr
