@@ -39,7 +39,7 @@ ALLOWED = {
     "compiled": {"model", "artifact", "planner", "passes", "pooling"},
     "reports": {"model", "artifact", "planner", "source", "passes", "compiler", "compiled",
                 "reports", "connectors.descriptor"},
-    "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact",
+    "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact", "runtime",
                      "planner", "reports", "integrations", "cli.common", "sim",
                      "runtime.manager"},
     "sim": {"model", "artifact", "runtime.manager", "sim"},

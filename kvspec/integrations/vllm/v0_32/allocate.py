@@ -32,6 +32,8 @@ The loaded caches stay in :data:`LOADED` (one per allocation this process made).
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from typing import Any
 
 from kvspec.integrations.vllm.guard import Drift, Expectation, PluginError
@@ -69,7 +71,6 @@ def install(expectation: Expectation) -> None:
 def hook(expectation: Expectation, module: str) -> None:
     """Put kvspec's allocation in place of ``module.allocate_kv_cache`` (vLLM's, with
     the parameters :data:`HOOK_PARAMETERS`); a vLLM without it is refused."""
-    import importlib
 
     runner: Any = importlib.import_module(module)
     check_hook(runner, module)
@@ -87,7 +88,6 @@ def hook(expectation: Expectation, module: str) -> None:
 def check_hook(runner: Any, module: str) -> None:
     """The model runner allocates through ``allocate_kv_cache(kv_cache_config, device,
     layout, kernel_block_sizes)``, or a :class:`PluginError` saying it does not."""
-    import inspect
 
     found = getattr(runner, "allocate_kv_cache", None)
     if getattr(found, "__kvspec__", False):
@@ -106,6 +106,7 @@ def check_hook(runner: Any, module: str) -> None:
 
 def uninstall() -> None:
 
+    # deferred: vllm (the builder imports it)
     from kvspec.integrations.vllm.v0_32.builder import uninstall as release_planning
 
     release_planning()
@@ -113,7 +114,6 @@ def uninstall() -> None:
 
 
 def unhook() -> None:
-    import importlib
 
     if "allocate_kv_cache" in _saved:
         runner: Any = importlib.import_module(_saved.pop("module"))
@@ -123,6 +123,7 @@ def unhook() -> None:
 def reference(kv_cache_config: Any, layout: Any,
               kernel_block_sizes: list[int] | None) -> dict[str, Any]:
     """vLLM's own per-layer allocation, on the meta device (no memory)."""
+    # deferred: torch
     import torch
     from vllm.v1.worker import utils
 
@@ -135,6 +136,8 @@ def allocate(expectation: Expectation, kv_cache_config: Any, device: Any, layout
     """kvspec's allocation for the engine, proved to be the one vLLM would make."""
     # deferred: the runtime loader (torch)
     from kvspec.artifact import Artifact
+
+    # deferred: torch (the runtime loader imports it)
     from kvspec.runtime.loader import load
 
     if not kv_cache_config.kv_cache_tensors:
@@ -175,6 +178,7 @@ def as_engine_dtype(view: Any, ref: Any) -> Any:
 
 
 def _storage_dtypes() -> tuple[Any, ...]:
+    # deferred: torch
     import torch
 
     return (torch.uint8,)

@@ -44,11 +44,12 @@ def class_defaults():
 def install(expectation):
     """Route this process's KV-cache planning through kvspec's builder (``verify``,
     ``enforce``); ``allocate``: also let kvspec allocate the engine's KV cache."""
-    # deferred: vLLM (and torch)
     if expectation.mode == "allocate":
+        # deferred: vLLM (and torch)
         from kvspec.integrations.vllm.v0_33.allocate import install as _allocate
         _allocate(expectation)
         return
+    # deferred: vLLM (and torch)
     from kvspec.integrations.vllm.v0_33.builder import install as _install
     _install(expectation)
 
