@@ -7,9 +7,9 @@ policy weighed with what each buys at the workload.
 ...               simulated=None, tokens_held=None, waste=None, binding_pool="device",
 ...               note=None, curve=[])
 >>> print(candidates_table([c], chosen=0))
-   candidate  block  groups  at max_model_len  at workload  simulated mean / peak  waiting: memory / seqs / tokens  util. memory  layout waste  physical limit
--  ---------  -----  ------  ----------------  -----------  ---------------------  -------------------------------  ------------  ------------  --------------
-*  unified       16       1             2.50x        150.0                      -                                -             -             -           160.0
+   candidate  block  groups  at max_model_len  at workload  simulated mean / peak  waiting: memory / seqs / tokens  util. memory  layout waste  limit at avg. request
+-  ---------  -----  ------  ----------------  -----------  ---------------------  -------------------------------  ------------  ------------  ---------------------
+*  unified       16       1             2.50x        150.0                      -                                -             -             -                  160.0
 """  # noqa: E501 (the doctest's expected table is wider than a line)
 
 from __future__ import annotations
