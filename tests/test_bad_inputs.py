@@ -271,3 +271,20 @@ def test_long_work_prints_a_progress_line_every_few_seconds_off_a_terminal() -> 
         compile_source(SMALL + "pooling: {policy: auto, serve_with: kvspec, workload: "
                        "{context_tokens: 512, output_tokens: 64, requests: 30}}\n")
     assert heard and heard[0].startswith("pooling: simulating unified, ")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_trace_line_nested_a_hundred_thousand_deep_is_refused_at_once(
+        small: Path, suffix: str) -> None:
+    """msgspec gives up on deep nesting with a RecursionError, and the strict reader
+    that places the problem kept a path per level (memory quadratic in the depth: a
+    100,000-deep line was killed for memory); now a line nested past the reader's depth
+    is refused at the level it passes."""
+    line = ('{"arrival": 0, "prompt_tokens": 5, "output_tokens": ' + "[" * 100_000
+            + "]" * 100_000 + "}\n")
+    (small / f"deep{suffix}").write_text(line)
+    code, _, err = invoke(["simulate", str(small / "s.yaml"), "--workload",
+                           str(small / f"deep{suffix}")])
+    assert code == 1, err
+    assert "nested more than 64 levels deep" in err and f"deep{suffix}:1:" in err
+    assert "Traceback" not in err

@@ -17,8 +17,9 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import emit
+from kvspec.reports.format import count
 
 #: ``--as`` targets (kvspec.connectors.exporters.EXPORTERS).
 TARGETS = ("vllm-nixl", "lmcache", "dynamo")
@@ -65,6 +66,14 @@ def command(artifact: Path, rank: int, num_blocks: int | None, target: str | Non
                  inputs=(artifact,), ours=_ours)
     art = Artifact.read(artifact)
     check_num_blocks(art, num_blocks, "--num-blocks")
+    engine = art.body.engine
+    world = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    if rank >= world:
+        raise UsageError(f"--rank {rank}: the deployment has {count(world, 'rank')} "
+                         f"(tensor {engine.tensor_parallel_size} x pipeline "
+                         f"{engine.pipeline_parallel_size})", expected=f"0..{world - 1}",
+                         hint="rank = pipeline stage x tensor-parallel size + "
+                              "tensor-parallel rank")
     desc = describe(art, rank=rank, num_blocks=num_blocks)
     if target is not None:
         text = json.dumps(export(desc, target), indent=1, sort_keys=True) + "\n"

@@ -52,7 +52,7 @@ from typing import IO, Any
 import msgspec
 
 from kvspec.files import is_stdin
-from kvspec.jsonpos import Located, scan
+from kvspec.jsonpos import MAX_DEPTH, Located, scan
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
 from kvspec.sim.trace import TraceError, TraceRequest, read_trace
 from kvspec.sim.trace import _request as trace_line
@@ -129,8 +129,9 @@ def detect(path: str | Path) -> str:
     if suffix in (".jsonl", ".json", ".ndjson"):
         try:
             keys = set(_decode(first)) if first.lstrip().startswith("{") else set()
-        except msgspec.DecodeError:
-            keys = set()
+        except (msgspec.DecodeError, RecursionError):  # not JSON, or nested too deep:
+            # told by its keys' names, so the format's reader places the problem
+            keys = {k for k in ("arrival", "input_length") if f'"{k}"' in first}
         if "arrival" in keys or not first.strip():
             return "kvspec"
         if "input_length" in keys or "hash_ids" in keys:
@@ -381,9 +382,9 @@ class Reader:
     def _object(self, line: str, number: int) -> dict[str, Any]:
         try:
             obj = _decode(line)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # deep nesting: read it strictly
             try:
-                obj = scan(line, what="the trace line")[0]
+                obj = scan(line, what="the trace line", max_depth=MAX_DEPTH)[0]
             except Located as problem:
                 raise TraceError(problem.message, file=self.file, line=number,
                                  column=problem.pos + 1,
@@ -500,7 +501,7 @@ def _first_line(path: Path) -> str:
 def _column(line: str, key: str) -> int:
     """1-based column of ``key`` on a JSON line (1 when not found)."""
     try:
-        _, _, keys = scan(line, lenient=True)
+        _, _, keys = scan(line, lenient=True, max_depth=MAX_DEPTH)
     except (Located, ValueError, RecursionError):
         return 1
     return keys.get((key,), (1, 1))[1]

@@ -42,7 +42,7 @@ import msgspec
 
 from kvspec.errors import KvspecError
 from kvspec.files import STDIN_NAME, is_stdin, read_text
-from kvspec.jsonpos import Located, scan
+from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
 __all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
            "parse_trace", "prefix_codes", "read_trace", "token_id", "trace_text", "write_trace"]
@@ -134,7 +134,7 @@ _decode = msgspec.json.Decoder().decode
 def _request(line: str, file: str, number: int) -> TraceRequest:
     try:
         obj = _decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # deep nesting: read it strictly
         obj = _strict(line, file, number)  # raises with the position, or reads it
     if obj.__class__ is not dict:
         raise TraceError("a trace line must be a JSON object", file=file, line=number,
@@ -153,7 +153,7 @@ def _strict(line: str, file: str, number: int) -> Any:
     """Read ``line`` strictly (a key twice, NaN, an integer too long are errors)."""
     hint = f"each line is one JSON object, e.g. {_EXAMPLE}"
     try:
-        return scan(line, what="the trace line")[0]
+        return scan(line, what="the trace line", max_depth=MAX_DEPTH)[0]
     except Located as problem:
         raise TraceError(problem.message, file=file, line=number, column=problem.pos + 1,
                          **{"hint": hint, **problem.kw}) from None
@@ -261,7 +261,7 @@ def _column(line: str, key: str | None) -> int:
     if key is None:
         return 1
     try:
-        _, _, keys = scan(line, lenient=True)
+        _, _, keys = scan(line, lenient=True, max_depth=MAX_DEPTH)
     except (Located, ValueError, RecursionError):
         return 1
     return keys.get((key,), (1, 1))[1]
