@@ -217,7 +217,7 @@ def test_descriptor_command(tmp_path: Path) -> None:
     code, out, err = invoke(["descriptor", str(art), "--as", "dynamo"])
     assert (code, out) == (1, "") and "it has 2 groups" in err
     code, _, err = invoke(["descriptor", str(art), "--rank", "2"])
-    assert code == 1 and "not rank 2" in err
+    assert code == 1 and "--rank 2: the deployment has 2 ranks" in err
     code, out, err = invoke(["descriptor", str(art), "--as", "dynamo", "--format", "json"])
     assert (code, err) == (1, "") and json.loads(out)["errors"][0]["path"] == "groups"
     code, out, err = invoke(["descriptor", str(art), "-o", str(tmp_path / "d.json")])

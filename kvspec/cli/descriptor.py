@@ -17,7 +17,7 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
-from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
+from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE
 from kvspec.files import emit
 from kvspec.reports.format import count
 
@@ -59,7 +59,7 @@ def command(artifact: Path, rank: int, num_blocks: int | None, target: str | Non
     names what that format cannot express."""
     # deferred: msgspec (the artifact reader, the descriptor, its exporters) loads when it runs
     from kvspec.artifact import Artifact
-    from kvspec.connectors.describe import check_num_blocks, describe
+    from kvspec.connectors.describe import DescriptorError, check_num_blocks, describe
     from kvspec.connectors.exporters import export
 
     check_output(output, suffixes=(".json",), force=force, parents=parents,
@@ -69,7 +69,7 @@ def command(artifact: Path, rank: int, num_blocks: int | None, target: str | Non
     engine = art.body.engine
     world = engine.tensor_parallel_size * engine.pipeline_parallel_size
     if rank >= world:
-        raise UsageError(f"--rank {rank}: the deployment has {count(world, 'rank')} "
+        raise DescriptorError(f"--rank {rank}: the deployment has {count(world, 'rank')} "
                          f"(tensor {engine.tensor_parallel_size} x pipeline "
                          f"{engine.pipeline_parallel_size})", expected=f"0..{world - 1}",
                          hint="rank = pipeline stage x tensor-parallel size + "
