@@ -34,8 +34,9 @@ def test_the_refusal_still_holds(name: str) -> None:
     done = subprocess.run([sys.executable, str(HERE / "families.py"), name], check=False,
                           capture_output=True, text=True, timeout=900)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("FAMILY ")]
-    assert lines, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(lines[-1].removeprefix("FAMILY "))
-    assert result["served"] is False
+    if lines:
+        assert json.loads(lines[-1].removeprefix("FAMILY "))["served"] is False
+    else:  # the engine core died and took the probe with it before it could report
+        assert done.returncode != 0, done.stdout[-3000:] + done.stderr[-3000:]
     error = families.CASES[name].error
     assert error is not None and error in done.stdout + done.stderr
