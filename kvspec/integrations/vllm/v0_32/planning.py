@@ -25,7 +25,7 @@ from typing import Any
 
 from kvspec.integrations.vllm.v0_33 import specs as vspecs
 from kvspec.integrations.vllm.v0_33.config import planning_config
-from kvspec.integrations.vllm.v0_33.planning import worker_specs
+from kvspec.integrations.vllm.v0_33.planning import settle, worker_specs
 
 __all__ = ["global_groups", "plan", "worker_specs"]
 
@@ -90,39 +90,8 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
     # as the engine core: an attention-free model (no layer planned) gets no memory
     available = [memory if any(workers) else 0] * len(workers)
     configs = core.get_kv_cache_configs(vc, workers, available)
-    result = _settle(vc, configs)
+    result = settle(vc, configs)
     out["groups"] = [vspecs.group_view(g, vc) for g in groups]
     for view, pool_bytes in zip(result["workers"], pool):
         view["pool_bytes_per_block"] = pool_bytes
     return result
-
-
-def _settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
-    # deferred: vLLM (and torch)
-    from vllm.v1.core import kv_cache_utils as U
-    from vllm.v1.engine import core
-
-    sched = core.generate_scheduler_kv_cache_config(configs)
-    kgs = sched.kv_cache_groups
-    concurrency = None  # the engine core asks it only of a model with layers planned
-    if kgs:
-        part = [g.kv_cache_spec.block_size for g in kgs if g.kv_cache_spec.prefix_cacheable]
-        vc.cache_config.block_size = min(part or [g.kv_cache_spec.block_size for g in kgs])
-        core.update_kv_cache_capacity(vc, sched)
-        concurrency = U.get_max_concurrency_for_kv_cache_config(vc, sched)
-    sbs, hbs = core.resolve_kv_cache_block_sizes(sched, vc)
-    workers = [vspecs.config_view(c) for c in configs]
-    return {
-        "num_blocks": sched.num_blocks,
-        "draft_num_blocks": None,
-        "kv_cache_tensors": workers[0]["kv_cache_tensors"],
-        "workers": workers,
-        "scheduler_block_size": sbs,
-        "hash_block_size": hbs,
-        "engine_block_size": vc.cache_config.block_size,
-        "max_concurrency": concurrency,
-        "kv_cache_size_tokens": vc.cache_config.kv_cache_size_tokens,
-        "max_model_len": vc.model_config.max_model_len,
-        "kv_tp_replicas": configs[0].kv_tp_replicas,
-        "kv_cache_layout": vc.cache_config.kv_cache_layout,
-    }

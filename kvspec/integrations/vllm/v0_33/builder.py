@@ -14,7 +14,6 @@ turns vLLM objects into plain data and back.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -23,12 +22,12 @@ from vllm.v1.kv_cache_interface import (
     KVCacheConfig,
     KVCacheGroupSpec,
     KVCacheTensor,
-    UniformTypeKVCacheSpecs,
 )
 
-from kvspec.integrations.vllm.guard import PLAN_NEUTRAL_FIELDS, Expectation
+from kvspec.integrations.vllm.guard import Expectation
 from kvspec.integrations.vllm.v0_33 import specs as vspecs
 from kvspec.integrations.vllm.v0_33.config import settings_of
+from kvspec.integrations.vllm.v0_33.groups import artifact_groups
 
 QUALNAME = f"{__name__}.KvspecBuilder"
 #: Under vLLM's logger, so its handlers show the lines with the engine's own.
@@ -84,30 +83,6 @@ class KvspecBuilder(DefaultKVCacheConfigBuilder):
         if exp.mode != "enforce" or not kv_cache_groups:
             return None
         return exp.bytes_per_block(_names(kv_cache_groups))
-
-
-def artifact_groups(exp: Expectation, specs: dict[str, Any]) -> list[KVCacheGroupSpec]:
-    """The artifact's groups over the layers vLLM passed, with the engine's own
-    per-layer specs (already checked equal) and the artifact's group spec."""
-    out = []
-    for view in exp.expected_groups(specs):
-        names = view["layer_names"]
-        desc = view["spec"]
-        if desc["class"] == "UniformTypeKVCacheSpecs":
-            spec = UniformTypeKVCacheSpecs(block_size=desc["block_size"],
-                                           kv_cache_specs={n: specs[n] for n in names})
-        else:
-            spec = _like_engine(vspecs.materialize(desc), specs[names[0]])
-        out.append(KVCacheGroupSpec(names, spec, is_eagle_group=view["is_eagle_group"]))
-    return out
-
-
-def _like_engine(spec: Any, engine_spec: Any) -> Any:
-    """The artifact's group spec, with the plan-neutral fields the engine set."""
-    fields = {f.name for f in dataclasses.fields(spec) if f.init}
-    keep = {f: getattr(engine_spec, f) for f in PLAN_NEUTRAL_FIELDS
-            if f in fields and hasattr(engine_spec, f)}
-    return dataclasses.replace(spec, **keep) if keep else spec
 
 
 # ---------------------------------------------------------------------------

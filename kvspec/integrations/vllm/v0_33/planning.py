@@ -78,7 +78,7 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
     # as the engine core: an attention-free model (no layer planned) gets no memory
     available = [memory if any(workers) else 0] * len(workers)
     configs = core.get_kv_cache_configs(vc, workers, available, groups)
-    result = _settle(vc, configs)
+    result = settle(vc, configs)
     # at the max_model_len planning settled on (fitted to memory when it was auto),
     # as kvspec reports a group's figures
     out["groups"] = [vspecs.group_view(g, vc) for g in groups]
@@ -87,7 +87,7 @@ def _run(vc: Any, workers: list[dict[str, Any]], memory: int, out: dict[str, Any
     return result
 
 
-def _settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
+def settle(vc: Any, configs: list[Any]) -> dict[str, Any]:
     # deferred: vLLM (and torch)
     from vllm.v1.core import kv_cache_utils as U
     from vllm.v1.engine import core

@@ -26,9 +26,21 @@ from kvspec.sim.trace import TraceRequest, prefix_codes, token_id
 __all__ = ["VllmEngine", "build"]
 
 
+def kv_cache_configs(vc: Any, workers: list[Any], memory: int) -> list[Any]:
+    """The engine core's per-worker KV-cache configs at ``memory`` each (vLLM 0.33 plans
+    the global groups first)."""
+    # deferred: vllm, imported only in its own environment
+    from vllm.v1.engine import core
+
+    groups = core.get_global_kv_cache_groups(vc, workers)
+    return core.get_kv_cache_configs(vc, workers, [memory] * len(workers), groups)
+
+
 def build(settings: dict[str, Any], stages: list[dict[str, dict[str, Any]]], memory: int,
-          num_blocks: int, *, hash_fn: str = "sha256") -> tuple[Any, Any]:
-    """(scheduler, block hasher or None) for the plan of ``stages`` at ``memory``."""
+          num_blocks: int, *, hash_fn: str = "sha256",
+          configs_of: Any = kv_cache_configs) -> tuple[Any, Any]:
+    """(scheduler, block hasher or None) for the plan of ``stages`` at ``memory``;
+    ``configs_of``: the version's :func:`kv_cache_configs`."""
     # deferred: vllm, imported only in its own environment
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core import kv_cache_utils as U
@@ -39,9 +51,7 @@ def build(settings: dict[str, Any], stages: list[dict[str, dict[str, Any]]], mem
     vc, _ = planning_config(settings)
     register_all_kvcache_specs(vc)
     workers = worker_specs(stages)
-    groups = core.get_global_kv_cache_groups(vc, workers)
-    configs = core.get_kv_cache_configs(vc, workers, [memory] * len(workers), groups)
-    config = core.generate_scheduler_kv_cache_config(configs)
+    config = core.generate_scheduler_kv_cache_config(configs_of(vc, workers, memory))
     config.num_blocks = num_blocks
     vc.cache_config.num_gpu_blocks = num_blocks
     cacheable = [g.kv_cache_spec.block_size for g in config.kv_cache_groups
