@@ -6,6 +6,8 @@ orders, engine settings) is declared once."""
 from __future__ import annotations
 
 import ast
+import functools
+import itertools
 import re
 import subprocess
 import sys
@@ -96,6 +98,7 @@ def test_imports_point_down_the_pipeline(path: Path) -> None:
 def test_loading_an_artifact_imports_nothing_of_the_compiler() -> None:
     """``import kvspec.runtime`` and ``kvspec.load(path)`` import neither the planner
     nor the source package, nor PyYAML, Jinja2, click or pydantic (issue 29)."""
+    pytest.importorskip("torch", reason="loading an artifact maps it with torch")
     code = ("import sys, kvspec.runtime, kvspec; "
             "c = kvspec.load('layouts/gemma-3-27b-it.kvlayout.json', device='meta'); "
             "assert c.views; "
@@ -232,6 +235,7 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -
     return out
 
 
+@functools.cache
 def _import_graph() -> dict[str, set[str]]:
     """Which kvspec module imports which: at the top, inside functions and under
     ``TYPE_CHECKING`` alike (a function-level import is still a dependency)."""
@@ -422,3 +426,182 @@ def test_the_artifacts_engine_record_derives_from_the_declaration(source: Path) 
     assert engine.artifact_values(layout.plan.engine, layout.engine) == record
     planned = engine.engine_from_artifact(record)
     assert engine.artifact_values(planned, layout.engine) == record
+
+
+# ---------------------------------------------------------------------------
+# folders: no cycle between them
+# ---------------------------------------------------------------------------
+
+
+def _folder(module: str) -> str:
+    """``kvspec.passes.pool`` -> ``passes``; a top-level module is its own folder."""
+    return module.split(".")[1] if "." in module else module
+
+
+def _top_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when it is loaded: at its top, under ``if`` (also
+    ``TYPE_CHECKING``) or ``try``, never inside a function or class."""
+    out: list[ast.Import | ast.ImportFrom] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            out.append(stmt)
+        elif isinstance(stmt, (ast.If, ast.Try)):
+            todo += stmt.body + stmt.orelse + getattr(stmt, "finalbody", []) + [
+                s for h in getattr(stmt, "handlers", []) for s in h.body]
+    return out
+
+
+@functools.cache
+def _folder_graph(deferred: bool) -> dict[str, dict[str, set[str]]]:
+    """``graph[a][b]``: the modules of folder ``a`` that import folder ``b``, by
+    their top-level imports, and their function-level ones too when ``deferred``."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for name, path in MODULE_NAMES.items():
+        tree = ast.parse(path.read_text())
+        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))] \
+            if deferred else _top_level_imports(tree)
+        edges = graph.setdefault(_folder(name), {})
+        for node in nodes:
+            for target in _targets(node, name, path.name == "__init__.py"):
+                if _folder(target) != _folder(name):
+                    edges.setdefault(_folder(target), set()).add(name)
+    return graph
+
+
+def _cycle_path(graph: dict[str, dict[str, set[str]]], component: list[str]) -> str:
+    """One shortest cycle through the component's first folder, each step with a
+    module that makes it: ``passes -(kvspec.passes.pool)-> pooling -(...)-> passes``."""
+    start, inside = component[0], set(component)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        folder = todo.pop(0)
+        for nxt in sorted(set(graph.get(folder, {})) & inside):
+            if nxt == start:
+                steps = paths[folder] + [start]
+                return " ".join(f"{a} -({min(graph[a][b])})->" for a, b in
+                                itertools.pairwise(steps)) + f" {start}"
+            if nxt not in paths:
+                paths[nxt] = paths[folder] + [nxt]
+                todo.append(nxt)
+    raise AssertionError(f"no cycle through {start}")
+
+
+@functools.cache
+def _folder_cycles(deferred: bool) -> dict[tuple[str, ...], str]:
+    """Each cycle between folders (a strongly connected component), with one path
+    through it. With ``deferred``, only those the top-level imports do not make."""
+    graph = _folder_graph(deferred)
+    plain = {n: set(e) for n, e in graph.items()}
+    found = {tuple(c): _cycle_path(graph, c) for c in _cycles(plain)}
+    return {c: p for c, p in found.items() if c not in _folder_cycles(False)} \
+        if deferred else found
+
+
+#: The folder cycles of today, each to be removed (issue 37). Whoever removes one
+#: removes its entry: the strict xfail then passes no longer.
+KNOWN_FOLDER_CYCLES = [
+    # model/plan.py holds artifact.format's Budget record
+    ("top-level", ("artifact", "model")),
+    # the pool pass calls pooling/, which runs the passes again (issue 37, finding 1)
+    ("top-level", ("passes", "pooling")),
+    # runtime.loader defers kvspec.compiled (load(replan=True)), which plans with pooling/
+    ("deferred", ("compiled", "passes", "pooling", "runtime", "sim")),
+]
+
+
+@pytest.mark.parametrize("imports", ["top-level", "deferred"])
+def test_folders_form_no_cycle_but_the_known_ones(imports: str) -> None:
+    """Folders (``kvspec/<folder>/`` and top-level modules) import one another
+    without a cycle: by the imports a module runs when loaded, and again counting
+    the function-level imports that defer a heavy dependency (a deferred import
+    still depends: it only loads later)."""
+    found = _folder_cycles(imports == "deferred")
+    known = {c for kind, c in KNOWN_FOLDER_CYCLES if kind == imports}
+    new = [path for c, path in found.items() if c not in known]
+    assert new == [], "folder cycles: " + "; ".join(new)
+
+
+@pytest.mark.parametrize(
+    ("imports", "cycle"),
+    [pytest.param(kind, c, marks=pytest.mark.xfail(strict=True, reason="a known cycle"))
+     for kind, c in KNOWN_FOLDER_CYCLES],
+    ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
+def test_a_known_folder_cycle_is_gone(imports: str, cycle: tuple[str, ...]) -> None:
+    found = _folder_cycles(imports == "deferred")
+    assert cycle not in found, found.get(cycle)
+
+
+def test_the_folder_graph_counts_top_level_and_deferred_imports() -> None:
+    top, deferred = _folder_graph(False), _folder_graph(True)
+    assert "kvspec.passes.pool" in top["passes"]["pooling"]
+    assert "compiled" not in top["runtime"]  # load(replan=True) defers it
+    assert "kvspec.runtime.loader" in deferred["runtime"]["compiled"]
+
+
+# ---------------------------------------------------------------------------
+# the format boundary: downstream of freeze, read the frozen format (STYLE.md 16)
+# ---------------------------------------------------------------------------
+
+#: What only the compiler side may import: the planner, the passes, the planner's
+#: internal plan, and the bridge that re-plans an artifact into it.
+PLANNING = ("kvspec.planner", "kvspec.passes", "kvspec.model.plan", "kvspec.compiled")
+#: Where proving the plan is the point: re-planning stays there (issue 37).
+PROVING = ("kvspec.reports.diff", "kvspec.reports.refview", "kvspec.integrations.vllm.verify",
+           *(f"kvspec.cli.{c}" for c in ("compile", "validate", "check", "verify", "diff",
+                                         "init", "import_")))
+
+
+def _plugin_path() -> set[str]:
+    """The kvspec.integrations modules the vLLM plugin's entry point reaches."""
+    graph, seen, todo = _import_graph(), set(), ["kvspec.integrations.vllm.plugin"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += [m for m in graph[module] if m.startswith("kvspec.integrations.")]
+    return seen
+
+
+def _downstream() -> list[str]:
+    """The modules that read an artifact after freeze: the runtime, the simulator,
+    the connectors, the vLLM plugin's path and engine-args, SGLang, the reports and
+    the CLI commands, but for the proving ones (:data:`PROVING`)."""
+    roots = ("kvspec.runtime", "kvspec.sim", "kvspec.connectors", "kvspec.integrations.sglang",
+             "kvspec.reports", "kvspec.cli")
+    named = {m for m in MODULE_NAMES if m.startswith(roots)} | _plugin_path() | {
+        "kvspec.integrations.vllm.engine_args"}
+    return sorted(m for m in named if not m.startswith(PROVING))
+
+
+#: Downstream modules that import the planning side today (issue 37, finding 2).
+#: Whoever moves one onto the frozen format removes it here.
+BOUNDARY_OFFENDERS = {
+    "kvspec.cli.engine_args", "kvspec.cli.plan", "kvspec.cli.simulate",
+    "kvspec.integrations.sglang.server_args", "kvspec.integrations.vllm.by_design",
+    "kvspec.integrations.vllm.engine_args", "kvspec.integrations.vllm.frozen",
+    "kvspec.integrations.vllm.guard", "kvspec.reports.explain.blockmap",
+    "kvspec.reports.explain.capacity", "kvspec.reports.explain.report",
+    "kvspec.reports.explain.subject", "kvspec.reports.summary", "kvspec.runtime.loader",
+    "kvspec.runtime.manager.adapter",
+}
+
+
+@pytest.mark.parametrize("module", [
+    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="reads the internal plan"))
+    if m in BOUNDARY_OFFENDERS else m for m in _downstream()])
+def test_downstream_of_freeze_nothing_imports_the_planner(module: str) -> None:
+    """At the top or inside a function alike: a deferred import of the planner is
+    still a second plan vocabulary downstream of the artifact."""
+    planning = sorted(m for m in _import_graph()[module] if m.startswith(PLANNING))
+    assert planning == [], f"{module} imports {planning}: read kvspec.artifact.format"
+
+
+def test_the_boundary_knows_its_downstream() -> None:
+    downstream = set(_downstream())
+    assert BOUNDARY_OFFENDERS.issubset(downstream)
+    assert {"kvspec.integrations.vllm.guard", "kvspec.runtime.loader",
+            "kvspec.sim.engine"} <= downstream
+    assert not downstream & {"kvspec.cli.check", "kvspec.reports.diff", "kvspec.compiler"}
