@@ -639,7 +639,7 @@ def save(result: dict[str, Any], args: argparse.Namespace, text: str) -> None:
                    "\0")) + " (in a directory holding tests/fuzz/generators.py's CLI_FILES)",
                "vllm": f"kvspec verify {path} --against vllm (in the vLLM venv)",
                "valid": f"python -c \"import kvspec; a = kvspec.compile('{path}'); "
-                        "from kvspec.artifact.invariants import check_artifact; "
+                        "from tests.invariants import check_artifact; "
                         "print(check_artifact(a)); kvspec.load(a, device='meta', "
                         "num_blocks=a.min_num_blocks())\""}[e["kind"]]
         index.append(f"{path.name}\n  class: {e['signature']}\n  found: {e['count']} times\n"

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.artifact.invariants import check_artifact
 from kvspec.compiler import Planned, SourceText, compile_source, run_until
 from kvspec.errors import KvspecError
 from kvspec.integrations.dump.importer import dump_to_yaml
 from kvspec.planner import size_plan
 from tests.conformance.harness import case_names, compare
 from tests.conformance.harness import load as load_case
+from tests.invariants import check_artifact
 
 CASES = case_names()
 

@@ -7,9 +7,9 @@ import re
 import pytest
 import yaml
 
-from kvspec.artifact.invariants import check_layout
 from kvspec.compiler import compile_source
 from tests.conftest import ROOT
+from tests.invariants import check_layout
 
 BLOCK = re.compile(r"```yaml\n(.*?)```", re.DOTALL)
 

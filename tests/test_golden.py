@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.artifact.invariants import check_artifact
 from kvspec.compiler import compile
 from tests.conftest import ROOT, check_golden
+from tests.invariants import check_artifact
 
 GOLDEN = ROOT / "tests" / "golden"
 SOURCES = sorted(GOLDEN.glob("*.yaml"))

@@ -9,13 +9,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kvspec.artifact.invariants import check_artifact
 from kvspec.cli import cli
 from kvspec.compiler import compile as compile_file
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError, UsageError
 from kvspec.integrations.hf.families import SUPPORTED_FAMILIES, describe
 from tests.conftest import ROOT, invoke
+from tests.invariants import check_artifact
 from tests.test_hf_families import JAMBA_DEFAULTS
 
 DATA = ROOT / "tests" / "data" / "hf"

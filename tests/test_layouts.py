@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvspec.artifact.invariants import check_artifact
 from kvspec.cli.check import artifact_path, check_pair, check_paths
 from kvspec.compiler import compile as compile_file
 from tests.conftest import ROOT
+from tests.invariants import check_artifact
 
 LAYOUTS = ROOT / "layouts"
 SOURCES = sorted(LAYOUTS.glob("*.yaml"))

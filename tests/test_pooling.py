@@ -11,12 +11,12 @@ import msgspec
 import pytest
 import yaml
 
-from kvspec.artifact.invariants import block_overlaps, check_artifact
 from kvspec.compiled import read, verified
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
 from kvspec.pooling.decide import TIE
 from tests.conftest import ROOT, invoke
+from tests.invariants import block_overlaps, check_artifact
 
 torch = pytest.importorskip("torch")
 

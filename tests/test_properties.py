@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvspec.artifact import Artifact
-from kvspec.artifact.invariants import check_artifact
 from kvspec.compiler import Planned, SourceText, compile_source, run_until
 from kvspec.errors import KvspecError
 from kvspec.planner import size_plan
+from tests.invariants import check_artifact
 
 KINDS = {
     "full": lambda d: {"kind": "full_attention"},

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kvspec.artifact.invariants import check_artifact
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
 from kvspec.model import quant as q
 from kvspec.model.specs import MLA, FullAttention
+from tests.invariants import check_artifact
 
 LLAMA = """kvspec: 1
 name: llama-quant

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.artifact.invariants import block_overlaps, check_layout
 from kvspec.compiler import compile, compile_source
 from kvspec.errors import PlanError
 from tests.conftest import ROOT
+from tests.invariants import block_overlaps, check_layout
 
 ORDERS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 

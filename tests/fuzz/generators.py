@@ -1306,7 +1306,7 @@ def _probe_counts(layout: Any, st: Any, n0: int, cap: int = 60_000) -> list[int]
     """Block counts to check the block-id property at: a few small ones, the
     smallest that serves and two larger -- those whose pages stay under ``cap``
     contiguous runs."""
-    from kvspec.artifact.invariants import geometries
+    from tests.invariants import geometries
     runs = 0
     for t in st.tensors:
         for g in geometries(layout, st, t, 2):
@@ -1391,8 +1391,8 @@ def _has_torch() -> bool:
 
 def _check_compiled(out: Outcome, art: Any, load: bool | None) -> None:
     from kvspec.artifact import Artifact
-    from kvspec.artifact.invariants import block_overlaps, check_artifact
     from kvspec.errors import KvspecError
+    from tests.invariants import block_overlaps, check_artifact
 
     layout = art.layout
     problems = list(check_artifact(art))

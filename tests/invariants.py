@@ -1,4 +1,5 @@
-"""The artifact invariant checker (DESIGN.md, "Invariants every artifact satisfies").
+"""The artifact invariant checker the tests run after every compile (DESIGN.md,
+"Invariants every artifact satisfies").
 
 ``check_layout`` returns every violation it finds (empty: the layout is
 sound); the tests run it after every compile.
