@@ -101,11 +101,14 @@ class KvspecError(Exception):
     def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
                  column: int | None = None, path: str | None = None,
                  expected: str | None = None, found: str | None = None,
-                 hint: str | None = None, ref: Ref | None = None, **extra: Any) -> None:
+                 hint: str | None = None, ref: Ref | None = None) -> None:
         super().__init__(message)
-        fields = {"message": message, "location": Location(file, line, column, path),
-                  "expected": expected, "found": found, "hint": hint, "ref": ref,
-                  "extra": dict(extra)}
+        self._set(message=message, location=Location(file, line, column, path),
+                  expected=expected, found=found, hint=hint, ref=ref)
+
+    def _set(self, **fields: Any) -> None:
+        """Give the fields their values, once, while the error is made: a subclass
+        declares its own fields with their types and sets them here too."""
         self.__dict__.update(fields)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -146,12 +149,6 @@ class KvspecError(Exception):
     def layer(self) -> str | None:
         """The layer the problem is about, if it is about one."""
         return self.ref.name if isinstance(self.ref, LayerRef) else None
-
-    def __getattr__(self, name: str) -> Any:
-        extra = self.__dict__.get("extra", {})
-        if name in extra:
-            return extra[name]
-        raise AttributeError(name)
 
     # -- new errors from this one ----------------------------------------------
     def replace(self, **changes: Any) -> KvspecError:
@@ -234,15 +231,23 @@ PLANNER_BUG = ("kvspec planned something it cannot lay out: please report it wit
 class NotEnoughMemoryError(PlanError):
     """One request at ``max_model_len`` does not fit the memory budget.
 
-    Carries ``needed_bytes``, ``available_bytes``, ``max_model_len`` and
-    ``estimated_max_model_len`` (the longest length that fits).
+    >>> err = NotEnoughMemoryError("no room", needed_bytes=2, available_bytes=1,
+    ...                            max_model_len=8, estimated_max_model_len=4, hint="...")
+    >>> err.estimated_max_model_len, err.replace(hint="more memory").needed_bytes
+    (4, 2)
     """
+
+    needed_bytes: int
+    available_bytes: int
+    max_model_len: int
+    #: The longest length that fits.
+    estimated_max_model_len: int
 
     def __init__(self, message: str, *, needed_bytes: int, available_bytes: int,
                  max_model_len: int, estimated_max_model_len: int, **kwargs: Any) -> None:
-        super().__init__(message, needed_bytes=needed_bytes, available_bytes=available_bytes,
-                         max_model_len=max_model_len,
-                         estimated_max_model_len=estimated_max_model_len, **kwargs)
+        super().__init__(message, **kwargs)
+        self._set(needed_bytes=needed_bytes, available_bytes=available_bytes,
+                  max_model_len=max_model_len, estimated_max_model_len=estimated_max_model_len)
 
 
 class ArtifactError(KvspecError):
@@ -258,22 +263,24 @@ class UsageError(KvspecError):
 class ErrorList(KvspecError):
     """Several problems found together; validation reports all of them at once."""
 
-    def __init__(self, errors: Sequence[KvspecError]) -> None:
-        errors = list(errors)
+    errors: tuple[KvspecError, ...]
+
+    def __init__(self, errors: Iterable[KvspecError]) -> None:
+        errors = tuple(errors)
         first = errors[0]
         super().__init__(first.message if len(errors) == 1 else f"{len(errors)} problems found",
-                         file=first.file, errors=tuple(errors))
+                         file=first.file)
+        self._set(errors=tuple(errors))
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]
-        errors: tuple[KvspecError, ...] = self.extra["errors"]
-        return max(e.exit_code for e in errors)
+        return max(e.exit_code for e in self.errors)
 
     def render(self) -> str:
-        return "\n".join(err.render() for err in self.extra["errors"])
+        return "\n".join(err.render() for err in self.errors)
 
     def as_dict(self) -> dict[str, object]:
-        return {"type": "ErrorList", "errors": [e.as_dict() for e in self.extra["errors"]]}
+        return {"type": "ErrorList", "errors": [e.as_dict() for e in self.errors]}
 
 
 def raise_all(errors: Iterable[KvspecError]) -> None:

@@ -40,3 +40,31 @@ def test_usage_error_exits_2() -> None:
     code, _, err = invoke(["plan", "layouts/llama-3.1-8b.yaml", "--memory", "lots"])
     assert code == 2
     assert "--memory: cannot read 'lots' as a size" in err
+
+
+# -- the error's fields are typed attributes ------------------------------------
+
+
+def test_an_errors_fields_are_typed_attributes_and_survive_copies() -> None:
+    import pickle
+    import typing
+
+    from kvspec.errors import ErrorList, KvspecError, NotEnoughMemoryError, UsageError
+
+    err = NotEnoughMemoryError("no room", needed_bytes=2, available_bytes=1, max_model_len=8,
+                               estimated_max_model_len=4, hint="give it more memory")
+    assert "__getattr__" not in vars(KvspecError)
+    hints = typing.get_type_hints(NotEnoughMemoryError)
+    assert all(hints[f] is int for f in ("needed_bytes", "available_bytes", "max_model_len",
+                                         "estimated_max_model_len"))
+    for copy in (err.replace(hint="more"), err.as_type(UsageError),
+                 pickle.loads(pickle.dumps(err))):
+        assert (copy.needed_bytes, copy.estimated_max_model_len) == (2, 4)  # type: ignore[attr-defined]
+    both = ErrorList([err, KvspecError("other", hint="h")])
+    assert both.errors[0] is err and pickle.loads(pickle.dumps(both)).render() == both.render()
+    with pytest.raises(AttributeError):
+        KvspecError("plain", hint="h").needed_bytes  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(TypeError):
+        KvspecError("no such field", hint="h", needed_bytes=2)  # type: ignore[call-arg]
+    with pytest.raises(AttributeError, match="immutable"):
+        err.needed_bytes = 3  # type: ignore[misc]

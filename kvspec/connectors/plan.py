@@ -61,6 +61,13 @@ _FORMAT_HINT = "make the plan again with `kvspec transfer SRC DST --format json`
 class TransferPlanError(KvspecError):
     """A transfer plan is malformed, or does not fit the caches or blocks it is applied to."""
 
+    #: The path into the plan's JSON the problem is at (``()``: none).
+    where: tuple[str | int, ...]
+
+    def __init__(self, message: str, *, where: tuple[str | int, ...] = (), **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self._set(where=where)
+
 
 class PlanFormatError(TransferPlanError):
     """A plan's JSON or fields are not a valid plan."""
@@ -252,14 +259,14 @@ class TransferPlan:
         try:
             return _read_plan(data)
         except TransferPlanError as err:
-            raise err.at(_position(text, file, err.extra.get("at", ()))) from None
+            raise err.at(_position(text, file, err.where)) from None
 
 
 # -- checks ----------------------------------------------------------------------
 
 
 def _bad(cls: type[TransferPlanError], message: str, at: tuple, **kw: Any) -> TransferPlanError:
-    return cls(message, path=format_path(at), at=at, **{"hint": _FORMAT_HINT, **kw})
+    return cls(message, path=format_path(at), where=at, **{"hint": _FORMAT_HINT, **kw})
 
 
 def _check(plan: TransferPlan) -> None:
