@@ -68,3 +68,18 @@ def test_an_errors_fields_are_typed_attributes_and_survive_copies() -> None:
         KvspecError("no such field", hint="h", needed_bytes=2)  # type: ignore[call-arg]
     with pytest.raises(AttributeError, match="immutable"):
         err.needed_bytes = 3  # type: ignore[misc]
+
+
+def test_a_missing_view_is_a_kvspec_error_and_still_a_key_error() -> None:
+    """``cache.kv`` and ``cache.parts`` raise a located, hinted error, and keep the
+    mapping protocol (``.get`` answers ``None``)."""
+    pytest.importorskip("torch", reason="the views are torch tensors")
+    from kvspec.errors import KvspecError
+    from kvspec.runtime.views import CellParts, KVViews
+
+    for views in (KVViews({}, {}), CellParts({}, {})):
+        assert views.get("layers.0") is None and "layers.0" not in views
+        with pytest.raises(KvspecError) as caught:
+            views["layers.0"]
+        assert isinstance(caught.value, KeyError) and caught.value.hint
+        assert caught.value.render().startswith("kvspec: error: ")

@@ -181,9 +181,17 @@ def split_kv(view: torch.Tensor, meta: LayerMeta) -> tuple[torch.Tensor, torch.T
         V = view[..., head_size:]      # (B, H, N, head_size_v), storage_offset + head_size
     """
     if meta.head_size is None:
-        raise KeyError(f"layer {meta.name} ({meta.kind}) does not store K and V side by "
-                       "side in its cells (MLA latents, state layers and packed cells do not)")
+        raise NoView(f"layer {meta.name} ({meta.kind}) does not store K and V side by "
+                     "side in its cells (MLA latents, state layers and packed cells do not)",
+                     hint="read its whole view (cache.views[layer]), or its cell parts "
+                          "(cache.parts[layer]) where it names them")
     return view[..., :meta.head_size], view[..., meta.head_size:]
+
+
+class NoView(KvspecError, KeyError):
+    """A layer has no view of the kind asked for (K and V, cell parts). A
+    ``KeyError`` too, so ``cache.kv`` and ``cache.parts`` keep the mapping
+    protocol (``.get``, ``in``)."""
 
 
 #: Kernel conventions and the order of the ``[B, H, N, C]`` axes they take.
@@ -239,7 +247,8 @@ class KVViews(Mapping[str, tuple[torch.Tensor, torch.Tensor]]):
         made = self._made.get(name)
         if made is None:
             if name not in self._meta:
-                raise KeyError(f"no layer {name!r} in this stage's views")
+                raise NoView(f"no layer {name!r} in this stage's views",
+                             hint="list(cache.kv) names the layers with K and V views")
             made = self._made[name] = split_kv(self._views[name], self._meta[name])
         return made
 
@@ -349,7 +358,9 @@ class CellParts(Mapping[str, Mapping[str, torch.Tensor]]):
         made = self._made.get(name)
         if made is None:
             if name not in self._parts:
-                raise KeyError(f"layer {name!r} has no addressable cell parts")
+                raise NoView(f"layer {name!r} has no addressable cell parts",
+                             hint="list(cache.parts) names the layers that have them; view "
+                                  "the raw bytes otherwise (cache.views[layer].view(torch.int8))")
             made = self._made[name] = {p.name: part_view(self._views[name], p)
                                        for p in self._parts[name] or ()}
         return made
