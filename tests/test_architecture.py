@@ -23,7 +23,7 @@ PACKAGE = ROOT / "kvspec"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 #: Modules every package may import.
-COMMON = ("_version", "errors", "files", "collector", "jsonpos")
+COMMON = ("_version", "errors", "files", "collector", "jsonpos", "notes")
 #: What each package may import from kvspec (besides itself and :data:`COMMON`).
 ALLOWED = {
     "model": {"model", "artifact.format"},  # the plan holds the format's Budget record
@@ -66,7 +66,9 @@ def _package(path: Path) -> str:
 def _kvspec_imports(path: Path) -> list[tuple[int, str]]:
     out = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        if isinstance(node, ast.ImportFrom) and node.module == "kvspec":
+            names = [f"kvspec.{a.name}" for a in node.names]  # from kvspec import notes
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
