@@ -1,7 +1,8 @@
 """The package layout holds (docs/architecture.md): imports point down the pipeline
-and form no cycle, a function-level import defers a heavy dependency and says
-which, modules and functions stay small, and each vocabulary (layer kinds, axis
-orders, engine settings) is declared once."""
+and form no cycle, between modules or between folders; downstream of freeze
+nothing imports the planner; a function-level import defers a heavy dependency and
+says which; modules and functions stay small; and each vocabulary (layer kinds,
+axis orders, engine settings) is declared once."""
 
 from __future__ import annotations
 
