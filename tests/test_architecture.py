@@ -503,6 +503,11 @@ def _folder_cycles(deferred: bool) -> dict[tuple[str, ...], str]:
         if deferred else found
 
 
+def _known(reason: str) -> pytest.MarkDecorator:
+    """A known offender: its check fails today, and once it passes the entry must go."""
+    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
+
+
 #: The folder cycles of today, each to be removed (issue 37). Whoever removes one
 #: removes its entry: the strict xfail then passes no longer.
 KNOWN_FOLDER_CYCLES = [
@@ -529,8 +534,7 @@ def test_folders_form_no_cycle_but_the_known_ones(imports: str) -> None:
 
 @pytest.mark.parametrize(
     ("imports", "cycle"),
-    [pytest.param(kind, c, marks=pytest.mark.xfail(strict=True, reason="a known cycle"))
-     for kind, c in KNOWN_FOLDER_CYCLES],
+    [pytest.param(kind, c, marks=_known("a known cycle")) for kind, c in KNOWN_FOLDER_CYCLES],
     ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
 def test_a_known_folder_cycle_is_gone(imports: str, cycle: tuple[str, ...]) -> None:
     found = _folder_cycles(imports == "deferred")
@@ -593,8 +597,8 @@ BOUNDARY_OFFENDERS = {
 
 
 @pytest.mark.parametrize("module", [
-    pytest.param(m, marks=pytest.mark.xfail(strict=True, reason="reads the internal plan"))
-    if m in BOUNDARY_OFFENDERS else m for m in _downstream()])
+    pytest.param(m, marks=_known("reads the internal plan")) if m in BOUNDARY_OFFENDERS else m
+    for m in _downstream()])
 def test_downstream_of_freeze_nothing_imports_the_planner(module: str) -> None:
     """At the top or inside a function alike: a deferred import of the planner is
     still a second plan vocabulary downstream of the artifact."""
