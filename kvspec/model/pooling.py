@@ -15,9 +15,9 @@ sharing), from which a seeded synthetic trace is drawn.
 This module declares pooling once, as :mod:`kvspec.model.engine` declares the
 engine settings: its enumerations are the ``Literal`` types below, and each field
 of :class:`Workload` and :class:`Pooling` carries its default and the line that
-describes it. The source schema (:mod:`kvspec.source.schema`), the artifact's
-pooling record (:mod:`kvspec.artifact.format`) and the CLI take them from here
-(:func:`declared`).
+describes it (:func:`declared`). The source schema (:mod:`kvspec.source.schema`)
+and the artifact's pooling record (:mod:`kvspec.artifact.format`) take them from
+here.
 
 >>> Workload(context=Lengths(2048), output=Lengths(256)).held_tokens
 2176
@@ -36,8 +36,8 @@ from typing import Any, Literal, get_args
 
 from kvspec.model.workloads import DEFAULT_STEP_MS, TraceFormat
 
-__all__ = ["ONE_SHARED_POOL", "POLICIES", "RUNTIMES", "SERVE_SEPARATE", "Lengths", "PlanPolicy",
-           "Policy", "Pooling", "PoolingRef", "Runtime", "TimeUnit", "Workload", "declared"]
+__all__ = ["ONE_SHARED_POOL", "POLICIES", "SERVE_SEPARATE", "Lengths", "PlanPolicy", "Policy",
+           "Pooling", "PoolingRef", "Runtime", "TimeUnit", "Workload", "declared"]
 
 #: The pooling policy a source asks for, in documentation order.
 Policy = Literal["unified", "separate", "auto"]
@@ -49,7 +49,6 @@ Runtime = Literal["vllm", "kvspec"]
 #: The unit of a ``lengths`` trace's times.
 TimeUnit = Literal["s", "ms"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
-RUNTIMES: tuple[Runtime, ...] = get_args(Runtime)
 #: Why vLLM 0.33 cannot hold a plan of several pools (``engine-args``, the plugin's
 #: guard and the exporters of caches vLLM holds all say it in these words).
 ONE_SHARED_POOL = ("vLLM 0.33 keeps every group in one shared pool with one page size, so "
