@@ -24,7 +24,7 @@ from kvspec.compiler import compile_source
 from kvspec.errors import ArtifactError, KvspecError
 from kvspec.files import MAX_MEMORY, size_bytes
 from kvspec.integrations.dump.importer import dump_to_yaml
-from kvspec.model.pooling import Pooling, Workload
+from kvspec.model.pooling import Lengths, Pooling, Workload
 from kvspec.model.workloads import FORMATS, TraceFormat
 from kvspec.reports.schemas import (
     SCHEMA_DIALECT,
@@ -34,6 +34,9 @@ from kvspec.reports.schemas import (
     render,
     source_schema,
 )
+from kvspec.source.document import parse_yaml
+from kvspec.source.parse import parse_source
+from kvspec.source.pooling import pooling_of
 from kvspec.source.schema import PoolingPolicy, WorkloadSpec
 from tests.conftest import CONFORMANCE, ROOT, invoke
 
@@ -86,6 +89,28 @@ def test_the_source_pooling_fields_are_the_models(model: type, source: Any,
         assert (given.default, given.description) == (f.default, f.metadata["doc"]), f.name
     tried = ", ".join(map(str, Pooling().block_sizes))  # 16, 32, 64, 128
     assert f"(default {tried})" in (PoolingPolicy.model_fields["block_sizes"].description or "")
+
+
+POOLING = """
+pooling:
+  policy: auto
+  serve_with: kvspec
+  max_groups: 3
+  block_sizes: [64, 32, 32]
+  workload: {context_tokens: 1000, output_tokens: 100, concurrency: 8, draft_tokens: 2,
+             prefix_sharing: 0.5, prefix_tokens: 128, requests: 50, seed: 3, step_ms: 10.0}
+"""
+
+
+def test_the_source_pooling_section_is_carried_to_the_model_field_by_field() -> None:
+    text = (ROOT / "layouts" / "llama-3.1-8b.yaml").read_text() + POOLING
+    doc = parse_yaml(text, "llama.yaml")
+    workload = Workload(context=Lengths(1000), output=Lengths(100), concurrency=8,
+                        draft_tokens=2, prefix_sharing=0.5, prefix_tokens=128, requests=50,
+                        seed=3, step_ms=10.0)
+    assert pooling_of(parse_source(doc), doc) == Pooling(
+        policy="auto", serve_with="kvspec", workload=workload, max_groups=3,
+        block_sizes=(32, 64))
 
 
 def test_the_trace_formats_are_listed_in_their_literals_order() -> None:
