@@ -106,28 +106,30 @@ def _check_workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]
                                      "traffic, or a JSONL trace of it"))
 
 
+def _beside(doc: Document, path: str | None) -> str | None:
+    """``path`` as the source gives it (relative to its directory), from here."""
+    if path is None:
+        return None
+    base = Path(doc.file).parent if doc.file and not doc.file.startswith("<") else Path(".")
+    return str(base / path)
+
+
 def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> Workload:
     _check_workload(spec, doc, errors)
-    c = spec.columns
-    columns = (c.prompt, c.output, c.time, c.time_unit) if c else None
+    at = ("pooling", "workload")
+    context = output = Lengths(1)  # a trace's are read from it
     if spec.preset is not None:
         means = dict(PRESETS[spec.preset].stated)
-        return _carried(spec, Workload, context=Lengths(round(means["prompt_mean"])),
-                        output=Lengths(round(means["output_mean"])), columns=columns)
-    if spec.trace is not None:
-        base = Path(doc.file).parent if doc.file and not doc.file.startswith("<") \
-            else Path(".")
-        return _carried(spec, Workload, context=Lengths(1), output=Lengths(1),
-                        trace=str(base / spec.trace), trace_format=spec.format,
-                        columns=columns)
-    if spec.context_tokens is None or spec.output_tokens is None:  # (an error above)
-        return Workload(context=Lengths(1), output=Lengths(1))
-    at = ("pooling", "workload")
-    return _carried(
-        spec, Workload,
-        context=_lengths(spec.context_tokens, doc, (*at, "context_tokens"), errors),
-        output=_lengths(spec.output_tokens, doc, (*at, "output_tokens"), errors),
-        columns=columns)
+        context = Lengths(round(means["prompt_mean"]))
+        output = Lengths(round(means["output_mean"]))
+    elif spec.trace is None and spec.context_tokens is not None \
+            and spec.output_tokens is not None:
+        context = _lengths(spec.context_tokens, doc, (*at, "context_tokens"), errors)
+        output = _lengths(spec.output_tokens, doc, (*at, "output_tokens"), errors)
+    c = spec.columns
+    return _carried(spec, Workload, context=context, output=output,
+                    trace=_beside(doc, spec.trace), trace_format=spec.format,
+                    columns=(c.prompt, c.output, c.time, c.time_unit) if c else None)
 
 
 def pooling_of(source: Source, doc: Document,
