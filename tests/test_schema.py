@@ -7,8 +7,9 @@ import copy
 import json
 import math
 from collections import Counter
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import jsonschema
 import pytest
@@ -23,6 +24,8 @@ from kvspec.compiler import compile_source
 from kvspec.errors import ArtifactError, KvspecError
 from kvspec.files import MAX_MEMORY, size_bytes
 from kvspec.integrations.dump.importer import dump_to_yaml
+from kvspec.model.pooling import Lengths, Pooling, Workload
+from kvspec.model.workloads import FORMATS, TraceFormat
 from kvspec.reports.schemas import (
     SCHEMA_DIALECT,
     StaleSchemaError,
@@ -31,6 +34,10 @@ from kvspec.reports.schemas import (
     render,
     source_schema,
 )
+from kvspec.source.document import parse_yaml
+from kvspec.source.parse import parse_source
+from kvspec.source.pooling import pooling_of
+from kvspec.source.schema import PoolingPolicy, WorkloadSpec
 from tests.conftest import CONFORMANCE, ROOT, invoke
 
 SCHEMAS = ROOT / "schemas"
@@ -66,6 +73,48 @@ def test_source_schema_describes_the_source_model() -> None:
     assert {"block_size", "max_model_len", "memory", "layout", "hybrid"} <= set(engine)
     # sizes may be written as bytes or as '40GiB'
     assert {t.get("type") for t in engine["memory"]["anyOf"]} == {"string", "integer", "null"}
+
+
+@pytest.mark.parametrize("model,source,renamed", [
+    (Workload, WorkloadSpec, {"trace_format": "format"}), (Pooling, PoolingPolicy, {})])
+def test_the_source_pooling_fields_are_the_models(model: type, source: Any,
+                                                  renamed: dict[str, str]) -> None:
+    """Pooling is declared once (kvspec.model.pooling): each field the source takes
+    has the model field's default and doc line (block_sizes aside: the source's None
+    stands for the model's default)."""
+    declared = [f for f in fields(model) if "doc" in f.metadata]
+    assert declared
+    for f in declared:
+        given = source.model_fields[renamed.get(f.name, f.name)]
+        assert (given.default, given.description) == (f.default, f.metadata["doc"]), f.name
+    tried = ", ".join(map(str, Pooling().block_sizes))  # 16, 32, 64, 128
+    assert f"(default {tried})" in (PoolingPolicy.model_fields["block_sizes"].description or "")
+
+
+POOLING = """
+pooling:
+  policy: auto
+  serve_with: kvspec
+  max_groups: 3
+  block_sizes: [64, 32, 32]
+  workload: {context_tokens: 1000, output_tokens: 100, concurrency: 8, draft_tokens: 2,
+             prefix_sharing: 0.5, prefix_tokens: 128, requests: 50, seed: 3, step_ms: 10.0}
+"""
+
+
+def test_the_source_pooling_section_is_carried_to_the_model_field_by_field() -> None:
+    text = (ROOT / "layouts" / "llama-3.1-8b.yaml").read_text() + POOLING
+    doc = parse_yaml(text, "llama.yaml")
+    workload = Workload(context=Lengths(1000), output=Lengths(100), concurrency=8,
+                        draft_tokens=2, prefix_sharing=0.5, prefix_tokens=128, requests=50,
+                        seed=3, step_ms=10.0)
+    assert pooling_of(parse_source(doc), doc) == Pooling(
+        policy="auto", serve_with="kvspec", workload=workload, max_groups=3,
+        block_sizes=(32, 64))
+
+
+def test_the_trace_formats_are_listed_in_their_literals_order() -> None:
+    assert tuple(FORMATS) == get_args(TraceFormat)
 
 
 def test_artifact_schema_describes_affine_byte_forms() -> None:

@@ -133,6 +133,31 @@ def test_uniform_type_page_is_the_sum() -> None:
     assert u is not None and u.page_size_bytes == 64 * 656 + 16 * 132
 
 
+#: request_blocks: (spec, blocks one request at E.max_model_len takes) -- the one rule
+#: every caller (plan groups, separate pools, state slots, pooling figures) uses.
+REQUEST_BLOCKS = [
+    (FullAttention(**ATTN), 512),                                   # 8192 / 16
+    (SlidingWindow(**ATTN, sliding_window=1024), 321),              # (1023 + 4096) / 16 + 1
+    (ChunkedLocal(**ATTN, attention_chunk_size=1024), 320),         # (1024 + 4096) / 16
+    (CrossAttention(**ATTN), 94),                                   # cdiv(1500, 16)
+    (MambaState(block_size=256, shapes=((3, 1024),), dtypes=("bfloat16",)), 1),
+]
+
+
+@pytest.mark.parametrize("spec,blocks", REQUEST_BLOCKS)
+def test_request_blocks(spec: object, blocks: int) -> None:
+    assert spec.request_blocks(E) == blocks  # type: ignore[attr-defined]
+
+
+def test_uniform_type_request_blocks_is_its_largest_members() -> None:
+    mla = MLA(block_size=64, num_kv_heads=1, head_size=576, dtype="uint8", state_content_bytes=656)
+    idx = MLA(block_size=64, num_kv_heads=1, head_size=128, dtype="uint8",
+              state_content_bytes=132, tokens_per_state=4)
+    u = UniformType.of({"a": mla, "i": idx})
+    assert u is not None and u.request_blocks(E) == mla.request_blocks(E) == 128  # 8192 / 64
+    assert u.max_memory_usage_bytes(E) == 128 * u.page_size_bytes
+
+
 def test_mtp_drafter_group_is_annotated() -> None:
     f = FullAttention(**ATTN)
     w = SlidingWindow(**ATTN, sliding_window=1024)

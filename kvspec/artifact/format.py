@@ -41,6 +41,7 @@ from msgspec import Meta
 
 from kvspec.model import kinds
 from kvspec.model.axes import AxisOrderName
+from kvspec.model.pooling import PlanPolicy, Policy, Runtime
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
 from kvspec.model.specs.uniform import UniformType
 
@@ -453,6 +454,7 @@ class Candidate(Record, frozen=True):
     """One plan the policy considered, and what it buys at the workload."""
 
     name: str
+    #: A :data:`~kvspec.model.pooling.PlanPolicy` (its schema says only: a string).
     policy: str
     #: Tokens per attention block.
     block_size: Pos
@@ -481,9 +483,9 @@ class PoolingRecord(Record, frozen=True):
     """How memory is pooled, and why: the policy asked, the plan's, the workload,
     every candidate considered and the one chosen."""
 
-    asked: Literal["unified", "separate", "auto"]
-    policy: Literal["unified", "separate"]
-    serve_with: Literal["vllm", "kvspec"]
+    asked: Policy
+    policy: PlanPolicy
+    serve_with: Runtime
     #: ``separate``: tokens per attention block and per state block.
     block_size: Pos
     state_block_size: Pos | None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from kvspec.model.affine import Affine
 from kvspec.model.engine import Engine
 from kvspec.model.quant.cells import CellPart
-from kvspec.model.specs.base import LayerSpec, cdiv, distinct
+from kvspec.model.specs.base import LayerSpec, distinct
 from kvspec.model.specs.uniform import UniformType
 
 if TYPE_CHECKING:  # the artifact format's record; the plan only holds it
@@ -94,11 +94,7 @@ class Group:
         last = self._blocks
         if last is not None and last[0] is engine:
             return last[1]
-        spec = self.spec
-        if isinstance(spec, UniformType):
-            blocks = spec.max_memory_usage_pages(engine)
-        else:
-            blocks = cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
+        blocks = self.spec.request_blocks(engine)
         object.__setattr__(self, "_blocks", (engine, blocks))
         return blocks
 

@@ -12,27 +12,43 @@ The workload is what the pools must serve: a request trace (JSONL), or its
 summary (context and output lengths, concurrency, draft tokens, prefix
 sharing), from which a seeded synthetic trace is drawn.
 
+This module declares pooling once, as :mod:`kvspec.model.engine` declares the
+engine settings: its enumerations are the ``Literal`` types below, and each field
+of :class:`Workload` and :class:`Pooling` carries its default and the line that
+describes it (:func:`declared`). The source schema (:mod:`kvspec.source.schema`)
+and the artifact's pooling record (:mod:`kvspec.artifact.format`) take them from
+here.
+
 >>> Workload(context=Lengths(2048), output=Lengths(256)).held_tokens
 2176
 >>> Pooling().policy, Pooling().serve_with
 ('unified', 'vllm')
+>>> declared(Workload, "prefix_tokens").default
+512
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from fractions import Fraction
+from typing import Any, Literal, get_args
 
-from kvspec.model.workloads import DEFAULT_STEP_MS
+from kvspec.model.workloads import DEFAULT_STEP_MS, TraceFormat
 
-__all__ = ["ONE_SHARED_POOL", "POLICIES", "RUNTIMES", "SERVE_SEPARATE", "Lengths", "Pooling",
-           "PoolingRef", "Workload"]
+__all__ = ["ONE_SHARED_POOL", "POLICIES", "SERVE_SEPARATE", "Lengths", "PlanPolicy", "Policy",
+           "Pooling", "PoolingRef", "Runtime", "TimeUnit", "Workload", "declared"]
 
-#: Pooling policies, in documentation order.
-POLICIES = ("unified", "separate", "auto")
+#: The pooling policy a source asks for, in documentation order.
+Policy = Literal["unified", "separate", "auto"]
+#: The policy a plan is made by (``auto`` chooses one of them).
+PlanPolicy = Literal["unified", "separate"]
 #: The runtimes a plan can be served by: ``vllm`` (0.33, one shared pool, through
 #: kvspec's plugin) or ``kvspec`` (kvspec's own runtime: several pools).
-RUNTIMES = ("vllm", "kvspec")
+Runtime = Literal["vllm", "kvspec"]
+#: The unit of a ``lengths`` trace's times.
+TimeUnit = Literal["s", "ms"]
+POLICIES: tuple[Policy, ...] = get_args(Policy)
 #: Why vLLM 0.33 cannot hold a plan of several pools (``engine-args``, the plugin's
 #: guard and the exporters of caches vLLM holds all say it in these words).
 ONE_SHARED_POOL = ("vLLM 0.33 keeps every group in one shared pool with one page size, so "
@@ -42,6 +58,17 @@ SERVE_SEPARATE = ("serve it with SGLang (`kvspec engine-args ARTIFACT --engine s
                   "with kvspec's own runtime (pooling.serve_with: kvspec); to serve it with "
                   "vLLM, recompile with pooling.policy: unified, or policy: auto with "
                   "serve_with: vllm (the plans vLLM's one pool can hold)")
+
+
+def _key(default: Any, doc: str | None = None) -> Any:
+    """A field, with the line that describes it in the source schema."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+def declared(cls: type, name: str) -> dataclasses.Field[Any]:
+    """The field ``name`` of ``cls`` (:class:`Workload`, :class:`Pooling`): its
+    ``default``, and its doc line in ``metadata["doc"]``."""
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,29 +106,30 @@ class Workload:
 
     context: Lengths
     output: Lengths
-    #: Requests running at once (None: the engine's max_num_seqs).
-    concurrency: int | None = None
-    #: Speculative tokens each decoding request holds per step.
-    draft_tokens: int = 0
-    #: The share of requests that open with a shared prefix (a system prompt).
-    prefix_sharing: float = 0.0
-    #: Tokens of that shared prefix.
-    prefix_tokens: int = 512
-    #: Requests in the synthetic trace drawn from this summary, and its seed.
-    requests: int = 500
-    seed: int = 0
-    #: A JSONL request trace (its path as the source gives it), used instead.
-    trace: str | None = None
+    concurrency: int | None = _key(
+        None, "Requests running at once (default: engine.max_num_seqs).")
+    #: Held by each decoding request.
+    draft_tokens: int = _key(0, "Speculative tokens per step.")
+    prefix_sharing: float = _key(0.0, "Share of requests opening with a shared prefix.")
+    prefix_tokens: int = _key(512, "Tokens of the shared prefix.")
+    requests: int = _key(500, "Requests in the synthetic trace drawn from the summary.")
+    seed: int = _key(0, "Seed of that synthetic trace.")
+    #: Its path from the working directory (the source gives it from its own).
+    trace: str | None = _key(None, "A request trace: kvspec's JSONL, or an Azure, Mooncake, "
+                             "BurstGPT or lengths file (docs/traces.md).")
     #: The trace file's sha256, so the artifact records what it was chosen for.
     trace_sha256: str | None = None
-    #: The trace's format (None: from its extension and first line), a ``lengths``
-    #: file's columns (prompt, output, time or None, time unit).
-    trace_format: str | None = None
-    columns: tuple[str, str, str | None, str] | None = None
-    #: Milliseconds one engine step stands for (arrival times become steps).
-    step_ms: float = DEFAULT_STEP_MS
-    #: A workload preset (kvspec.model.workloads.PRESETS) drawn instead of a summary.
-    preset: str | None = None
+    trace_format: TraceFormat | None = _key(  # noqa: RUF009 - _key returns a dataclasses.field
+        None, "The trace's format (default: from its extension and first line).")
+    #: A ``lengths`` file's columns: prompt, output, time or None, time unit.
+    columns: tuple[str, str, str | None, TimeUnit] | None = _key(
+        None, "format lengths: its columns.")
+    step_ms: float = _key(DEFAULT_STEP_MS, "Milliseconds one engine step stands for: "
+                          "arrival times become steps (a trace's times, a preset's rate).")
+    #: One of :data:`kvspec.model.workloads.PRESETS`.
+    preset: str | None = _key(None, "A workload preset fitted to a published trace "
+                              "(docs/pooling.md#workload-presets): its lengths and bursty "
+                              "arrivals.")
 
     @property
     def held_tokens(self) -> int:
@@ -114,16 +142,17 @@ class Workload:
 class Pooling:
     """The source's ``pooling`` section."""
 
-    policy: str = "unified"
-    serve_with: str = "vllm"
-    workload: Workload | None = None
-    #: Manual shares of the budget by pool name (``separate``), summing to 1.
-    split: tuple[tuple[str, Fraction], ...] | None = None
-    #: The most groups a candidate may have (``auto``).
-    max_groups: int | None = None
-    #: Tokens per state block of state pools (``separate``; default: the engine's).
-    state_block_size: int | None = None
-    #: Tokens per block of attention pools (``separate``; default 16).
-    block_size: int = 16
+    policy: Policy = _key("unified")  # noqa: RUF009 - _key returns a dataclasses.field
+    serve_with: Runtime = _key(  # noqa: RUF009 - _key returns a dataclasses.field
+        "vllm", "The runtime that holds the memory: vllm (one shared pool, through "
+        "kvspec's plugin) or kvspec (several pools).")
+    workload: Workload | None = _key(None)  # noqa: RUF009 - _key returns a dataclasses.field
+    #: Shares by pool name.
+    split: tuple[tuple[str, Fraction], ...] | None = _key(
+        None, "separate: each pool's share of the budget, summing to 1.")
+    max_groups: int | None = _key(None, "auto: at most this many groups.")
+    state_block_size: int | None = _key(
+        None, "separate: tokens per state block (default: the engine's).")
+    block_size: int = _key(16, "separate: tokens per attention block.")
     #: Candidate block sizes ``auto`` tries for vLLM-servable plans.
-    block_sizes: tuple[int, ...] = field(default=(16, 32, 64, 128))
+    block_sizes: tuple[int, ...] = (16, 32, 64, 128)

@@ -7,8 +7,10 @@ each preset with the numbers it reproduces, their source and how it was fitted
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-__all__ = ["DEFAULT_STEP_MS", "FORMATS", "MOONCAKE_BLOCK_TOKENS", "PRESETS", "Preset"]
+__all__ = ["DEFAULT_STEP_MS", "FORMATS", "MOONCAKE_BLOCK_TOKENS", "PRESETS", "Preset",
+           "TraceFormat"]
 
 #: Milliseconds one engine step stands for, unless declared: a decode step of an
 #: 8B model at a few dozen running requests on one H100-class GPU (a convention
@@ -16,8 +18,11 @@ __all__ = ["DEFAULT_STEP_MS", "FORMATS", "MOONCAKE_BLOCK_TOKENS", "PRESETS", "Pr
 DEFAULT_STEP_MS = 20.0
 #: Tokens per ``hash_ids`` block in Mooncake's traces (its FAST'25 README).
 MOONCAKE_BLOCK_TOKENS = 512
-#: Formats and what each reads (``kvspec trace import --help``, docs/traces.md).
-FORMATS = {
+#: The trace formats kvspec reads, in documentation order.
+TraceFormat = Literal["kvspec", "azure-2023", "azure-2024", "mooncake", "burstgpt", "lengths"]
+#: Each format (in :data:`TraceFormat`'s order) and what it reads
+#: (``kvspec trace import --help``, docs/traces.md).
+FORMATS: dict[TraceFormat, str] = {
     "kvspec": "kvspec's JSONL trace (arrival, prompt_tokens, output_tokens)",
     "azure-2023": "Azure LLM inference trace 2023: CSV TIMESTAMP, ContextTokens, "
                   "GeneratedTokens",

@@ -32,7 +32,6 @@ from kvspec.model.engine import Engine
 from kvspec.model.plan import Plan
 from kvspec.model.pooling import Pooling, PoolingRef
 from kvspec.model.specs import Attention, LayerSpec, MambaState, replace
-from kvspec.model.specs.base import cdiv
 from kvspec.planner.plan import plan_layers
 
 __all__ = ["LayerClass", "PoolPlan", "classes", "demand_shares", "plan_separate"]
@@ -92,13 +91,11 @@ def classes(stage_specs: Sequence[Mapping[str, LayerSpec]]) -> list[LayerClass]:
 
 
 def _class_engine(engine: Engine, pooling: Pooling, state: bool) -> Engine:
-    if state:
-        # without prefix caching a state block is a request's slot: max_model_len
-        # tokens, as vLLM sizes it (mamba_cache_mode none)
-        own = engine.max_model_len if engine.mamba_cache_mode == "none" else None
-        size = pooling.state_block_size or own or engine.mamba_block_size or engine.block_size
-        return dataclasses.replace(engine, block_size=size, mamba_block_size=size)
-    return dataclasses.replace(engine, block_size=pooling.block_size)
+    """The engine a class plans with: its pool's block size for every layer."""
+    if not state:
+        return dataclasses.replace(engine, block_size=pooling.block_size)
+    size = engine.layer_block_size(pooling.state_block_size, state=True)
+    return dataclasses.replace(engine, block_size=size, mamba_block_size=size)
 
 
 def _respec(spec: LayerSpec, engine: Engine) -> LayerSpec:
@@ -134,8 +131,7 @@ def request_bytes(plan: Plan, tokens: int) -> int:
     st = plan.stages[0]
     if not st.groups:
         return 0
-    blocks = sum(cdiv(g.spec.max_memory_usage_bytes(engine), g.spec.page_size_bytes)
-                 for g in st.groups)
+    blocks = sum(g.spec.request_blocks(engine) for g in st.groups)
     return blocks * st.bytes_per_block
 
 

@@ -349,7 +349,7 @@ def decide(sized: Sized, pooling: Pooling
     keep = cands[chosen]
     record = fmt.PoolingRecord(
         asked=pooling.policy, policy=keep.policy,  # type: ignore[arg-type]
-        serve_with=pooling.serve_with,  # type: ignore[arg-type]
+        serve_with=pooling.serve_with,
         block_size=pooling.block_size, state_block_size=pooling.state_block_size,
         pools=_shares(keep.pools),
         workload=_workload_record(trace.workload, tokens) if trace is not None else None,

@@ -14,8 +14,12 @@ taken relative to the source's directory.
 
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from kvspec.errors import KvspecError, raise_all
 from kvspec.model.pooling import Lengths, Pooling, Workload
@@ -24,6 +28,8 @@ from kvspec.source.document import Document
 from kvspec.source.schema import Distribution, Source, Tokens, WorkloadSpec
 
 __all__ = ["pooling_of"]
+
+_T = TypeVar("_T")
 
 _WHY_NOT_VLLM = (
     "vLLM 0.33 keeps one shared pool with one page size for every KV-cache group "
@@ -49,7 +55,18 @@ def _lengths(value: Tokens, doc: Document, path: tuple[str, ...],
     return Lengths(value.mean, value.spread)
 
 
-def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> Workload:
+def _carried(spec: BaseModel, cls: type[_T], **derived: Any) -> _T:
+    """``cls`` of the model from ``spec`` of the source: every field the two declare
+    alike (the source schema's fields come from the model's: one declaration), and
+    ``derived``, the fields the source spells otherwise."""
+    given = type(spec).model_fields
+    alike = {f.name: getattr(spec, f.name) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+             if f.name in given}
+    return cls(**(alike | derived))
+
+
+def _check_workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> None:
+    """A workload is a preset, a trace or a summary, and only a trace is read."""
     at = ("pooling", "workload")
     summary = [k for k in ("context_tokens", "output_tokens", "concurrency")
                if getattr(spec, k) is not None]
@@ -76,38 +93,43 @@ def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> W
                                     found=", ".join(["preset", *other]),
                                     hint="keep preset (with requests, seed, step_ms), or "
                                          "drop it"))
-        means = dict(PRESETS[spec.preset].stated)
-        return Workload(context=Lengths(round(means["prompt_mean"])),
-                        output=Lengths(round(means["output_mean"])),
-                        draft_tokens=spec.draft_tokens, requests=spec.requests,
-                        seed=spec.seed, step_ms=spec.step_ms, preset=spec.preset)
-    if spec.trace is not None:
-        if summary:
-            errors.append(doc.error("a workload is a trace or a summary, not both",
-                                    (*at, summary[0]), found=", ".join(["trace", *summary]),
-                                    hint="keep trace: FILE, or the summary's lengths"))
-        base = Path(doc.file).parent if doc.file and not doc.file.startswith("<") \
-            else Path(".")
-        c = spec.columns
-        return Workload(context=Lengths(1), output=Lengths(1), trace=str(base / spec.trace),
-                        draft_tokens=spec.draft_tokens, seed=spec.seed,
-                        trace_format=spec.format, step_ms=spec.step_ms,
-                        columns=(c.prompt, c.output, c.time, c.time_unit) if c else None)
+    elif spec.trace is not None and summary:
+        errors.append(doc.error("a workload is a trace or a summary, not both",
+                                (*at, summary[0]), found=", ".join(["trace", *summary]),
+                                hint="keep trace: FILE, or the summary's lengths"))
     missing = [k for k in ("context_tokens", "output_tokens") if getattr(spec, k) is None]
-    if missing:
+    if spec.preset is None and spec.trace is None and missing:
         errors.append(doc.error(f"a workload summary needs {' and '.join(missing)}", at,
                                 expected="context_tokens: 2048, output_tokens: 256 (or "
                                 "trace: FILE)",
                                 hint="give the mean prompt and output lengths of your "
                                      "traffic, or a JSONL trace of it"))
-        return Workload(context=Lengths(1), output=Lengths(1))
-    assert spec.context_tokens is not None and spec.output_tokens is not None
-    return Workload(
-        context=_lengths(spec.context_tokens, doc, (*at, "context_tokens"), errors),
-        output=_lengths(spec.output_tokens, doc, (*at, "output_tokens"), errors),
-        concurrency=spec.concurrency, draft_tokens=spec.draft_tokens,
-        prefix_sharing=spec.prefix_sharing, prefix_tokens=spec.prefix_tokens,
-        requests=spec.requests, seed=spec.seed)
+
+
+def _beside(doc: Document, path: str | None) -> str | None:
+    """``path`` as the source gives it (relative to its directory), from here."""
+    if path is None:
+        return None
+    base = Path(doc.file).parent if doc.file and not doc.file.startswith("<") else Path(".")
+    return str(base / path)
+
+
+def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> Workload:
+    _check_workload(spec, doc, errors)
+    at = ("pooling", "workload")
+    context = output = Lengths(1)  # a trace's are read from it
+    if spec.preset is not None:
+        means = dict(PRESETS[spec.preset].stated)
+        context = Lengths(round(means["prompt_mean"]))
+        output = Lengths(round(means["output_mean"]))
+    elif spec.trace is None and spec.context_tokens is not None \
+            and spec.output_tokens is not None:
+        context = _lengths(spec.context_tokens, doc, (*at, "context_tokens"), errors)
+        output = _lengths(spec.output_tokens, doc, (*at, "output_tokens"), errors)
+    c = spec.columns
+    return _carried(spec, Workload, context=context, output=output,
+                    trace=_beside(doc, spec.trace), trace_format=spec.format,
+                    columns=(c.prompt, c.output, c.time, c.time_unit) if c else None)
 
 
 def pooling_of(source: Source, doc: Document,
@@ -156,8 +178,5 @@ def pooling_of(source: Source, doc: Document,
                                hint="declare the traffic the plan must serve"))
     if own:
         raise_all(found)
-    return Pooling(policy=p.policy, serve_with=p.serve_with, workload=workload, split=split,
-                   max_groups=p.max_groups, state_block_size=p.state_block_size,
-                   block_size=p.block_size,
-                   **({"block_sizes": tuple(sorted(set(p.block_sizes)))}
-                      if p.block_sizes is not None else {}))
+    sizes = sorted(set(p.block_sizes)) if p.block_sizes is not None else Pooling().block_sizes
+    return _carried(p, Pooling, workload=workload, split=split, block_sizes=tuple(sizes))

@@ -26,9 +26,9 @@ from kvspec.files import MAX_MEMORY, SIZE_EXPECTED, SIZE_PATTERN, size_bytes
 from kvspec.model.axes import DEFAULT_AXIS_ORDER, AxisOrderName
 from kvspec.model.engine import MambaCacheMode
 from kvspec.model.kinds import SOURCE_KIND_NAMES
-from kvspec.model.pooling import POLICIES, RUNTIMES
+from kvspec.model.pooling import Policy, Pooling, Runtime, TimeUnit, Workload, declared
 from kvspec.model.specs.state import MAMBA_TYPES
-from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, PRESETS
+from kvspec.model.workloads import PRESETS, TraceFormat
 
 #: Largest values the format takes: far above any deployment, small enough that
 #: nothing is ever built from a typo's size (a list of 10^9 pipeline stages).
@@ -94,6 +94,14 @@ LayerKind = Literal[SOURCE_KIND_NAMES]  # type: ignore[valid-type]
 _MAMBA_TYPE_NAMES = tuple(MAMBA_TYPES)
 MambaType = Literal[_MAMBA_TYPE_NAMES]  # type: ignore[valid-type]
 
+
+
+def _declared(cls: type, name: str, **bounds: Any) -> Any:
+    """The field ``name`` of the model's ``cls`` (:mod:`kvspec.model.pooling`, where
+    pooling is declared once) as a source field: its default and description, with
+    the ``bounds`` the source checks."""
+    f = declared(cls, name)
+    return Field(f.default, description=f.metadata["doc"], **bounds)
 
 
 class _Strict(BaseModel):
@@ -274,57 +282,48 @@ class ColumnMap(_Strict):
     output: str = Field(min_length=1, description="The output length's column (or key).")
     time: str | None = Field(None, min_length=1, description="The arrival time's column "
                              "(or key); without one every request arrives at step 0.")
-    time_unit: Literal["s", "ms"] = Field("s", description="The unit of the times.")
+    time_unit: TimeUnit = Field("s", description="The unit of the times.")
 
 
 class WorkloadSpec(_Strict):
     """The traffic the pools must serve: a summary, a ``preset`` fitted to a published
     trace, or ``trace`` (a request trace, its path relative to the source)."""
 
-    trace: str | None = Field(None, min_length=1, description="A request trace: kvspec's "
-                              "JSONL, or an Azure, Mooncake, BurstGPT or lengths file "
-                              "(docs/traces.md).")
-    format: Literal[tuple(FORMATS)] | None = Field(  # type: ignore[valid-type]
-        None, description="The trace's format (default: from its extension and first line).")
-    columns: ColumnMap | None = Field(None, description="format lengths: its columns.")
-    step_ms: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
-        DEFAULT_STEP_MS, description="Milliseconds one engine step stands for: arrival "
-        "times become steps (a trace's times, a preset's rate).")
-    preset: Literal[tuple(PRESETS)] | None = Field(  # type: ignore[valid-type]
-        None, description="A workload preset fitted to a published trace "
-        "(docs/pooling.md#workload-presets): its lengths and bursty arrivals.")
+    trace: str | None = _declared(Workload, "trace", min_length=1)
+    format: TraceFormat | None = _declared(Workload, "trace_format")
+    columns: ColumnMap | None = _declared(Workload, "columns")
+    step_ms: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = _declared(
+        Workload, "step_ms")
+    preset: Literal[tuple(PRESETS)] | None = _declared(  # type: ignore[valid-type]
+        Workload, "preset")
     context_tokens: Tokens | None = Field(None, description="Prompt tokens per request.")
     output_tokens: Tokens | None = Field(None, description="Generated tokens per request.")
-    concurrency: PositiveInt | None = Field(
-        None, description="Requests running at once (default: engine.max_num_seqs).")
-    draft_tokens: int = Field(0, ge=0, le=64, description="Speculative tokens per step.")
-    prefix_sharing: Annotated[float, Field(ge=0, le=1)] = Field(
-        0.0, description="Share of requests opening with a shared prefix.")
-    prefix_tokens: PositiveInt = Field(512, description="Tokens of the shared prefix.")
-    requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] = Field(
-        500, description="Requests in the synthetic trace drawn from the summary.")
-    seed: int = Field(0, ge=0, description="Seed of that synthetic trace.")
+    concurrency: PositiveInt | None = _declared(Workload, "concurrency")
+    draft_tokens: int = _declared(Workload, "draft_tokens", ge=0, le=64)
+    prefix_sharing: Annotated[float, Field(ge=0, le=1)] = _declared(Workload, "prefix_sharing")
+    prefix_tokens: PositiveInt = _declared(Workload, "prefix_tokens")
+    requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] = _declared(Workload, "requests")
+    seed: int = _declared(Workload, "seed", ge=0)
+
+
+_TRIED = ", ".join(map(str, Pooling().block_sizes))
 
 
 class PoolingPolicy(_Strict):
     """How memory is pooled: unified (vLLM's plan), separate pools per layer class,
     or auto (the candidate with the highest capacity at the workload)."""
 
-    policy: Literal[POLICIES] = "unified"  # type: ignore[valid-type]
-    serve_with: Literal[RUNTIMES] = Field(  # type: ignore[valid-type]
-        "vllm", description="The runtime that holds the memory: vllm (one shared pool, "
-        "through kvspec's plugin) or kvspec (several pools).")
-    workload: WorkloadSpec | None = None
-    split: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = Field(
-        None, description="separate: each pool's share of the budget, summing to 1.")
-    max_groups: PositiveInt | None = Field(None, description="auto: at most this many groups.")
-    state_block_size: PositiveInt | None = Field(
-        None, description="separate: tokens per state block (default: the engine's).")
-    block_size: PositiveInt = Field(16, description="separate: tokens per attention block.")
+    policy: Policy = _declared(Pooling, "policy")
+    serve_with: Runtime = _declared(Pooling, "serve_with")
+    workload: WorkloadSpec | None = _declared(Pooling, "workload")
+    split: dict[str, Annotated[float, Field(gt=0, le=1)]] | None = _declared(Pooling, "split")
+    max_groups: PositiveInt | None = _declared(Pooling, "max_groups")
+    state_block_size: PositiveInt | None = _declared(Pooling, "state_block_size")
+    block_size: PositiveInt = _declared(Pooling, "block_size")
     block_sizes: list[PositiveInt] | None = Field(
         None, min_length=1, description="auto: the attention block sizes its unified "
-        "candidates try (default 16, 32, 64, 128); name those the serving engine's "
-        "attention kernels take (vLLM's CPU backend: multiples of 32).")
+        f"candidates try (default {_TRIED}); name those the serving engine's attention "
+        "kernels take (vLLM's CPU backend: multiples of 32).")
 
 
 class Source(_Strict):

@@ -268,6 +268,11 @@ class LayerSpec:
         """Bytes one request at ``engine.max_model_len`` can hold at most."""
         raise NotImplementedError
 
+    def request_blocks(self, engine: Engine) -> int:
+        """Blocks one request at ``engine.max_model_len`` takes (the one place that
+        decides it): its most bytes over the page, rounded up."""
+        return cdiv(self.max_memory_usage_bytes(engine), self.page_size_bytes)
+
     def max_num_blocks_per_req(self, engine: Engine, max_len: int) -> int:
         """Block-table row length for a request of ``max_len`` tokens."""
         return cdiv(max_len, self.block_size)

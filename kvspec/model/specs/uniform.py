@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from kvspec.model.engine import Engine
-from kvspec.model.specs.base import LayerSpec, MergeInvalid, cdiv, distinct
+from kvspec.model.specs.base import LayerSpec, MergeInvalid, distinct
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,7 +33,7 @@ class UniformType(LayerSpec):
     members: tuple[tuple[str, LayerSpec], ...]
     _by_name: dict[str, LayerSpec] | None = field(default=None, init=False, repr=False,
                                                   compare=False)
-    #: :meth:`distinct`, and the last :meth:`max_memory_usage_pages` with its engine,
+    #: :meth:`distinct`, and the last :meth:`request_blocks` with its engine,
     #: computed on first use (a spec never changes; sizing asks them again and again).
     _distinct: tuple[LayerSpec, ...] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
@@ -89,17 +89,17 @@ class UniformType(LayerSpec):
     def uses_slot_mapping(self) -> bool:
         return self.first.uses_slot_mapping
 
-    def max_memory_usage_pages(self, engine: Engine) -> int:
+    def request_blocks(self, engine: Engine) -> int:
+        """The most blocks any of its distinct specs takes."""
         last = self._usage
         if last is not None and last[0] is engine:
             return last[1]
-        pages = max(cdiv(s.max_memory_usage_bytes(engine), s.page_size_bytes)
-                    for s in self.distinct())
+        pages = max(s.request_blocks(engine) for s in self.distinct())
         object.__setattr__(self, "_usage", (engine, pages))
         return pages
 
     def max_memory_usage_bytes(self, engine: Engine) -> int:
-        return self.max_memory_usage_pages(engine) * self.page_size_bytes
+        return self.request_blocks(engine) * self.page_size_bytes
 
     def max_num_blocks_per_req(self, engine: Engine, max_len: int) -> int:
         widths = {s.max_num_blocks_per_req(engine, max_len) for _, s in self.members}

@@ -104,17 +104,15 @@ def draft_pool_bytes(engine: Engine, arrangement: SlotArrangement) -> int:
 
 def memory_usage(engine: Engine, arrangement: SlotArrangement) -> int:
     """Bytes one request at ``engine.max_model_len`` needs from the pools."""
-    assert isinstance(arrangement.attn.spec, UniformType)
-    blocks = arrangement.attn.spec.max_memory_usage_pages(engine)
-    blocks += sum(cdiv(g.spec.max_memory_usage_bytes(engine), g.spec.page_size_bytes)
-                  for _, g in arrangement.states)
+    blocks = arrangement.attn.spec.request_blocks(engine)
+    blocks += sum(g.spec.request_blocks(engine) for _, g in arrangement.states)
     if arrangement.tail is not None and arrangement.tail[1].layer_names:
         blocks += 1
     if draft_pool_blocks(engine, arrangement):
         return blocks * arrangement.target_bytes_per_block + draft_pool_bytes(engine, arrangement)
     for _, g in arrangement.drafts:
         if g.layer_names:
-            blocks += cdiv(g.spec.max_memory_usage_bytes(engine), g.spec.page_size_bytes)
+            blocks += g.spec.request_blocks(engine)
     return blocks * (arrangement.target_bytes_per_block + arrangement.draft_bytes_per_block)
 
 
