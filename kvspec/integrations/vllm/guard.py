@@ -29,6 +29,7 @@ from kvspec.artifact.sizing import blocks_for
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm.by_design import Rule, applicable
 from kvspec.integrations.vllm.frozen import (
+    GroupFacts,
     PlanFacts,
     fitted,
     groups_of,
@@ -39,7 +40,6 @@ from kvspec.integrations.vllm.frozen import (
 from kvspec.integrations.vllm.pooling import SERVE_SEPARATE, refusal
 from kvspec.integrations.vllm.specs import engine_settings, same_value, spec_differences, to_vllm
 from kvspec.model.engine import Engine, engine_from_artifact
-from kvspec.model.plan import Group
 from kvspec.model.specs import LayerSpec, MambaState
 
 #: Modes of ``KVSPEC_MODE``.
@@ -112,7 +112,7 @@ class Expectation:
                               hint="recompile it with `kvspec compile`") from None
         #: The engine the plan was made for (``max_model_len`` before any fitting).
         self.engine: Engine = engine_from_artifact(msgspec.to_builtins(body.engine))
-        self.groups: tuple[Group, ...] = groups_of(body, specs)
+        self.groups: tuple[GroupFacts, ...] = groups_of(body, specs)
         self.layer_specs: dict[str, LayerSpec] = {n: specs[e.spec]
                                                   for n, e in body.layers.items()}
         described: dict[int, dict[str, Any]] = {}
