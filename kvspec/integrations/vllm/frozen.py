@@ -22,12 +22,12 @@ import msgspec
 from kvspec.artifact import format as fmt
 from kvspec.errors import PlanError
 from kvspec.model import kinds
-from kvspec.model.engine import Engine
+from kvspec.model.engine import Engine, engine_from_artifact
 from kvspec.model.specs import LayerSpec, UniformType
 from kvspec.model.specs.base import cdiv
 
-__all__ = ["GroupFacts", "PlanFacts", "fitted", "groups_of", "plan_facts", "read_specs",
-           "stage_tensors"]
+__all__ = ["GroupFacts", "PlanFacts", "fitted", "groups_of", "plan_facts", "read_facts",
+           "read_specs", "stage_tensors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,16 @@ def plan_facts(engine: Engine, body: fmt.Layout, layer_specs: Mapping[str, Layer
         dataclasses.replace(g, layer_names=tuple(names))
         for g, names in zip(groups, st.groups))) for st in body.stages)
     return PlanFacts(engine, layer_specs, groups, stages)
+
+
+def read_facts(body: fmt.Layout) -> PlanFacts:
+    """The body as the by-design rules read a plan: the engine it was planned for
+    (``max_model_len`` before any fitting), each layer's spec, the groups, the
+    stages; a ``ValueError`` naming a spec that cannot be read back."""
+    specs = read_specs(body)
+    engine = engine_from_artifact(msgspec.to_builtins(body.engine))
+    return plan_facts(engine, body, {n: specs[e.spec] for n, e in body.layers.items()},
+                      groups_of(body, specs))
 
 
 def stage_tensors(stage: fmt.Stage, num_blocks: int) -> list[dict[str, Any]]:
