@@ -2,12 +2,12 @@
 
 The plugin (:mod:`.guard`) runs in every engine process, so it reads an artifact
 as ``kvspec.load`` does and never re-plans it (no planner, passes, pydantic,
-PyYAML or simulator: ``tests/test_plugin_frozen.py`` checks the imports and that
-every figure below equals the re-made plan's, for every committed artifact and
-conformance case). This module turns the body's records into what the checks
-compare: the specs of its spec table, the by-design rules' view of the plan, a
-stage's tensors as vLLM's ``KVCacheTensor`` fields, and an ``auto``
-``max_model_len`` fitted to another budget.
+PyYAML or simulator: ``tests/test_plugin_imports.py`` checks the imports, and
+``tests/test_plugin_frozen.py`` that every figure below equals the re-made plan's,
+for every committed artifact and conformance case). This module turns the
+body's records into what the checks compare: the specs of its spec table, the
+by-design rules' view of the plan, a stage's tensors as vLLM's ``KVCacheTensor``
+fields, and an ``auto`` ``max_model_len`` fitted to another budget.
 """
 
 from __future__ import annotations

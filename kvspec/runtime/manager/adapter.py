@@ -77,6 +77,25 @@ class _Part:
     draft: tuple[int, int]
 
 
+class _Engine(Protocol):
+    """The engine figures the manager reads: an artifact's record or a plan's engine."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def decode_context_parallel_size(self) -> int: ...
+
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def max_in_flight_tokens(self) -> int: ...
+
+
 def _tag(spec: Any) -> str:
     """The kind a spec record is tagged with."""
     return str(type(spec).__struct_config__.tag)
@@ -121,9 +140,9 @@ def _group(read: _Read, kind: str, dcp: int, pool: str) -> ManagedGroup:
         useful_bytes_per_block=read.useful_bytes, **_fields(kind, spec))
 
 
-def _layout(name: str, engine: Any, parts: Sequence[_Part], scheduler_block_size: int
+def _layout(name: str, engine: _Engine, parts: Sequence[_Part], scheduler_block_size: int
             ) -> ManagedLayout:
-    """The manager's layout of ``parts`` (``engine``: a plan's or a record)."""
+    """The manager's layout of ``parts``."""
     groups: list[ManagedGroup] = []
     pools: list[ManagedPool] = []
     split: list[int] = []
