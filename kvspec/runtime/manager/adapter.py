@@ -206,14 +206,14 @@ def _reads(body: fmt.Layout) -> list[_Read]:
                   own_pool=g.own_pool, useful_bytes=useful.get(g.id, 0)) for g in body.groups]
 
 
-def _count(artifact: Artifact, num_blocks: int | None) -> int:
-    body = artifact.body
-    if num_blocks is None:
-        num_blocks = body.budget.num_blocks if body.budget else body.engine.num_blocks
-    if num_blocks is None:
-        raise ManagerError(f"layout {artifact.name!r} has no block count",
+def _count(name: str, given: int | None, budget: fmt.Budget | None, fixed: int | None
+           ) -> int:
+    """``given`` blocks, else the layout's own for its budget, else its fixed count."""
+    n = given if given is not None else (budget.num_blocks if budget else fixed)
+    if n is None:
+        raise ManagerError(f"layout {name!r} has no block count",
                            hint="give num_blocks, or compile the layout with a memory budget")
-    return num_blocks
+    return int(n)
 
 
 def _separate(artifact: Artifact, reads: list[_Read]) -> list[_Part]:
@@ -242,7 +242,8 @@ def from_artifact(artifact: Artifact, num_blocks: int | None = None) -> ManagedL
         parts = _separate(artifact, reads)
     else:
         stages = body.stages
-        parts = [_Part("device", reads, _count(artifact, num_blocks), body.hash_block_size,
+        count = _count(body.name, num_blocks, body.budget, body.engine.num_blocks)
+        parts = [_Part("device", reads, count, body.hash_block_size,
                        sum(st.bytes_per_block for st in stages),
                        (stages[0].draft_num_blocks or 0, sum(st.fixed_bytes for st in stages)))]
     return _layout(body.name, body.engine, parts, body.scheduler_block_size)
@@ -292,14 +293,9 @@ def from_layouts(layouts: Sequence[tuple[str, Any]], counts: Mapping[str, int] |
     (default: its own, for its budget)."""
     parts = []
     for name, x in layouts:
-        n = (counts or {}).get(name)
-        if n is None:
-            n = x.budget.num_blocks if x.budget else x.engine.num_gpu_blocks_override
-        if n is None:
-            raise ManagerError(f"layout {x.name!r} has no block count",
-                               hint="give num_blocks, or compile the layout with a memory "
-                                    "budget")
-        parts.append(_Part(name, [_planned(g) for g in x.groups], int(n), x.hash_block_size,
+        n = _count(x.name, (counts or {}).get(name), x.budget,
+                   x.engine.num_gpu_blocks_override)
+        parts.append(_Part(name, [_planned(g) for g in x.groups], n, x.hash_block_size,
                            sum(s.bytes_per_block for s in x.stages),
                            (x.stages[0].draft_num_blocks or 0,
                             sum(s.fixed_bytes for s in x.stages))))
