@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvspec.compiled import read as read_artifact
+from kvspec.artifact import Artifact
 from kvspec.runtime.manager import (
     KVCacheManager,
     ManagedGroup,
@@ -16,6 +18,7 @@ from kvspec.runtime.manager import (
     ManagedPool,
     ManagerError,
     from_artifact,
+    from_layouts,
 )
 
 
@@ -131,7 +134,7 @@ def test_layout_errors_name_the_problem() -> None:
     ("example-glm5-next-drafter", ["full", "ring", "state", "state", "state", "sliding"]),
 ])
 def test_the_adapter_reads_each_group_kind(name: str, kinds: list[str]) -> None:
-    lay = from_artifact(read_artifact(f"layouts/{name}.kvlayout.json"), 100)
+    lay = from_artifact(Artifact.read(f"layouts/{name}.kvlayout.json"), 100)
     assert [g.kind for g in lay.groups] == kinds
     assert lay.pools[0].num_blocks == 100
 
@@ -146,9 +149,39 @@ def test_the_adapter_turns_caching_off_for_state_mode_none() -> None:
 
 
 def test_a_drafter_with_its_own_pool_gets_a_second_pool() -> None:
-    lay = from_artifact(read_artifact("layouts/example-glm5-next-drafter.kvlayout.json"), 100)
+    lay = from_artifact(Artifact.read("layouts/example-glm5-next-drafter.kvlayout.json"), 100)
     assert [p.name for p in lay.pools] == ["device", "draft"]
     assert lay.groups[-1].pool == "draft" and lay.pools[1].num_blocks > 1
+
+
+LAYOUTS = sorted(Path("layouts").glob("*.kvlayout.json"))
+
+
+def _keys_as_order(lay: ManagedLayout) -> ManagedLayout:
+    """``lay`` with each group's spec key replaced by the order it first appears in
+    (the artifact's keys are spec-table indices, a plan's are specs)."""
+    order: dict[object, int] = {}
+    groups = tuple(dataclasses.replace(g, spec_key=order.setdefault(g.spec_key, len(order)))
+                   for g in lay.groups)
+    return dataclasses.replace(lay, groups=groups)
+
+
+@pytest.mark.parametrize("path", LAYOUTS, ids=lambda p: p.name.split(".")[0])
+def test_the_artifact_reads_as_the_plan_it_froze(path: Path) -> None:
+    """The frozen body gives the manager exactly what the re-planned layout does
+    (the planner's layouts are what ``auto`` and ``simulate`` still hand over)."""
+    from kvspec.compiled import read
+
+    art = read(path)
+    for n in (None, 100, 5000):
+        if art.pools:
+            planned = from_layouts([(p.name, p.layout) for p in art.pools])
+        elif n is None and art.body.budget is None and art.body.engine.num_blocks is None:
+            continue
+        else:
+            planned = from_layouts([("device", art.layout)], None if n is None else {"device": n})
+        frozen = from_artifact(Artifact.read(path), n)
+        assert _keys_as_order(frozen) == _keys_as_order(planned)
 
 
 # -- invariants under random traffic ------------------------------------------------

@@ -42,11 +42,11 @@ def command(artifact: Path, engine: str, model: str | None, mode: str, pin_block
     with --context-length, --max-running-requests and the radix cache. Needs
     neither engine."""
     # deferred: the artifact reader and the engines' flags load when it runs
-    from kvspec.compiled import read
+    from kvspec.artifact import Artifact
     from kvspec.integrations.sglang import server_args as sglang
     from kvspec.integrations.vllm import engine_args as vllm
 
-    art = read(artifact)
+    art = Artifact.read(artifact)
     if engine == "sglang":
         found = sglang.server_args(art, str(artifact), model=model)
         data, text = sglang.as_json(found), sglang.render_shell(found)

@@ -54,6 +54,9 @@ class Kind:
     #: Whether the ``separate`` pooling policy gives its layers a pool of their own
     #: (the others need the unified planner's layouts).
     separable: bool = False
+    #: How the request-level manager holds its layers' blocks (a manager kind of
+    #: :mod:`kvspec.runtime.manager.spec`); None: it holds none (encoder-only).
+    manager: str | None = None
 
     @property
     def ref_class(self) -> str:
@@ -62,27 +65,34 @@ class Kind:
 
 KINDS: tuple[Kind, ...] = (
     Kind("full_attention", a.FullAttention, "full_attention", "full", quant_class="full",
-         separable=True),
+         separable=True, manager="full"),
     Kind("sliding_window", a.SlidingWindow, "sliding_window", "sliding",
-         required=("sliding_window",), quant_class="sliding", separable=True),
+         required=("sliding_window",), quant_class="sliding", separable=True,
+         manager="sliding"),
     Kind("chunked_local", a.ChunkedLocal, "chunked_local_attention", "local",
-         required=("attention_chunk_size",), quant_class="chunked", separable=True),
-    Kind("mla", m.MLA, "mla_attention", "mla", latent=True, quant_class="mla", separable=True),
+         required=("attention_chunk_size",), quant_class="chunked", separable=True,
+         manager="local"),
+    Kind("mla", m.MLA, "mla_attention", "mla", latent=True, quant_class="mla", separable=True,
+         manager="full"),
     Kind("sliding_window_mla", m.SlidingWindowMLA, "sliding_window_mla", "swa_mla",
-         required=("sliding_window",), latent=True, quant_class="sliding_mla", separable=True),
-    Kind("cross_attention", a.CrossAttention, "cross_attention", "cross", quant_class="cross"),
+         required=("sliding_window",), latent=True, quant_class="sliding_mla", separable=True,
+         manager="sliding"),
+    Kind("cross_attention", a.CrossAttention, "cross_attention", "cross", quant_class="cross",
+         manager="cross"),
     Kind("encoder_only", a.EncoderOnly, "encoder_only_attention", "encoder",
          quant_class="encoder"),
     Kind("sink_full_attention", a.SinkFullAttention, "sink_full_attention", "sink",
-         quant_class="sink", separable=True),
+         quant_class="sink", separable=True, manager="full"),
     Kind("mamba", MambaState, "mamba", "mamba", required=("shapes", "dtypes"), state=True,
-         separable=True),
-    Kind("hidden_state", m.HiddenState, "mla_attention", "hidden", latent=True),
-    Kind("kpool_tail", a.KpoolTail, "sliding_window", "tail", required=("sliding_window",)),
-    Kind("circular_buffer", a.CircularBuffer, "unknown", "ring"),
-    Kind("rswa", a.RSWA, "full_attention", "rswa", required=("rswa_window",)),
+         separable=True, manager="state"),
+    Kind("hidden_state", m.HiddenState, "mla_attention", "hidden", latent=True,
+         manager="full"),
+    Kind("kpool_tail", a.KpoolTail, "sliding_window", "tail", required=("sliding_window",),
+         manager="ring"),
+    Kind("circular_buffer", a.CircularBuffer, "unknown", "ring", manager="ring"),
+    Kind("rswa", a.RSWA, "full_attention", "rswa", required=("rswa_window",), manager="rswa"),
     Kind("draft_sliding_window", a.DraftSlidingWindow, "sliding_window", "draft",
-         required=("sliding_window",), declarable=False),
+         required=("sliding_window",), declarable=False, manager="sliding"),
     Kind("uniform_type", UniformType, "unknown", "uniform", declarable=False),
 )
 

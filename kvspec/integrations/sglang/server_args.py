@@ -37,8 +37,8 @@ size, with the same split). A plan SGLang cannot hold (a unified hybrid plan,
 several windows, layer kinds SGLang pools otherwise) is a :class:`KvspecError`
 naming what serves it. Needs no SGLang.
 
->>> from kvspec.compiled import read
->>> args = server_args(read("layouts/pooling-separate.kvlayout.json"), "a.json")
+>>> from kvspec.artifact import Artifact
+>>> args = server_args(Artifact.read("layouts/pooling-separate.kvlayout.json"), "a.json")
 >>> [(f.flag, f.value) for f in args.flags if f.flag in ("--page-size", "--max-total-tokens")]
 [('--page-size', '16'), ('--max-total-tokens', '608688')]
 """
@@ -49,8 +49,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvspec.artifact import Artifact
 from kvspec.artifact import format as fmt
-from kvspec.compiled import CompiledArtifact
 from kvspec.errors import KvspecError
 from kvspec.integrations.sglang import TARGET
 
@@ -127,7 +127,7 @@ def _role(kinds: set[str], path: str) -> str:
                   "pools)", where="body.stages[0].pools", found=", ".join(sorted(kinds)))
 
 
-def _pool_sizes(artifact: CompiledArtifact, path: str) -> list[PoolSize]:
+def _pool_sizes(artifact: Artifact, path: str) -> list[PoolSize]:
     """The stage's pools, each with its role and block count."""
     body = artifact.body
     stage = body.stages[0]
@@ -153,7 +153,7 @@ def _pool_sizes(artifact: CompiledArtifact, path: str) -> list[PoolSize]:
     return out
 
 
-def _check_shape(pools: list[PoolSize], artifact: CompiledArtifact, path: str) -> None:
+def _check_shape(pools: list[PoolSize], artifact: Artifact, path: str) -> None:
     roles = sorted(p.role for p in pools)
     if roles not in (["full"], ["full", "swa"], ["full", "state"]):
         raise _refuse(path, "pools " + ", ".join(f"{p.name} ({p.role})" for p in pools)
@@ -198,7 +198,7 @@ def swa_ratio(full_tokens: int, swa: int, page_size: int) -> str:
     raise AssertionError("no ratio reproduces the pool")  # pragma: no cover
 
 
-def _dtype_flags(artifact: CompiledArtifact, path: str) -> list[Flag]:
+def _dtype_flags(artifact: Artifact, path: str) -> list[Flag]:
     body = artifact.body
     modes = {e.kv_cache_dtype for e in body.layers.values() if e.kv_cache_dtype is not None}
     if len(modes) > 1:
@@ -268,7 +268,7 @@ def running(pools: list[PoolSize], max_num_seqs: int, caching: bool) -> int:
     return out
 
 
-def server_args(artifact: CompiledArtifact, path: str, *, model: str | None = None
+def server_args(artifact: Artifact, path: str, *, model: str | None = None
                 ) -> ServerArgs:
     """The ``sglang serve`` flags that give ``artifact``'s pools (see the module
     docstring), or a :class:`KvspecError` when SGLang cannot hold them."""

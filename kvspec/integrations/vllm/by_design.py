@@ -30,7 +30,6 @@ from typing import Protocol
 
 from kvspec.model import kinds
 from kvspec.model.engine import Engine
-from kvspec.model.plan import Group
 from kvspec.model.specs import (
     Attention,
     FullAttention,
@@ -43,11 +42,28 @@ from kvspec.model.specs import (
 )
 
 
+class _GroupLike(Protocol):
+    """What the rules read of a group: a :class:`kvspec.model.plan.Group`, or the
+    plugin's (:class:`.frozen.GroupFacts`)."""
+
+    @property
+    def layer_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def spec(self) -> LayerSpec: ...
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def own_pool(self) -> bool: ...
+
+
 class _StageLike(Protocol):
     @property
     def draft_num_blocks(self) -> int | None: ...
     @property
-    def groups(self) -> Sequence[Group]: ...
+    def groups(self) -> Sequence[_GroupLike]: ...
 
 
 class Plan(Protocol):
@@ -59,7 +75,7 @@ class Plan(Protocol):
     @property
     def specs(self) -> Mapping[str, LayerSpec]: ...
     @property
-    def groups(self) -> Sequence[Group]: ...
+    def groups(self) -> Sequence[_GroupLike]: ...
     @property
     def stages(self) -> Sequence[_StageLike]: ...
 

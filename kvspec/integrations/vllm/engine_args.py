@@ -7,8 +7,8 @@ what the artifact was planned for; settings with no flag are listed as such. The
 plugin's environment line comes first: with it, the engine also checks itself
 against the artifact (docs/vllm.md). Needs no vLLM.
 
->>> from kvspec.compiled import CompiledArtifact, read
->>> args = engine_args(read("layouts/llama-3.1-8b.kvlayout.json"),
+>>> from kvspec.artifact import Artifact
+>>> args = engine_args(Artifact.read("layouts/llama-3.1-8b.kvlayout.json"),
 ...                    "layouts/llama-3.1-8b.kvlayout.json")
 >>> [f.flag for f in args.flags][:4]
 ['--tensor-parallel-size', '--pipeline-parallel-size', '--decode-context-parallel-size', '--dtype']
@@ -16,20 +16,22 @@ against the artifact (docs/vllm.md). Needs no vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from kvspec.compiled import CompiledArtifact
-from kvspec.errors import KvspecError
+from kvspec.artifact import Artifact
+from kvspec.artifact import format as fmt
+from kvspec.errors import ArtifactError, KvspecError
 from kvspec.integrations.vllm import TARGET
-from kvspec.integrations.vllm.by_design import applicable
+from kvspec.integrations.vllm.by_design import Plan, applicable
+from kvspec.integrations.vllm.frozen import PlanFacts, read_facts
 from kvspec.integrations.vllm.guard import UNSERVABLE
 from kvspec.integrations.vllm.plugin import LAYOUT_ENV, MODE_ENV
 from kvspec.integrations.vllm.pooling import SERVE_SEPARATE, decision_notes, refusal
 from kvspec.model.engine import Engine, setting
-from kvspec.model.plan import Plan
 from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.model.stages import layer_index
 
@@ -74,24 +76,44 @@ class EngineArgs:
     mode_why: str | None = None
 
 
-def _model_dtype(artifact: CompiledArtifact) -> str | None:
-    dtypes = [e.spec.dtype for e in artifact.layout.layers.values()
-              if isinstance(e.spec, Attention) and e.kv_cache_dtype in (None, "auto")
-              and e.spec.dtype in _MODEL_DTYPES]
+class _Read(NamedTuple):
+    """An artifact as engine-args reads it: its body, the plan's facts (the engine
+    it was planned for) and the final engine (``max_model_len`` fitted)."""
+
+    body: fmt.Layout
+    facts: PlanFacts
+    engine: Engine
+
+
+def _read(artifact: Artifact, path: str) -> _Read:
+    body = artifact.body
+    try:
+        facts = read_facts(body)
+    except ValueError as exc:
+        raise ArtifactError(f"the artifact is refused: {exc}", file=path,
+                            hint="recompile it with `kvspec compile`") from None
+    engine = dataclasses.replace(facts.engine, max_model_len=body.engine.max_model_len)
+    return _Read(body, facts, engine)
+
+
+def _model_dtype(art: _Read) -> str | None:
+    layers = [(art.facts.specs[n], e) for n, e in art.body.layers.items()]
+    dtypes = [s.dtype for s, e in layers
+              if isinstance(s, Attention) and e.kv_cache_dtype in (None, "auto")
+              and s.dtype in _MODEL_DTYPES]
     return Counter(dtypes).most_common(1)[0][0] if dtypes else None
 
 
-def _state_dtypes(artifact: CompiledArtifact) -> tuple[str, ...] | None:
-    states = [e.spec for e in artifact.layout.layers.values() if isinstance(e.spec, MambaState)]
+def _state_dtypes(art: _Read) -> tuple[str, ...] | None:
+    states = [s for s in art.facts.specs.values() if isinstance(s, MambaState)]
     return states[0].dtypes if states else None
 
 
-def _skip_layers(artifact: CompiledArtifact) -> list[int]:
+def _skip_layers(art: _Read) -> list[int]:
     """Decoder layers whose cache stays unquantized under a quantized engine dtype."""
-    engine = artifact.layout.engine
-    if engine.kv_cache_dtype == "auto":
+    if art.engine.kv_cache_dtype == "auto":
         return []
-    return sorted({i for n, e in artifact.layout.layers.items()
+    return sorted({i for n, e in art.body.layers.items()
                    if e.kv_cache_dtype == "auto" and (i := layer_index(n)) is not None})
 
 
@@ -109,15 +131,14 @@ def _parallel(engine: Engine) -> list[Flag]:
                   "tokens per rank of DCP-sharded caches")]
 
 
-def _cache(artifact: CompiledArtifact) -> list[Flag]:
-    layout = artifact.layout
-    engine, planned = layout.engine, layout.plan.engine
+def _cache(art: _Read) -> list[Flag]:
+    engine, planned = art.engine, art.facts.engine
     out = []
-    dtype = _model_dtype(artifact)
+    dtype = _model_dtype(art)
     if dtype is not None:
         out.append(Flag("--dtype", dtype, "the page size of unquantized layers"))
     out.append(_flag("kv_cache_dtype", engine, "quantization of the KV cache"))
-    skipped = _skip_layers(artifact)
+    skipped = _skip_layers(art)
     if skipped:
         out.append(Flag("--kv-cache-dtype-skip-layers", " ".join(map(str, skipped)),
                         "decoder layers kept in the model dtype", many=True))
@@ -128,7 +149,7 @@ def _cache(artifact: CompiledArtifact) -> list[Flag]:
                      "prefix caching (hybrids: mamba_cache_mode follows it)"))
     out.append(_flag("hybrid", engine,
                      "one group per attention type, or local attention as full"))
-    states = _state_dtypes(artifact)
+    states = _state_dtypes(art)
     if states is not None:
         out.append(Flag("--mamba-ssm-cache-dtype", states[-1], "the SSM state's dtype"))
         if engine.mamba_block_size is not None:
@@ -145,22 +166,22 @@ def _scheduler(engine: Engine) -> list[Flag]:
             _flag("async_scheduling", engine, "batches in flight")]
 
 
-def _budget(artifact: CompiledArtifact, pin_blocks: bool) -> list[Flag]:
-    layout = artifact.layout
-    pinned = layout.engine.num_gpu_blocks_override  # positive when given
-    if pinned is None and pin_blocks and layout.budget is not None:
-        pinned = layout.budget.num_blocks
+def _budget(art: _Read, pin_blocks: bool) -> list[Flag]:
+    budget = art.body.budget
+    pinned = art.engine.num_gpu_blocks_override  # positive when given
+    if pinned is None and pin_blocks and budget is not None:
+        pinned = budget.num_blocks
     if pinned is not None:
-        return [_flag("num_gpu_blocks_override", layout.engine, "the block count",
+        return [_flag("num_gpu_blocks_override", art.engine, "the block count",
                       value=str(pinned))]
-    if layout.budget is not None:
-        return [Flag("--kv-cache-memory-bytes", str(layout.budget.memory),
-                     f"the KV cache budget per rank ({layout.budget.num_blocks} blocks)")]
+    if budget is not None:
+        return [Flag("--kv-cache-memory-bytes", str(budget.memory),
+                     f"the KV cache budget per rank ({budget.num_blocks} blocks)")]
     return []
 
 
-def _env(artifact: CompiledArtifact, path: str, mode: str) -> dict[str, str]:
-    engine = artifact.layout.plan.engine
+def _env(art: _Read, path: str, mode: str) -> dict[str, str]:
+    engine = art.facts.engine
     env = {LAYOUT_ENV: path, MODE_ENV: mode}
     for name in ("axis_order", "pp_layer_partition"):
         s = setting(name)
@@ -171,11 +192,11 @@ def _env(artifact: CompiledArtifact, path: str, mode: str) -> dict[str, str]:
     return env
 
 
-def _no_flag(artifact: CompiledArtifact) -> list[tuple[str, str]]:
-    layout = artifact.layout
-    engine = layout.plan.engine
+def _no_flag(art: _Read) -> list[tuple[str, str]]:
+    facts = art.facts
+    engine = facts.engine
     out = []
-    if any(isinstance(s, MambaState) for g in layout.groups for s in layer_specs(g.spec)):
+    if any(isinstance(s, MambaState) for g in facts.groups for s in layer_specs(g.spec)):
         out.append((f"mamba_cache_mode {engine.mamba_cache_mode}",
                     (f"follows {setting('enable_prefix_caching').flag} "
                      f"({setting('mamba_cache_mode').flag} has no effect in vLLM {TARGET})")))
@@ -185,7 +206,7 @@ def _no_flag(artifact: CompiledArtifact) -> list[tuple[str, str]]:
     if engine.max_num_encoder_input_tokens is not None:
         out.append(("max_num_encoder_input_tokens", "vLLM derives it from the model's encoder"))
     out += [(f"by design: {r.id}", f"{r.title}: vLLM {TARGET} {r.upstream}")
-            for r in applicable(layout.plan) if r.everything or r.refusals]
+            for r in applicable(facts) if r.everything or r.refusals]
     return out
 
 
@@ -202,22 +223,21 @@ def conflicts(plan: Plan) -> list[str]:
              f"{want}: set engine.mamba_cache_mode: {want} (kvspec init does) and recompile")]
 
 
-def plugin_mode(artifact: CompiledArtifact, mode: str = "auto") -> tuple[str, str | None]:
-    """The plugin's ``KVSPEC_MODE`` for ``artifact`` and why: ``mode`` as asked, or
-    for ``auto``, ``enforce`` where the plan differs from what vLLM plans by design
-    (a by-design rule with compared fields: only the plugin gives vLLM the
-    artifact's placement), else ``verify`` (vLLM plans it, the plugin checks)."""
+def plugin_mode(facts: Plan, mode: str = "auto") -> tuple[str, str | None]:
+    """The plugin's ``KVSPEC_MODE`` for a plan and why: ``mode`` as asked, or for
+    ``auto``, ``enforce`` where the plan differs from what vLLM plans by design (a
+    by-design rule with compared fields: only the plugin gives vLLM the artifact's
+    placement), else ``verify`` (vLLM plans it, the plugin checks)."""
     if mode != "auto":
         return mode, None
-    rules = [r.id for r in applicable(artifact.layout.plan)
-             if r.fields and r.id not in UNSERVABLE]
+    rules = [r.id for r in applicable(facts) if r.fields and r.id not in UNSERVABLE]
     if rules:
         return "enforce", ("enforce: vLLM plans this differently by design (" +
                            ", ".join(rules) + "); the plugin serves the artifact's placement")
     return "verify", None
 
 
-def servable(artifact: CompiledArtifact, path: str) -> None:
+def servable(artifact: Artifact, path: str) -> None:
     """A :class:`KvspecError` when vLLM 0.33 cannot hold ``artifact``'s pools."""
     why = refusal(artifact)
     record = artifact.body.pooling
@@ -227,19 +247,19 @@ def servable(artifact: CompiledArtifact, path: str) -> None:
                           expected="a unified plan (one pool)", hint=SERVE_SEPARATE)
 
 
-def engine_args(artifact: CompiledArtifact, path: str, *, model: str | None = None,
+def engine_args(artifact: Artifact, path: str, *, model: str | None = None,
                 mode: str = "auto", pin_blocks: bool = False) -> EngineArgs:
     """The ``vllm serve`` flags and environment that reproduce ``artifact``'s plan
     (the plan ``pooling: auto`` chose, when it chose one); a :class:`KvspecError`
     for a plan of separate pools, which vLLM 0.33 cannot hold."""
     servable(artifact, path)
-    layout = artifact.layout
-    mode, why = plugin_mode(artifact, mode)
-    flags = [*_parallel(layout.engine), *_cache(artifact), *_scheduler(layout.engine),
-             *_budget(artifact, pin_blocks)]
-    return EngineArgs(model or layout.model or "MODEL", path, artifact.fingerprint,
-                      _env(artifact, path, mode), tuple(flags), tuple(_no_flag(artifact)),
-                      tuple(conflicts(layout.plan)), tuple(decision_notes(artifact)), why)
+    art = _read(artifact, path)
+    mode, why = plugin_mode(art.facts, mode)
+    flags = [*_parallel(art.engine), *_cache(art), *_scheduler(art.engine),
+             *_budget(art, pin_blocks)]
+    return EngineArgs(model or art.body.model or "MODEL", path, artifact.fingerprint,
+                      _env(art, path, mode), tuple(flags), tuple(_no_flag(art)),
+                      tuple(conflicts(art.facts)), tuple(decision_notes(artifact)), why)
 
 
 def render_shell(args: EngineArgs) -> str:

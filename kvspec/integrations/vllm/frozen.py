@@ -2,18 +2,19 @@
 
 The plugin (:mod:`.guard`) runs in every engine process, so it reads an artifact
 as ``kvspec.load`` does and never re-plans it (no planner, passes, pydantic,
-PyYAML or simulator: ``tests/test_plugin_frozen.py`` checks the imports and that
-every figure below equals the re-made plan's, for every committed artifact and
-conformance case). This module turns the body's records into what the checks
-compare: the specs of its spec table, the by-design rules' view of the plan, a
-stage's tensors as vLLM's ``KVCacheTensor`` fields, and an ``auto``
-``max_model_len`` fitted to another budget.
+PyYAML or simulator: ``tests/test_plugin_imports.py`` checks the imports, and
+``tests/test_plugin_frozen.py`` that every figure below equals the re-made plan's,
+for every committed artifact and conformance case). This module turns the
+body's records into what the checks compare: the specs of its spec table, the
+by-design rules' view of the plan, a stage's tensors as vLLM's ``KVCacheTensor``
+fields, and an ``auto`` ``max_model_len`` fitted to another budget.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgspec
@@ -21,11 +22,33 @@ import msgspec
 from kvspec.artifact import format as fmt
 from kvspec.errors import PlanError
 from kvspec.model import kinds
-from kvspec.model.engine import Engine
-from kvspec.model.plan import Group
-from kvspec.model.specs import LayerSpec
+from kvspec.model.engine import Engine, engine_from_artifact
+from kvspec.model.specs import LayerSpec, UniformType
+from kvspec.model.specs.base import cdiv
 
-__all__ = ["PlanFacts", "fitted", "plan_facts", "read_specs", "stage_tensors"]
+__all__ = ["GroupFacts", "PlanFacts", "fitted", "groups_of", "plan_facts", "read_facts",
+           "read_specs", "stage_tensors"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupFacts:
+    """A body's group as the checks and the by-design rules read it: its layers
+    (on a stage: those the stage holds) and its merged spec."""
+
+    layer_names: tuple[str, ...]
+    spec: LayerSpec
+    strategy: str
+    own_pool: bool
+
+    def layer_spec(self, name: str) -> LayerSpec:
+        return self.spec.specs[name] if isinstance(self.spec, UniformType) else self.spec
+
+    def blocks_per_request(self, engine: Engine) -> int:
+        """Blocks one request at ``engine.max_model_len`` takes in this group."""
+        spec = self.spec
+        if isinstance(spec, UniformType):
+            return spec.max_memory_usage_pages(engine)
+        return cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
 
 
 class StageFacts(NamedTuple):
@@ -33,7 +56,7 @@ class StageFacts(NamedTuple):
 
     draft_num_blocks: int | None
     #: Each global group restricted to the stage's layers (same order and ids).
-    groups: tuple[Group, ...]
+    groups: tuple[GroupFacts, ...]
 
 
 class PlanFacts(NamedTuple):
@@ -42,7 +65,7 @@ class PlanFacts(NamedTuple):
 
     engine: Engine
     specs: Mapping[str, LayerSpec]
-    groups: tuple[Group, ...]
+    groups: tuple[GroupFacts, ...]
     stages: tuple[StageFacts, ...]
 
 
@@ -59,19 +82,28 @@ def read_specs(body: fmt.Layout) -> list[LayerSpec]:
     return out
 
 
-def groups_of(body: fmt.Layout, specs: list[LayerSpec]) -> tuple[Group, ...]:
+def groups_of(body: fmt.Layout, specs: list[LayerSpec]) -> tuple[GroupFacts, ...]:
     """The body's groups, each with its merged spec."""
-    return tuple(Group(tuple(g.layers), specs[g.spec], strategy=g.strategy, role=g.role,
-                       is_eagle=g.is_eagle, padding_slots=g.padding_slots,
-                       own_pool=g.own_pool) for g in body.groups)
+    return tuple(GroupFacts(tuple(g.layers), specs[g.spec], g.strategy, g.own_pool)
+                 for g in body.groups)
 
 
 def plan_facts(engine: Engine, body: fmt.Layout, layer_specs: Mapping[str, LayerSpec],
-               groups: tuple[Group, ...]) -> PlanFacts:
+               groups: tuple[GroupFacts, ...]) -> PlanFacts:
     stages = tuple(StageFacts(st.draft_num_blocks, tuple(
         dataclasses.replace(g, layer_names=tuple(names))
         for g, names in zip(groups, st.groups))) for st in body.stages)
     return PlanFacts(engine, layer_specs, groups, stages)
+
+
+def read_facts(body: fmt.Layout) -> PlanFacts:
+    """The body as the by-design rules read a plan: the engine it was planned for
+    (``max_model_len`` before any fitting), each layer's spec, the groups, the
+    stages; a ``ValueError`` naming a spec that cannot be read back."""
+    specs = read_specs(body)
+    engine = engine_from_artifact(msgspec.to_builtins(body.engine))
+    return plan_facts(engine, body, {n: specs[e.spec] for n, e in body.layers.items()},
+                      groups_of(body, specs))
 
 
 def stage_tensors(stage: fmt.Stage, num_blocks: int) -> list[dict[str, Any]]:
@@ -86,7 +118,7 @@ def stage_tensors(stage: fmt.Stage, num_blocks: int) -> list[dict[str, Any]]:
             for t in stage.tensors]
 
 
-def fitted(engine: Engine, body: fmt.Layout, groups: tuple[Group, ...], memory: int
+def fitted(engine: Engine, body: fmt.Layout, groups: tuple[GroupFacts, ...], memory: int
            ) -> tuple[int, int]:
     """An ``auto`` artifact's ``max_model_len`` for a budget other than its own, and
     the blocks one request then takes, the null block included: the planner's
@@ -101,7 +133,7 @@ def fitted(engine: Engine, body: fmt.Layout, groups: tuple[Group, ...], memory: 
     stages = [(st, tuple(dataclasses.replace(g, layer_names=tuple(names))
                          for g, names in zip(groups, st.groups))) for st in body.stages]
 
-    def blocks(length: int, of: tuple[Group, ...]) -> int:
+    def blocks(length: int, of: tuple[GroupFacts, ...]) -> int:
         at = dataclasses.replace(engine, max_model_len=length)
         return sum(g.blocks_per_request(at) for g in of)
 

@@ -21,25 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from kvspec.artifact import Artifact
 from kvspec.artifact import format as fmt
 from kvspec.artifact.sizing import blocks_for
 from kvspec.errors import KvspecError
 from kvspec.integrations.vllm.by_design import Rule, applicable
 from kvspec.integrations.vllm.frozen import (
+    GroupFacts,
     PlanFacts,
     fitted,
-    groups_of,
-    plan_facts,
-    read_specs,
+    read_facts,
     stage_tensors,
 )
 from kvspec.integrations.vllm.pooling import SERVE_SEPARATE, refusal
 from kvspec.integrations.vllm.specs import engine_settings, same_value, spec_differences, to_vllm
-from kvspec.model.engine import Engine, engine_from_artifact
-from kvspec.model.plan import Group
+from kvspec.model.engine import Engine
 from kvspec.model.specs import LayerSpec, MambaState
 
 #: Modes of ``KVSPEC_MODE``.
@@ -106,23 +102,23 @@ class Expectation:
         self.body: fmt.Layout = artifact.body
         body = self.body
         try:
-            specs = read_specs(body)
+            facts = read_facts(body)
         except ValueError as exc:
             raise PluginError(f"KVSPEC_LAYOUT={path}: the artifact is refused: {exc}",
                               hint="recompile it with `kvspec compile`") from None
+        self._facts = facts
         #: The engine the plan was made for (``max_model_len`` before any fitting).
-        self.engine: Engine = engine_from_artifact(msgspec.to_builtins(body.engine))
-        self.groups: tuple[Group, ...] = groups_of(body, specs)
-        self.layer_specs: dict[str, LayerSpec] = {n: specs[e.spec]
-                                                  for n, e in body.layers.items()}
+        self.engine: Engine = facts.engine
+        self.groups: tuple[GroupFacts, ...] = facts.groups
+        self.layer_specs: Mapping[str, LayerSpec] = facts.specs
         described: dict[int, dict[str, Any]] = {}
-        for e in body.layers.values():
+        for n, e in body.layers.items():
             if e.spec not in described:
-                described[e.spec] = {**to_vllm(specs[e.spec]),
-                                     "page_size_bytes": specs[e.spec].page_size_bytes}
+                spec = facts.specs[n]
+                described[e.spec] = {**to_vllm(spec), "page_size_bytes": spec.page_size_bytes}
         self.layers = {n: dict(described[e.spec]) for n, e in body.layers.items()}
         self.group_of = {n: i for i, g in enumerate(self.groups) for n in g.layer_names}
-        self.rules: tuple[Rule, ...] = applicable(self.facts())
+        self.rules: tuple[Rule, ...] = applicable(facts)
 
     @classmethod
     def read(cls, path: str | Path, mode: str = "verify") -> Expectation:
@@ -135,7 +131,7 @@ class Expectation:
 
     def facts(self) -> PlanFacts:
         """The plan as the by-design rules read it, from the frozen body."""
-        return plan_facts(self.engine, self.body, self.layer_specs, self.groups)
+        return self._facts
 
     # -- reporting ---------------------------------------------------------------
     def fail(self, what: str, drifts: Iterable[Drift], hint: str | None = None) -> None:

@@ -16,9 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from kvspec.artifact import Artifact
+from kvspec.artifact import format as fmt
 from kvspec.integrations.vllm import adapter as vllm_adapter
+from kvspec.integrations.vllm.frozen import read_facts
 from kvspec.integrations.vllm.specs import engine_settings, to_vllm
-from kvspec.integrations.vllm.verify import budget
 from kvspec.sim import SimResult, TraceRequest, admit
 from kvspec.sim.engine import Progress, drive
 from kvspec.sim.metrics import Limits, LiveBytes
@@ -27,7 +29,7 @@ from kvspec.sim.setup import layout_of
 __all__ = ["replay", "run_engine", "vllm_engine"]
 
 
-def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
+def replay(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
            hash_fn: str = "sha256", progress: Progress | None = None,
            log_blocks: bool = False, async_scheduling: bool | None = None
            ) -> tuple[SimResult, Any]:
@@ -40,22 +42,33 @@ def replay(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None 
     return run_engine(engine, layout, admitted, len(trace), progress), engine
 
 
-def vllm_engine(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
+def _memory(body: fmt.Layout) -> int:
+    """The budget vLLM plans at: the artifact's own, else what its block count costs,
+    else twice what one request at max_model_len needs (``verify``'s choice,
+    :func:`.verify.budget`)."""
+    if body.budget is not None:
+        return body.budget.memory
+    need = max((st.min_num_blocks for st in body.stages), default=1)
+    override = body.engine.num_blocks
+    blocks = max(override, need) if override is not None else 2 * need
+    return max(blocks * st.bytes_per_block + st.fixed_bytes for st in body.stages)
+
+
+def vllm_engine(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: int | None = None,
                 *, hash_fn: str = "sha256", log_blocks: bool = False,
                 async_scheduling: bool | None = None) -> tuple[Any, Any, list[TraceRequest]]:
     """vLLM's scheduler for ``artifact``'s plan, as a step engine, ready to run the
     requests of ``trace`` it accepts: (engine, the manager's layout, those requests)."""
     module = vllm_adapter()
     layout = layout_of(artifact, num_blocks)
-    plan = artifact.layout.plan
-    memory, _ = budget(plan, artifact.layout.budget.memory if artifact.layout.budget else None,
-                       None)
-    stages = [{n: to_vllm(plan.specs[n]) for n in st.layer_names} for st in plan.stages]
+    body = artifact.body
+    facts = read_facts(body)
+    stages = [{n: to_vllm(facts.specs[n]) for n in st.layers} for st in body.stages]
     admitted, _ = admit(trace, layout.max_model_len)
-    settings = engine_settings(plan.engine)
+    settings = engine_settings(facts.engine)
     if async_scheduling is not None:
         settings["async_scheduling"] = async_scheduling
-    engine = module.replay_engine(settings, stages, memory,
+    engine = module.replay_engine(settings, stages, _memory(body),
                                   layout.pools[0].num_blocks, LiveBytes(layout), admitted,
                                   hash_fn=hash_fn, log_blocks=log_blocks)
     return engine, layout, admitted

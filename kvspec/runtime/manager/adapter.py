@@ -1,24 +1,26 @@
-"""Today's artifact as the manager's plain data: the one place that reads the plan.
+"""A frozen artifact as the manager's plain data: the one place that reads it.
 
-:func:`from_artifact` turns ``artifact.layout`` (groups, stages, engine) and a
-block count into a :class:`ManagedLayout`. It is kept apart because the
-artifact format changes: only this module follows it.
+:func:`from_artifact` turns an artifact's body (groups, specs, stages, engine,
+budget) and a block count into a :class:`ManagedLayout`. It is kept apart
+because the artifact format changes: only this module follows it.
 
 What it decides, as vLLM 0.33's engine does for the same plan:
 
-* a group's manager kind comes from its spec, or from its first layer's spec for
-  a group of several specs (the scheduler's view of it); a ``full_allocation``
-  group is full attention; encoder-only groups hold nothing and are left out;
+* a group's manager kind is its kind's (:attr:`kvspec.model.kinds.Kind.manager`),
+  the kind of its first layer's spec for a group of several specs (the
+  scheduler's view of it); a ``full_allocation`` group is full attention;
+  encoder-only groups hold nothing and are left out;
 * a group's block size includes decode context parallelism when its spec is
   sharded across those ranks;
 * prefix caching is off when a state group runs in mode ``none`` (vLLM turns
   caching off for such models); in mode ``all`` (no vLLM counterpart), hashes are
   taken at the largest size every caching group's block size is a multiple of;
 * one pool, the stages' main pool (``bytes_per_block`` summed over stages), and a
-  second one for a drafter that has its own (``own_pool`` groups).
+  second one for a drafter that has its own (``own_pool`` groups); a separate
+  plan's pools each with their groups and their count for the budget.
 
->>> from kvspec.compiled import read as read_artifact
->>> layout = from_artifact(read_artifact("layouts/gemma-2-9b-it.kvlayout.json"), 1000)
+>>> from kvspec.artifact import Artifact
+>>> layout = from_artifact(Artifact.read("layouts/gemma-2-9b-it.kvlayout.json"), 1000)
 >>> [(g.kind, g.block_size, g.sliding_window) for g in layout.groups]
 [('sliding', 16, 4096), ('full', 16, None)]
 >>> layout.pools[0].num_blocks, layout.enable_caching
@@ -28,25 +30,239 @@ What it decides, as vLLM 0.33's engine does for the same plan:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from kvspec.model.plan import Group
-from kvspec.model.specs import attention as a
-from kvspec.model.specs import mla as m
+import msgspec
+
+from kvspec.artifact import Artifact
+from kvspec.artifact import format as fmt
+from kvspec.model import kinds
+from kvspec.model.specs.attention import FullAttention
 from kvspec.model.specs.base import LayerSpec
-from kvspec.model.specs.state import MambaState
 from kvspec.model.specs.uniform import UniformType
 from kvspec.runtime.manager.spec import ManagedGroup, ManagedLayout, ManagedPool, ManagerError
 
-__all__ = ["from_artifact", "from_layouts"]
+__all__ = ["from_artifact", "from_layouts", "manager_kind"]
 
-#: Manager kinds by spec class, most specific first.
-_KIND_OF: tuple[tuple[type, str], ...] = (
-    (a.KpoolTail, "ring"), (a.CircularBuffer, "ring"), (a.SlidingWindow, "sliding"),
-    (a.ChunkedLocal, "local"), (a.RSWA, "rswa"), (MambaState, "state"),
-    (a.CrossAttention, "cross"), (a.FullAttention, "full"),
-)
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One group as this module reads it, from an artifact or a plan."""
+
+    #: The spec record the scheduler sees (a group of several specs: its first).
+    spec: Any
+    #: Groups with equal keys have equal specs.
+    key: Hashable
+    strategy: str
+    layers: Sequence[str]
+    block_size: int
+    prefix_cacheable: bool
+    own_pool: bool
+    useful_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One pool's groups (a drafter's own pool beside it) and its figures."""
+
+    pool: str
+    groups: Sequence[_Read]
+    num_blocks: int
+    hash_block_size: int
+    #: The bytes one block costs, summed over the stages.
+    bytes_per_block: int
+    #: A drafter's own pool: its blocks and its bytes, summed over the stages.
+    draft: tuple[int, int]
+
+
+class _Engine(Protocol):
+    """The engine figures the manager reads: an artifact's record or a plan's engine."""
+
+    @property
+    def block_size(self) -> int: ...
+
+    @property
+    def decode_context_parallel_size(self) -> int: ...
+
+    @property
+    def enable_prefix_caching(self) -> bool: ...
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def max_in_flight_tokens(self) -> int: ...
+
+
+def _tag(spec: Any) -> str:
+    """The kind a spec record is tagged with."""
+    return str(type(spec).__struct_config__.tag)
+
+
+def _kind(spec: Any, strategy: str) -> str | None:
+    """The manager kind of a group (None: one the manager leaves out)."""
+    kind = kinds.by_name(_tag(spec)).manager
+    if kind is None or strategy != "full_allocation":
+        return kind
+    return "full"
+
+
+def _fields(kind: str, spec: Any) -> dict[str, Any]:
+    """What the manager reads of a group of ``kind`` beyond its blocks."""
+    if kind == "sliding":
+        return {"sliding_window": spec.sliding_window,
+                "extra_retained_tokens": spec.extra_retained_tokens}
+    if kind == "local":
+        return {"attention_chunk_size": spec.attention_chunk_size}
+    if kind == "rswa":
+        return {"rswa_window": spec.rswa_window}
+    if kind == "state":
+        return {"state_mode": spec.mamba_cache_mode,
+                "speculative_blocks": spec.num_speculative_blocks,
+                "checkpoint_blocks": spec.num_prefill_checkpoint_blocks,
+                "checkpoint_alignment": spec.prefill_checkpoint_alignment}
+    return {}
+
+
+def _group(read: _Read, kind: str, dcp: int, pool: str) -> ManagedGroup:
+    spec = read.spec
+    if _tag(spec) == "sliding_window_mla" and spec.bounded_replay:
+        raise ManagerError("bounded prefix replay (DeepSeek-V4 sliding-window MLA) is not "
+                           "modelled", hint="simulate a layout without it")
+    full_like = issubclass(kinds.by_name(_tag(spec)).spec, FullAttention) \
+        or read.strategy == "full_allocation"
+    return ManagedGroup(
+        name=",".join(read.layers[:1]) + ("..." if len(read.layers) > 1 else ""),
+        kind=kind, block_size=read.block_size * (dcp if spec.dcp_sharded else 1), pool=pool,
+        prefix_cacheable=read.prefix_cacheable, full_like=full_like, spec_key=read.key,
+        useful_bytes_per_block=read.useful_bytes, **_fields(kind, spec))
+
+
+def _layout(name: str, engine: _Engine, parts: Sequence[_Part], scheduler_block_size: int
+            ) -> ManagedLayout:
+    """The manager's layout of ``parts``."""
+    groups: list[ManagedGroup] = []
+    pools: list[ManagedPool] = []
+    split: list[int] = []
+    for part in parts:
+        held = [(r, k) for r in part.groups if (k := _kind(r.spec, r.strategy)) is not None]
+        mine = [_group(r, k, engine.decode_context_parallel_size,
+                       "draft" if r.own_pool else part.pool) for r, k in held]
+        hash_block = part.hash_block_size
+        if any(g.prefix_cacheable and g.block_size % hash_block for g in mine):
+            # only Mamba mode "all" (kvspec's model, no vLLM counterpart) hashes at the
+            # scheduler block size above attention blocks: hash at what every group divides
+            hash_block = math.gcd(*(g.block_size for g in mine if g.prefix_cacheable))
+        pools.append(ManagedPool(part.pool, part.num_blocks, hash_block_size=hash_block,
+                                 bytes_per_block=part.bytes_per_block))
+        if any(g.pool == "draft" for g in mine):
+            blocks, size = part.draft
+            pools.append(ManagedPool("draft", blocks or 1, hash_block_size=hash_block,
+                                     bytes_per_block=size // (blocks or 1)))
+        split += [r.block_size for r, _ in held if r.prefix_cacheable] or \
+            [r.block_size for r, _ in held] or [engine.block_size]
+        groups += mine
+    caching = engine.enable_prefix_caching and not any(
+        g.kind == "state" and g.state_mode == "none" for g in groups)
+    return ManagedLayout(
+        name=name, groups=tuple(groups), pools=tuple(pools),
+        scheduler_block_size=scheduler_block_size, max_model_len=engine.max_model_len,
+        max_in_flight_tokens=engine.max_in_flight_tokens, enable_caching=caching,
+        retention_interval=0, split_block_size=min(split))
+
+
+# ---------------------------------------------------------------------------
+# the frozen artifact
+# ---------------------------------------------------------------------------
+
+
+def _useful(body: fmt.Layout) -> dict[int, int]:
+    """Each group's bytes of one block that hold data: its layers' pages without
+    padding (``heads * states * cell``), on every stage."""
+    out: dict[int, int] = {}
+    for st in body.stages:
+        for t in st.tensors:
+            v = t.view
+            out[t.group] = out.get(t.group, 0) + len(t.layers) * v.heads * v.states * v.cell_bytes
+    return out
+
+
+def _seen(body: fmt.Layout, group: fmt.Group) -> tuple[Any, int]:
+    """The spec the scheduler sees of ``group`` (a group of several specs shows its
+    first layer's), and its index in the spec table."""
+    spec = body.specs[group.spec]
+    if isinstance(spec, fmt.UniformTypeSpec):
+        first = body.layers[group.layers[0]].spec
+        return body.specs[first], first
+    return spec, group.spec
+
+
+def _reads(body: fmt.Layout) -> list[_Read]:
+    useful = _useful(body)
+    return [_Read(*_seen(body, g), strategy=g.strategy, layers=g.layers,
+                  block_size=g.block_size, prefix_cacheable=g.prefix_cacheable,
+                  own_pool=g.own_pool, useful_bytes=useful.get(g.id, 0)) for g in body.groups]
+
+
+def _count(name: str, given: int | None, budget: fmt.Budget | None, fixed: int | None
+           ) -> int:
+    """``given`` blocks, else the layout's own for its budget, else its fixed count."""
+    n = given if given is not None else (budget.num_blocks if budget else fixed)
+    if n is None:
+        raise ManagerError(f"layout {name!r} has no block count",
+                           hint="give num_blocks, or compile the layout with a memory budget")
+    return int(n)
+
+
+def _separate(artifact: Artifact, reads: list[_Read]) -> list[_Part]:
+    """A separate plan's pools, each with its groups and its count for the budget
+    (its hashes at what its groups' blocks divide: one group per pool)."""
+    body = artifact.body
+    counts = artifact.counts_for(0)
+    parts = []
+    for pool in body.stages[0].pools:
+        same = [p for st in body.stages for p in st.pools if p.name == pool.name]
+        mine = [reads[i] for i in sorted({g for p in same for g in p.groups})]
+        dcp = body.engine.decode_context_parallel_size
+        sizes = [r.block_size * (dcp if r.spec.dcp_sharded else 1) for r in mine]
+        parts.append(_Part(pool.name, mine, counts[pool.name], math.gcd(*sizes),
+                           sum(p.bytes_per_block for p in same if p.groups), (0, 0)))
+    return parts
+
+
+def from_artifact(artifact: Artifact, num_blocks: int | None = None) -> ManagedLayout:
+    """The manager's view of an artifact with ``num_blocks`` blocks (default: its
+    own, for its budget); a separate plan's pools each with their own count for
+    the budget (``num_blocks`` does not apply to them)."""
+    body = artifact.body
+    reads = _reads(body)
+    if artifact.pooled:
+        parts = _separate(artifact, reads)
+    else:
+        stages = body.stages
+        count = _count(body.name, num_blocks, body.budget, body.engine.num_blocks)
+        parts = [_Part("device", reads, count, body.hash_block_size,
+                       sum(st.bytes_per_block for st in stages),
+                       (stages[0].draft_num_blocks or 0, sum(st.fixed_bytes for st in stages)))]
+    return _layout(body.name, body.engine, parts, body.scheduler_block_size)
+
+
+# ---------------------------------------------------------------------------
+# the planner's layouts (what ``auto`` and ``simulate`` still hand over)
+# ---------------------------------------------------------------------------
+
+
+class _Planned(Protocol):
+    """A planner's group (:class:`kvspec.model.plan.Group`)."""
+
+    spec: LayerSpec
+    strategy: str
+    layer_names: tuple[str, ...]
+    own_pool: bool
+
+    def layer_spec(self, name: str) -> LayerSpec: ...
 
 
 def _representative(spec: LayerSpec) -> LayerSpec:
@@ -54,125 +270,35 @@ def _representative(spec: LayerSpec) -> LayerSpec:
     return spec.members[0][1] if isinstance(spec, UniformType) else spec
 
 
-def manager_kind(group: Group) -> str | None:
-    """The manager kind of a group (None: a group the manager leaves out)."""
-    return _kind(group)
+def manager_kind(group: _Planned) -> str | None:
+    """The manager kind of a planner's group (None: a group the manager leaves out)."""
+    kind = kinds.of(_representative(group.spec)).manager
+    return "full" if kind is not None and group.strategy == "full_allocation" else kind
 
 
-def _kind(group: Group) -> str | None:
+def _planned(group: _Planned) -> _Read:
     spec = _representative(group.spec)
-    if isinstance(spec, a.EncoderOnly):
-        return None
-    if group.strategy == "full_allocation":
-        return "full"
-    for cls, kind in _KIND_OF:
-        if isinstance(spec, cls):
-            return kind
-    raise ManagerError(f"no request-level manager for {type(spec).__name__} layers",
-                       hint="simulate a layout of attention and state layers")
-
-
-def _useful_bytes(group: Group) -> int:
-    """The group's layers' pages without padding, on one rank."""
-    total = 0
-    for name in group.layer_names:
-        spec = group.layer_spec(name)
-        total += getattr(spec, "unpadded_page_size_bytes", spec.page_size_bytes)
-    return total
-
-
-def _group(group: Group, kind: str, engine: Any, pool: str) -> ManagedGroup:
-    spec = _representative(group.spec)
-    if getattr(spec, "prefix_replay_tokens", 0):
-        raise ManagerError("bounded prefix replay (DeepSeek-V4 sliding-window MLA) is not "
-                           "modelled", hint="simulate a layout without it")
-    dcp = engine.decode_context_parallel_size if getattr(spec, "dcp_sharded", False) else 1
-    full_like = isinstance(spec, (a.FullAttention, m.MLA)) or group.strategy == "full_allocation"
-    return ManagedGroup(
-        name=",".join(group.layer_names[:1]) + ("..." if len(group.layer_names) > 1 else ""),
-        kind=kind, block_size=group.spec.block_size * dcp, pool=pool,
-        sliding_window=getattr(spec, "sliding_window", None) if kind == "sliding" else None,
-        extra_retained_tokens=getattr(spec, "extra_retained_tokens", 0),
-        attention_chunk_size=getattr(spec, "attention_chunk_size", None),
-        rswa_window=getattr(spec, "rswa_window", None),
-        state_mode=getattr(spec, "mamba_cache_mode", "none"),
-        speculative_blocks=getattr(spec, "num_speculative_blocks", 0),
-        checkpoint_blocks=getattr(spec, "num_prefill_checkpoint_blocks", 0),
-        checkpoint_alignment=getattr(spec, "prefill_checkpoint_alignment", None),
-        prefix_cacheable=group.spec.prefix_cacheable, full_like=full_like, spec_key=spec,
-        useful_bytes_per_block=_useful_bytes(group),
-        encoder_tokens=0)
-
-
-def _parts(layout: Any, num_blocks: int, pool: str
-           ) -> tuple[list[ManagedGroup], list[ManagedPool], bool, list[int]]:
-    """One layout's groups and pools (its main pool named ``pool``), whether it
-    caches, and its block sizes that split Mamba chunks."""
-    engine = layout.engine
-    groups = []
-    for group in layout.groups:
-        kind = _kind(group)
-        if kind is not None:
-            groups.append(_group(group, kind, engine, "draft" if group.own_pool else pool))
-    caching = engine.enable_prefix_caching and not any(
-        g.kind == "state" and g.state_mode == "none" for g in groups)
-    hash_block = layout.hash_block_size
-    if any(g.prefix_cacheable and g.block_size % hash_block for g in groups):
-        # only Mamba mode "all" (kvspec's model, no vLLM counterpart) hashes at the
-        # scheduler block size above attention blocks: hash at what every group divides
-        hash_block = math.gcd(*(g.block_size for g in groups if g.prefix_cacheable))
-    pools = [ManagedPool(pool, num_blocks, hash_block_size=hash_block,
-                         bytes_per_block=sum(s.bytes_per_block for s in layout.stages))]
-    if any(g.pool == "draft" for g in groups):
-        draft = layout.stages[0].draft_num_blocks or 1
-        pools.append(ManagedPool("draft", draft, hash_block_size=hash_block,
-                                 bytes_per_block=sum(s.fixed_bytes for s in layout.stages)
-                                 // draft))
-    planned = [g for g in layout.groups if _kind(g) is not None]
-    cacheable = [g.spec.block_size for g in planned if g.spec.prefix_cacheable] or \
-        [g.spec.block_size for g in planned] or [engine.block_size]
-    return groups, pools, caching, cacheable
-
-
-def _count(layout: Any, num_blocks: int | None) -> int:
-    if num_blocks is None:
-        num_blocks = layout.budget.num_blocks if layout.budget else \
-            layout.engine.num_gpu_blocks_override
-    if num_blocks is None:
-        raise ManagerError(f"layout {layout.name!r} has no block count",
-                           hint="give num_blocks, or compile the layout with a memory budget")
-    return int(num_blocks)
-
-
-def from_artifact(artifact: Any, num_blocks: int | None = None) -> ManagedLayout:
-    """The manager's view of a compiled layout with ``num_blocks`` blocks (default:
-    the layout's own, for its budget); a separate plan's pools each with their own
-    count for the budget (``num_blocks`` does not apply to them)."""
-    pools = getattr(artifact, "pools", ())
-    if pools:
-        return from_layouts([(p.name, p.layout) for p in pools])
-    return from_layouts([("device", artifact.layout)], {"device": num_blocks}
-                        if num_blocks is not None else None)
+    return _Read(spec=msgspec.convert(kinds.describe(spec), fmt.Spec), key=spec,
+                 strategy=group.strategy, layers=group.layer_names,
+                 block_size=group.spec.block_size,
+                 prefix_cacheable=group.spec.prefix_cacheable, own_pool=group.own_pool,
+                 useful_bytes=sum(group.layer_spec(n).unpadded_page_size_bytes
+                                  for n in group.layer_names))
 
 
 def from_layouts(layouts: Sequence[tuple[str, Any]], counts: Mapping[str, int] | None = None
                  ) -> ManagedLayout:
-    """The manager's view of one or several layouts, each a pool of its own (the
-    ``separate`` policy's pools), each with the count ``counts`` gives it (default:
-    its own, for its budget)."""
-    groups: list[ManagedGroup] = []
-    pools: list[ManagedPool] = []
-    caching, cacheable = True, []
-    for name, layout in layouts:
-        g, p, c, sizes = _parts(layout, _count(layout, (counts or {}).get(name)), name)
-        groups += g
-        pools += p
-        caching = caching and c
-        cacheable += sizes
+    """The manager's view of one or several planner's layouts, each a pool of its
+    own (the ``separate`` policy's pools), each with the count ``counts`` gives it
+    (default: its own, for its budget)."""
+    parts = []
+    for name, x in layouts:
+        n = _count(x.name, (counts or {}).get(name), x.budget,
+                   x.engine.num_gpu_blocks_override)
+        parts.append(_Part(name, [_planned(g) for g in x.groups], n, x.hash_block_size,
+                           sum(s.bytes_per_block for s in x.stages),
+                           (x.stages[0].draft_num_blocks or 0,
+                            sum(s.fixed_bytes for s in x.stages))))
     first = layouts[0][1]
-    engine = first.engine
-    return ManagedLayout(
-        name=first.name, groups=tuple(groups), pools=tuple(pools),
-        scheduler_block_size=math.lcm(*(x.scheduler_block_size for _, x in layouts)),
-        max_model_len=engine.max_model_len, max_in_flight_tokens=engine.max_in_flight_tokens,
-        enable_caching=caching, retention_interval=0, split_block_size=min(cacheable))
+    return _layout(first.name, first.engine, parts,
+                   math.lcm(*(x.scheduler_block_size for _, x in layouts)))

@@ -39,12 +39,13 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from kvspec.errors import KvspecError
+from kvspec.model import kinds
 
 __all__ = ["KINDS", "ManagedGroup", "ManagedLayout", "ManagedPool", "ManagerError",
            "STATE_MODES"]
 
-#: Manager kinds, see the module docstring.
-KINDS = ("full", "sliding", "local", "rswa", "state", "cross", "ring")
+#: Manager kinds, see the module docstring: each layer kind's (``Kind.manager``).
+KINDS = tuple(dict.fromkeys(k.manager for k in kinds.KINDS if k.manager is not None))
 #: Cache modes of a ``state`` group.
 STATE_MODES = ("none", "align", "all")
 
