@@ -24,7 +24,6 @@ from kvspec.errors import PlanError
 from kvspec.model import kinds
 from kvspec.model.engine import Engine, engine_from_artifact
 from kvspec.model.specs import LayerSpec, UniformType
-from kvspec.model.specs.base import cdiv
 
 __all__ = ["GroupFacts", "PlanFacts", "fitted", "groups_of", "plan_facts", "read_facts",
            "read_specs", "stage_tensors"]
@@ -45,10 +44,7 @@ class GroupFacts:
 
     def blocks_per_request(self, engine: Engine) -> int:
         """Blocks one request at ``engine.max_model_len`` takes in this group."""
-        spec = self.spec
-        if isinstance(spec, UniformType):
-            return spec.max_memory_usage_pages(engine)
-        return cdiv(spec.max_memory_usage_bytes(engine), spec.page_size_bytes)
+        return self.spec.request_blocks(engine)
 
 
 class StageFacts(NamedTuple):
