@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from kvspec.errors import KvspecError
+from kvspec.model.engine import Engine
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
 from kvspec.sim.engine import KvspecEngine, Progress, drive
 from kvspec.sim.generate import generate_trace
@@ -37,7 +38,7 @@ from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
 __all__ = ["MAX_BLOCKS", "SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
-           "admit", "batch_depth", "generate_trace", "parse_trace", "read_trace", "run",
+           "admit", "generate_trace", "parse_trace", "read_trace", "run",
            "run_artifact", "simulate", "simulate_artifact", "write_trace"]
 
 
@@ -54,13 +55,6 @@ def too_many_blocks(layout: ManagedLayout) -> str | None:
         return None
     return (f"pool {big[0].name} has {big[0].num_blocks:,} blocks; the simulator holds "
             f"every block, at most {MAX_BLOCKS:,}")
-
-
-def batch_depth(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
-    """Batches in flight (vLLM's ``max_concurrent_batches``, V1 model runner)."""
-    if async_scheduling and pipeline_parallel_size <= 1:
-        return 2
-    return max(pipeline_parallel_size, 1)
 
 
 def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
@@ -88,7 +82,7 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     every decoding request one by one (slower, the same result)."""
     if max_model_len is not None:
         layout = replace(layout, max_model_len=max_model_len)
-    depth = batch_depth(async_scheduling, pipeline_parallel_size)
+    depth = Engine.batches_in_flight(async_scheduling, pipeline_parallel_size)
     # the recycling groups' admission cap reads the tokens in flight: these settings'
     layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
     admitted, numbers = admit(trace, layout.max_model_len)
