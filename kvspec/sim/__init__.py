@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.model.engine import Engine
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
@@ -38,7 +39,7 @@ from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
 __all__ = ["MAX_BLOCKS", "SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
-           "admit", "generate_trace", "parse_trace", "read_trace", "run",
+           "admit", "engine_settings", "generate_trace", "parse_trace", "read_trace", "run",
            "run_artifact", "simulate", "simulate_artifact", "write_trace"]
 
 
@@ -115,12 +116,14 @@ def admit(trace: Sequence[TraceRequest], max_model_len: int
     return [trace[i - 1] for i in numbers], numbers
 
 
-def engine_settings(artifact: Any) -> dict[str, Any]:
-    """:func:`simulate`'s engine keywords for a compiled layout."""
-    engine = artifact.layout.engine
-    return {"max_num_seqs": engine.max_num_seqs,
+def engine_settings(engine: fmt.Engine, max_num_seqs: int | None = None) -> dict[str, Any]:
+    """:func:`simulate`'s engine keywords from an artifact's engine record (the one
+    place that makes them); ``max_num_seqs``: the workload's concurrency, when it
+    caps the requests running at once below the engine's."""
+    return {"max_num_seqs": max_num_seqs or engine.max_num_seqs,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "async_scheduling": engine.async_scheduling_resolved,
+            "max_model_len": engine.max_model_len,
+            "async_scheduling": engine.async_scheduling,
             "pipeline_parallel_size": engine.pipeline_parallel_size}
 
 
@@ -134,5 +137,5 @@ def simulate_artifact(artifact: Any, trace: Sequence[TraceRequest],
 def run_artifact(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
                  **settings: Any) -> tuple[SimResult, KvspecEngine]:
     """:func:`run` for a compiled layout (see :func:`simulate_artifact`)."""
-    kwargs = {**engine_settings(artifact), **settings}
+    kwargs = {**engine_settings(artifact.body.engine), **settings}
     return run(from_artifact(artifact, num_blocks), trace, **kwargs)

@@ -35,7 +35,7 @@ from kvspec.errors import ErrorList, KvspecError
 from kvspec.passes.freeze import freeze
 from kvspec.pooling import figures
 from kvspec.runtime.manager import from_layouts
-from kvspec.sim import SimResult, TraceRequest, simulate
+from kvspec.sim import SimResult, TraceRequest, engine_settings, simulate
 
 __all__ = ["evaluate_point", "row_of_error"]
 
@@ -82,11 +82,8 @@ def _r(x: float) -> float:
 
 def _simulated(art: Any, trace: tuple[TraceRequest, ...]) -> tuple[SimResult, int]:
     pools = [(p.name, p.layout) for p in art.pools] or [("device", art.layout)]
-    engine = art.layout.engine
-    result = simulate(from_layouts(pools), trace, max_num_seqs=engine.max_num_seqs,
-                      max_num_batched_tokens=engine.max_num_batched_tokens,
-                      async_scheduling=engine.async_scheduling_resolved,
-                      pipeline_parallel_size=engine.pipeline_parallel_size)
+    engine = art.body.engine
+    result = simulate(from_layouts(pools), trace, **engine_settings(engine))
     return result, engine.max_model_len
 
 
