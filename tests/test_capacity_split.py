@@ -16,7 +16,7 @@ from kvspec.compiler import compile_until
 from kvspec.model.engine import Engine
 from kvspec.model.pooling import Pooling
 from kvspec.passes.size import Sized
-from kvspec.pooling.decide import candidates
+from kvspec.pooling.candidates import candidates
 from kvspec.pooling.evaluate import layout_waste, waste_of
 from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool, from_layouts
 from kvspec.sim import TraceRequest, generate_trace, simulate

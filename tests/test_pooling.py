@@ -15,7 +15,7 @@ from kvspec.artifact.invariants import block_overlaps, check_artifact
 from kvspec.compiled import read, verified
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
-from kvspec.pooling.decide import TIE
+from kvspec.pooling.choose import TIE
 from tests.conftest import ROOT, invoke
 
 torch = pytest.importorskip("torch")

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from kvspec import notes
 from kvspec.artifact import format as fmt
@@ -32,29 +32,15 @@ from kvspec.model.pooling import PoolingRef, Workload
 from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling import figures
-from kvspec.pooling.layouts import PoolLayout
-from kvspec.runtime.manager import ManagedLayout, from_layouts
+from kvspec.pooling.candidates import Candidate
+from kvspec.runtime.manager import ManagedLayout, from_artifact
 from kvspec.runtime.manager.adapter import manager_kind
-from kvspec.sim import SimResult, TraceRequest, generate_trace, simulate
+from kvspec.sim import SimResult, TraceRequest, engine_settings, generate_trace, simulate
 from kvspec.sim.formats import Columns, read_requests
 from kvspec.sim.presets import preset_trace
 
 __all__ = ["Evaluation", "Runs", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
            "workload_trace"]
-
-
-class Candidate(Protocol):
-    """What evaluating reads of a candidate (:class:`kvspec.pooling.decide.Candidate`,
-    which imports this module)."""
-
-    @property
-    def layout(self) -> Layout: ...
-    @property
-    def pools(self) -> tuple[PoolLayout, ...]: ...
-    @property
-    def layouts(self) -> tuple[Layout, ...]: ...
-    @property
-    def note(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,36 +203,28 @@ def _unnamed(managed: ManagedLayout) -> ManagedLayout:
 Runs = dict[tuple[ManagedLayout, tuple[tuple[str, Any], ...]], SimResult]
 
 
-def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized,
-             runs: Runs | None = None) -> Evaluation:
-    """``candidate``'s figures at the workload; simulated when there is a budget.
+def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engine,
+             budget: int | None, runs: Runs | None = None) -> Evaluation:
+    """``candidate``'s figures at the workload; its artifact simulated when there is
+    a budget, under the source's ``engine`` settings (its artifact's engine record).
     ``runs``: simulations of this decision so far (the simulation is deterministic, so
     a candidate whose pools simulate alike reuses one; its waste is still its own)."""
-    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
+    tokens = trace.held_tokens if trace is not None else engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
-    budget = sized.budget_bytes
     live = sum(figures.live_bytes(x, tokens) for x in candidate.layouts)
     physical = budget / live if budget is not None and live else None
     if trace is None or budget is None or candidate.note:
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
-    engine = sized.layout.engine
-    layouts = _pool_layouts(candidate)
-    managed = from_layouts(layouts)
-    settings: dict[str, Any] = {
-        "max_num_seqs": trace.workload.concurrency or engine.max_num_seqs,
-        "max_num_batched_tokens": engine.max_num_batched_tokens,
-        "max_model_len": engine.max_model_len,
-        "async_scheduling": engine.async_scheduling_resolved,
-        "pipeline_parallel_size": engine.pipeline_parallel_size}
+    managed = from_artifact(candidate.artifact)
+    settings = engine_settings(engine, trace.workload.concurrency)
     key = (_unnamed(managed), tuple(settings.items()))
     result = runs.get(key) if runs is not None else None
     if result is None:
         result = simulate(managed, trace.requests, sample_held=True,
-                          progress=_told(getattr(candidate, "name", "a candidate")),
-                          **settings)
+                          progress=_told(candidate.name), **settings)
         if runs is not None:
             runs[key] = result
-    tokens_held, waste = waste_of(result, layouts)
+    tokens_held, waste = waste_of(result, _pool_layouts(candidate))
     simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
     return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)
