@@ -38,7 +38,7 @@ from kvspec.passes.pool import pool
 from kvspec.passes.size import size
 from kvspec.passes.validate import validate
 
-__all__ = ["PASSES", "Pass", "Track", "check_chain", "run", "run_until"]
+__all__ = ["PASSES", "Pass", "SourceText", "Track", "check_chain", "run", "run_until"]
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from kvspec.model.specs import MambaState
 from kvspec.passes.freeze import CompiledArtifact, freeze
 from kvspec.passes.parse import Parsed
 from kvspec.passes.pipeline import Pass, run, run_until
-from kvspec.passes.pool import PoolLayout, Pooled, pooled, separate_layouts
+from kvspec.passes.pool import Pooled, PoolLayout, pooled, separate_layouts
 from kvspec.passes.size import Sized
 
 __all__ = ["Candidate", "candidates", "compiled", "resized", "separated"]

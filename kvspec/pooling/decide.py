@@ -13,7 +13,7 @@ import dataclasses
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.model.pooling import Pooling, PoolingRef, Workload
-from kvspec.passes.pool import PoolLayout, Pooled, pool, pooled, separate_layouts
+from kvspec.passes.pool import Pooled, PoolLayout, pool, pooled, separate_layouts
 from kvspec.passes.size import Sized
 from kvspec.pooling.candidates import Candidate, candidates
 from kvspec.pooling.choose import choose, tune_separate, within_max_groups
@@ -137,8 +137,8 @@ def decide(sized: Sized) -> Pooled:
     engine = listed[0].artifact.body.engine  # vLLM's plan: the source's settings
     runs: Runs = {}
     cands, evaluations = [], []
-    for c in listed:
-        c, e = _evaluated(c, pooling, trace, tokens, engine, sized.budget_bytes, runs)
+    for listed_one in listed:
+        c, e = _evaluated(listed_one, pooling, trace, tokens, engine, sized.budget_bytes, runs)
         cands.append(c)
         evaluations.append(e)
     if pooling.policy == "unified":
