@@ -10,6 +10,7 @@ with why (reported, never chosen).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from kvspec.errors import KvspecError
@@ -21,6 +22,7 @@ from kvspec.passes.parse import Parsed
 from kvspec.passes.pipeline import Pass, run, run_until
 from kvspec.passes.pool import Pooled, PoolLayout, pooled, separate_layouts
 from kvspec.passes.size import Sized
+from kvspec.pooling.figures import Figures
 
 __all__ = ["Candidate", "candidates", "compiled", "resized", "separated"]
 
@@ -35,6 +37,8 @@ class Candidate:
     block_size: int
     pooled: Pooled
     artifact: CompiledArtifact
+    #: Its static figures, read from its artifact.
+    figures: Figures
     #: Why the runtime asked for cannot serve it (then it is reported, not chosen).
     note: str | None = None
 
@@ -59,11 +63,15 @@ class Candidate:
         return min(x.hash_block_size for x in self.layouts)
 
 
+def _frozen(name: str, policy: str, block_size: int, kept: Pooled) -> Candidate:
+    artifact = freeze(kept)
+    return Candidate(name, policy, block_size, kept, artifact, Figures(artifact.body))
+
+
 def compiled(name: str, sized: Sized, block_size: int | None = None) -> Candidate:
     """``sized`` kept as a unified plan, frozen."""
-    kept = pooled(sized)
     size = block_size if block_size is not None else sized.layout.engine.block_size
-    return Candidate(name, "unified", size, kept, freeze(kept))
+    return _frozen(name, "unified", size, pooled(sized))
 
 
 def separated(name: str, sized: Sized, pooling: Pooling, tokens: int) -> Candidate:
@@ -71,8 +79,7 @@ def separated(name: str, sized: Sized, pooling: Pooling, tokens: int) -> Candida
     pool pass with ``pooling``, through the fold: its errors located), frozen."""
     step = Pass("pool", lambda s: pooled(s, separate_layouts(s, pooling, tokens)),
                 Sized, Pooled)
-    kept = run(sized, (step,))
-    return Candidate(name, "separate", pooling.block_size, kept, freeze(kept))
+    return _frozen(name, "separate", pooling.block_size, run(sized, (step,)))
 
 
 def resized(sized: Sized, **engine: object) -> Sized | None:
@@ -118,10 +125,10 @@ def _separate(name: str, sized: Sized, pooling: Pooling, tokens: int) -> Candida
         if pooling.policy == "separate":
             raise
         base = compiled(name, sized)
-        return Candidate(name, "separate", pooling.block_size, base.pooled, base.artifact,
-                         f"cannot plan: {err.message}")
+        return dataclasses.replace(base, policy="separate", block_size=pooling.block_size,
+                                   note=f"cannot plan: {err.message}")
     note = "vLLM 0.33 holds one shared pool" if pooling.serve_with == "vllm" else None
-    return Candidate(c.name, c.policy, c.block_size, c.pooled, c.artifact, note)
+    return dataclasses.replace(c, note=note)
 
 
 def _unified(sized: Sized, pooling: Pooling, uncached: Sized | None) -> list[Candidate]:

@@ -37,7 +37,7 @@ def _record(c: Candidate, e: Evaluation, tokens: int) -> fmt.Candidate:
         physical_limit=e.physical_limit,
         simulated=_simulated(e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
         waste=e.waste, binding_pool=e.binding_pool, note=c.note,
-        curve=capacity_curve(c.layouts, tokens))
+        curve=capacity_curve(c.figures, tokens))
 
 
 def _workload_record(w: Workload, tokens: int) -> fmt.WorkloadRecord:

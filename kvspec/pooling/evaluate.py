@@ -31,7 +31,6 @@ from kvspec.model.plan import Layout
 from kvspec.model.pooling import PoolingRef, Workload
 from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
-from kvspec.pooling import figures
 from kvspec.pooling.candidates import Candidate
 from kvspec.runtime.manager import ManagedLayout, from_artifact
 from kvspec.runtime.manager.adapter import manager_kind
@@ -109,14 +108,12 @@ class Evaluation:
 
 def _static(candidate: Candidate, tokens: int) -> tuple[float | None, float | None, str | None]:
     """Static requests at max_model_len and at ``tokens``, and the binding pool."""
-    layouts = [(p.name, p.layout) for p in candidate.pools] or \
-        [("device", candidate.layout)]
-    at_max = [(figures.static_requests(x), n) for n, x in layouts]
-    at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
-    if any(v is None for v, _ in at_max + at_tokens):
+    static = candidate.figures.static_requests()
+    at_tokens = candidate.figures.workload_requests(tokens)
+    if static is None or any(v is None for v, _ in at_tokens):
         return None, None, None
     low = min(at_tokens)
-    return min(v for v, _ in at_max), low[0], low[1]  # type: ignore[type-var]
+    return static, low[0], low[1]
 
 
 def _pool_layouts(candidate: Candidate) -> list[tuple[str, Layout]]:
@@ -211,7 +208,7 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engi
     a candidate whose pools simulate alike reuses one; its waste is still its own)."""
     tokens = trace.held_tokens if trace is not None else engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
-    live = sum(figures.live_bytes(x, tokens) for x in candidate.layouts)
+    live = candidate.figures.live_bytes(tokens)
     physical = budget / live if budget is not None and live else None
     if trace is None or budget is None or candidate.note:
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
