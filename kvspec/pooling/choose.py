@@ -13,7 +13,8 @@ from kvspec.passes.pool import PoolLayout
 from kvspec.pooling.candidates import Candidate, separated
 from kvspec.pooling.evaluate import Evaluation, Runs, WorkloadTrace, evaluate
 
-__all__ = ["SPLIT_FACTORS", "TIE", "WASTE_STEP", "choose", "tiebreak", "tune_separate",
+__all__ = ["SPLIT_FACTORS", "TIE", "WASTE_STEP", "capacity", "choose", "scaled", "tiebreak",
+           "tune_separate",
            "within_max_groups"]
 
 #: Capacities within this share of the best are a tie: a trace of a few hundred
