@@ -14,8 +14,7 @@ from kvspec.pooling.candidates import Candidate, separated
 from kvspec.pooling.evaluate import Evaluation, Runs, WorkloadTrace, evaluate
 
 __all__ = ["SPLIT_FACTORS", "TIE", "WASTE_STEP", "capacity", "choose", "scaled", "tiebreak",
-           "tune_separate",
-           "within_max_groups"]
+           "tune_separate", "within_max_groups"]
 
 #: Capacities within this share of the best are a tie: a trace of a few hundred
 #: requests does not tell smaller differences apart.
