@@ -1,28 +1,13 @@
-"""``compile()``: the pipeline (:mod:`kvspec.passes.pipeline`) from source text to
-artifact, with the pooling driver (:mod:`kvspec.pooling`) in the pool pass's place.
-
-The pipeline is data: :data:`PASSES` is an ordered tuple of :class:`Pass`
-records, each a pure function from its own frozen type to the next
-(:mod:`kvspec.passes`)::
-
-    SourceText -compose-> Composed -parse-> Parsed -expand-> Expanded -validate-> Validated
-      -plan-> Planned -size-> Sized -pool-> Pooled -freeze-> Artifact
-
-:func:`run` checks that a sequence of passes chains before folding over it, so a
-test can run any prefix and look at the value it ends in, and locates every
-pass's error once, at the file, line and column the pass's input knows. The
-``pool`` step here is :func:`kvspec.pooling.decide`: a policy that weighs
-candidates compiles each through the same pipeline and simulates its artifact
-(a search drives the pipeline from above; it is not a pass).
+"""``compile()``: the pipeline (:mod:`kvspec.passes.pipeline`, a fold over the
+passes, its errors located once) from source text to artifact, with the pooling
+driver (:func:`kvspec.pooling.decide`) in the pool pass's place: a policy that
+weighs candidates compiles each through the same pipeline and simulates its
+artifact (a search drives the pipeline from above; it is not a pass).
 
 >>> from pathlib import Path
 >>> art = compile_source(Path("layouts/llama-3.1-8b.yaml").read_text(), "llama.yaml")
 >>> art.layout.groups[0].spec.kind, art.layout.stage(0).bytes_per_block
 ('full_attention', 2097152)
->>> planned = run(SourceText(text=Path("layouts/llama-3.1-8b.yaml").read_text(),
-...                          file="llama.yaml"), PASSES[:5])
->>> type(planned).__name__, len(planned.plan.groups)
-('Planned', 1)
 """
 
 from __future__ import annotations

@@ -135,10 +135,6 @@ class Figures:
             return None
         return memory / per
 
-    def curve(self, tokens: int) -> list[tuple[int, float]]:
-        """:func:`capacity_curve` of this artifact."""
-        return capacity_curve(self, tokens)
-
 
 def capacity_curve(figures: Figures | Sequence[Figures], tokens: int
                    ) -> list[tuple[int, float]]:
