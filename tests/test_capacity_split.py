@@ -121,7 +121,7 @@ def test_live_waste_and_idle_add_up_to_the_pool(case: str, tmp_path: Path) -> No
                           async_scheduling=engine.async_scheduling_resolved,
                           pipeline_parallel_size=engine.pipeline_parallel_size,
                           sample_held=True)
-        _, waste = waste_of(result, layouts)
+        _, waste = waste_of(result, c.artifact.body)
         if waste is None:
             assert result.as_dict()["waiting_steps_by_reason"]["memory"] == 0
             continue

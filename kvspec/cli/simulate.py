@@ -250,7 +250,7 @@ def _summary(target: Target, result: Any, side: str) -> dict[str, Any]:
     # deferred: the pooling figures load with the compiler, when the command runs
     from kvspec.pooling.evaluate import layout_waste, waste_of
 
-    waste = waste_of(result, list(target.pools))[1] if side == "kvspec" else None
+    waste = waste_of(result, target.artifact.body)[1] if side == "kvspec" else None
     return {**result.as_dict(), "layout_waste": layout_waste(waste)}
 
 

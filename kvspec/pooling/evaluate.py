@@ -27,13 +27,11 @@ from typing import Any
 from kvspec import notes
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
-from kvspec.model.plan import Layout
 from kvspec.model.pooling import PoolingRef, Workload
-from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
 from kvspec.pooling.candidates import Candidate
+from kvspec.pooling.figures import Figures
 from kvspec.runtime.manager import ManagedLayout, from_artifact
-from kvspec.runtime.manager.adapter import manager_kind
 from kvspec.sim import SimResult, TraceRequest, engine_settings, generate_trace, simulate
 from kvspec.sim.formats import Columns, read_requests
 from kvspec.sim.presets import preset_trace
@@ -116,39 +114,15 @@ def _static(candidate: Candidate, tokens: int) -> tuple[float | None, float | No
     return static, low[0], low[1]
 
 
-def _pool_layouts(candidate: Candidate) -> list[tuple[str, Layout]]:
-    return [(p.name, p.layout) for p in candidate.pools] or [("device", candidate.layout)]
-
-
-def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int, bool]]:
-    """Per group, in the manager's order: the bytes one block it holds takes
-    ``(useful, padded pages, padding slots, state)`` across the stages (a drafter's
-    own pool aside, whose blocks are counted as padding-free useful bytes)."""
-    out = []
-    for _, layout in layouts:
-        allocated = sum(st.bytes_per_block for st in layout.stages)
-        for g in layout.groups:
-            if manager_kind(g) is None:
-                continue
-            specs = [g.layer_spec(n) for n in g.layer_names]
-            useful = sum(s.unpadded_page_size_bytes for s in specs)
-            padded = sum(s.page_size_bytes - s.unpadded_page_size_bytes for s in specs)
-            slots = 0 if g.own_pool else max(allocated - useful - padded, 0)
-            out.append((useful, padded, slots, isinstance(specs[0], MambaState)
-                        if specs else False))
-    return out
-
-
-def waste_of(result: SimResult, layouts: list[tuple[str, Layout]]
-             ) -> tuple[float | None, fmt.Waste | None]:
+def waste_of(result: SimResult, body: fmt.Layout) -> tuple[float | None, fmt.Waste | None]:
     """Mean tokens held and the waste kinds while memory keeps requests waiting, from
-    the samples of a simulation run with ``sample_held`` over ``layouts``' pools
-    (``(name, layout)`` in the manager's order); None, None when memory never did."""
+    the samples of a simulation run with ``sample_held`` over the pools of the
+    artifact whose ``body`` this is; None, None when memory never did."""
     held = result.held_while_memory_bound()
     if held is None:
         return None, None
     running, live, blocks, tokens = held
-    per_group = _block_bytes(layouts)
+    per_group = Figures(body).block_bytes
     if len(per_group) != len(blocks):
         return None, None
     useful = sum(h * u for h, (u, _, _, _) in zip(blocks, per_group))
@@ -221,7 +195,7 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engi
                           progress=_told(candidate.name), **settings)
         if runs is not None:
             runs[key] = result
-    tokens_held, waste = waste_of(result, _pool_layouts(candidate))
+    tokens_held, waste = waste_of(result, candidate.artifact.body)
     simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
     return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)

@@ -35,6 +35,7 @@ from kvspec.artifact.sizing import counts_for
 from kvspec.model.engine import Engine, engine_from_artifact
 from kvspec.model.kinds import spec_from_dict
 from kvspec.model.specs import LayerSpec, MambaState
+from kvspec.model.specs.attention import EncoderOnly
 from kvspec.model.specs.base import cdiv
 from kvspec.model.specs.uniform import UniformType
 
@@ -74,6 +75,33 @@ def _as_grouped(spec: LayerSpec, name: str) -> LayerSpec:
     return spec.specs[name] if isinstance(spec, UniformType) else spec
 
 
+def _block_bytes(body: fmt.Layout, specs: list[LayerSpec]
+                 ) -> tuple[tuple[int, int, int, bool], ...]:
+    """Per group the request-level manager holds (not an encoder-only one), in its
+    order: the bytes one block takes ``(useful, padded pages, padding slots,
+    state)`` across the stages (a drafter's own pool aside, whose blocks are
+    counted as padding-free useful bytes)."""
+    per_pool: dict[str, int] = {}  # a pool's bytes per block, over the stages
+    pool_of: dict[int, str] = {}
+    for st in body.stages:
+        for p in st.pools:
+            per_pool[p.name] = per_pool.get(p.name, 0) + p.bytes_per_block
+            pool_of.update((g, p.name) for g in p.groups)
+    allocated = {g: per_pool[name] for g, name in pool_of.items()}
+    out = []
+    for g in body.groups:
+        spec = specs[g.spec]
+        first = spec.members[0][1] if isinstance(spec, UniformType) else spec
+        if isinstance(first, EncoderOnly):
+            continue
+        layers = [_as_grouped(spec, n) for n in g.layers]
+        useful = sum(s.unpadded_page_size_bytes for s in layers)
+        padded = sum(s.page_size_bytes - s.unpadded_page_size_bytes for s in layers)
+        slots = 0 if g.own_pool else max(allocated.get(g.id, 0) - useful - padded, 0)
+        out.append((useful, padded, slots, bool(layers) and isinstance(layers[0], MambaState)))
+    return tuple(out)
+
+
 class Figures:
     """An artifact's static figures (its body read once)."""
 
@@ -91,6 +119,7 @@ class Figures:
         self._shares = [Fraction(*p.share) for p in stage.pools if p.share is not None]
         self.layers = tuple(_as_grouped(specs[groups[g].spec], n) for n in stage.layers
                             if (g := body.layers[n].group) is not None)
+        self.block_bytes = _block_bytes(body, specs)
 
     def memory(self) -> int | None:
         """The bytes the main pools are sized for: the budget, or the sum of a
