@@ -152,17 +152,18 @@ def held_tokens(workload: str) -> float:
 
 def budget(source: Path) -> tuple[int, bool, Any] | None:
     """(memory, scaled, layout) for a hybrid source; None otherwise."""
+    from kvspec.compiler import compile as compile_file
     from kvspec.compiler import compile_until
     from kvspec.errors import KvspecError
     from kvspec.passes.size import Sized
-    from kvspec.pooling import figures
+    from kvspec.pooling.figures import Figures
 
     sized = compile_until(source, Sized)
     layout = sized.layout
     if not is_hybrid(layout) or layout.budget is None:
         return None
     own = layout.budget.memory
-    limit = figures.physical_limit(layout, round(held_tokens("short"))) or 0.0
+    limit = Figures(compile_file(source).body).physical_limit(round(held_tokens("short"))) or 0.0
     if limit <= SCALE_ABOVE:
         return own, False, layout
     memory = int(own * TARGET_REQUESTS / limit) >> 20 << 20

@@ -36,8 +36,8 @@ from kvspec.model.pooling import Pooling
 from kvspec.model.quant.cells import Quantized, quantized
 from kvspec.model.specs import LayerSpec
 from kvspec.passes.freeze import CompiledArtifact, body_of, engine_record, frozen, pooled_body
+from kvspec.passes.pool import PoolLayout, pool_layouts
 from kvspec.planner import build_layout, plan_layers, size_plan
-from kvspec.pooling.layouts import PoolLayout, pool_layouts
 
 __all__ = ["CompiledArtifact", "body_of", "engine_record", "frozen", "read", "replan",
            "verified"]

@@ -30,16 +30,16 @@ ALLOWED = {
     "model": {"model", "artifact.format"},  # the plan holds the format's Budget record
     "source": {"model", "source"},
     "planner": {"model", "planner", "artifact.format", "artifact.sizing"},
-    "passes": {"model", "source", "planner", "artifact", "passes", "pooling"},
+    "passes": {"model", "source", "planner", "artifact", "passes"},
     "pooling": {"model", "artifact", "planner", "passes", "pooling", "runtime.manager", "sim"},
-    "compiler": {"model", "source", "planner", "artifact", "passes"},
+    "compiler": {"model", "source", "planner", "artifact", "passes", "pooling"},
     "artifact": {"model", "artifact"},
     # the runtime reads artifacts, never plans them (``load(replan=True)`` defers
     # the compiler to kvspec.compiled, imported only when asked); it describes a
     # loaded cache for connectors with the torch-free descriptor
     "runtime": {"model", "artifact", "runtime", "compiled", "connectors.describe",
                 "connectors.descriptor"},
-    "compiled": {"model", "artifact", "planner", "passes", "pooling"},
+    "compiled": {"model", "artifact", "planner", "passes"},
     "reports": {"model", "artifact", "planner", "source", "passes", "compiler", "compiled",
                 "reports", "connectors.descriptor"},
     "integrations": {"model", "source", "passes", "compiler", "compiled", "artifact", "runtime",

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+import kvspec.sim as sim_package
 from kvspec.compiler import compile_until
+from kvspec.model.engine import Engine
 from kvspec.model.pooling import Pooling
 from kvspec.passes.size import Sized
-from kvspec.pooling.decide import candidates
+from kvspec.pooling.candidates import candidates
 from kvspec.pooling.evaluate import layout_waste, waste_of
 from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool, from_layouts
 from kvspec.sim import TraceRequest, generate_trace, simulate
@@ -119,7 +121,7 @@ def test_live_waste_and_idle_add_up_to_the_pool(case: str, tmp_path: Path) -> No
                           async_scheduling=engine.async_scheduling_resolved,
                           pipeline_parallel_size=engine.pipeline_parallel_size,
                           sample_held=True)
-        _, waste = waste_of(result, layouts)
+        _, waste = waste_of(result, c.artifact.body)
         if waste is None:
             assert result.as_dict()["waiting_steps_by_reason"]["memory"] == 0
             continue
@@ -182,3 +184,43 @@ def test_plan_says_nothing_of_the_cap_when_memory_binds(tmp_path: Path) -> None:
     assert code == 0, err
     assert "the request cap binds" not in out
     assert "while memory keeps requests waiting, live tokens and states fill" in out
+
+
+#: vLLM 0.33.0's ``VllmConfig.max_concurrent_batches`` (vllm/config/vllm.py), with Model
+#: Runner V2 (its default on GPUs): ``pp_size + 1`` under async scheduling, else
+#: ``pp_size``. (V1's runner keeps 2 at one stage and refuses async scheduling with
+#: pipeline parallelism: ``check_and_update_config``.) (async, pp, vLLM's, the artifact's)
+BATCHES_IN_FLIGHT = [(False, 1, 1, 1), (True, 1, 2, 2), (False, 2, 2, 2), (True, 2, 3, 4),
+                     (True, 4, 5, 8), (False, 4, 4, 4)]
+
+
+@pytest.mark.parametrize("overlap,stages,vllm,planned", BATCHES_IN_FLIGHT)
+def test_batches_in_flight_as_vllm_counts_them(overlap: bool, stages: int, vllm: int,
+                                               planned: int) -> None:
+    """The simulator keeps vLLM's count; the plan keeps two per stage with async
+    scheduling over several stages (by design: rule ``async-pipeline``)."""
+    assert Engine.batches_in_flight(overlap, stages) == vllm
+    engine = Engine(max_num_batched_tokens=100, async_scheduling=overlap,
+                    pipeline_parallel_size=stages)
+    assert engine.concurrent_batches == planned
+    assert engine.max_in_flight_tokens == 100 * planned
+
+
+def test_the_simulator_reserves_vllms_tokens_in_flight() -> None:
+    """A window group's admission cap reads the simulator's tokens in flight:
+    ``max_num_batched_tokens`` x vLLM's batches, 3 at two async stages."""
+    seen = []
+
+    class Spy(Exception):
+        pass
+
+    def stop(layout: ManagedLayout, *args: object, **kwargs: object) -> None:
+        seen.append(layout.max_in_flight_tokens)
+        raise Spy
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sim_package, "KVCacheManager", stop)
+        with pytest.raises(Spy):
+            simulate(tiny(8), [], max_num_batched_tokens=64, async_scheduling=True,
+                     pipeline_parallel_size=2)
+    assert seen == [64 * 3]

@@ -11,10 +11,12 @@ import msgspec
 import pytest
 import yaml
 
+from kvspec.artifact import Artifact
 from kvspec.compiled import read, verified
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
-from kvspec.pooling.decide import TIE
+from kvspec.pooling.choose import TIE
+from kvspec.pooling.figures import Figures, capacity_curve
 from tests.conftest import ROOT, invoke
 from tests.invariants import block_overlaps, check_artifact
 
@@ -317,3 +319,35 @@ def test_the_pooling_examples_choose_what_their_docs_say() -> None:
     assert sep.policy == "separate" and len(sep.pools) == 2
     doc = yaml.safe_load((ROOT / "layouts/pooling-auto.yaml").read_text())
     assert doc["pooling"]["serve_with"] == "kvspec"
+
+
+#: The static figures read from committed artifacts: (artifact, each main pool's
+#: blocks, requests of 2048 tokens each pool holds, live bytes of one such request,
+#: the bytes the pools are sized for). A drafter's own pool is no main pool; a
+#: separate plan's pools each get their share, rounded down.
+FIGURES = [
+    ("llama-3.1-8b", {"device": 20480}, [(20479 / 128, "device")], 128 * 2048 * 1024,
+     40 << 30),
+    ("pooling-separate", {"sliding_window_1024": 5286, "full_attention": 38044},
+     [(5285 / 129, "sliding_window_1024"), (38043 / 128, "full_attention")], 301989888,
+     (40 << 30) - 1),
+    ("example-glm5-next-drafter", {"device": 2773}, [(252.0, "device")], 19707392, 8 << 30),
+]
+
+
+@pytest.mark.parametrize("name,blocks,at_2048,live,memory", FIGURES)
+def test_figures_read_the_frozen_artifact(name: str, blocks: dict[str, int],
+                                          at_2048: list[tuple[float, str]], live: int,
+                                          memory: int) -> None:
+    body = Artifact.read(ROOT / "layouts" / f"{name}.kvlayout.json").body
+    figures = Figures(body)
+    assert {p.name: p.num_blocks for p in figures.pools} == blocks
+    got = figures.workload_requests(2048)
+    assert [n for _, n in got] == [n for _, n in at_2048]
+    assert [v for v, _ in got] == pytest.approx([v for v, _ in at_2048])
+    assert figures.live_bytes(2048) == live
+    assert figures.memory() == memory
+    assert figures.physical_limit(2048) == body.budget.memory / live
+    assert figures.static_requests() == body.budget.max_concurrency
+    curve = capacity_curve(figures, 2048)
+    assert curve[2] == (2048, round(min(v for v, _ in at_2048), 2))

@@ -30,7 +30,7 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageE
 from kvspec.files import emit, shown
 from kvspec.reports.format import count, table
 from kvspec.runtime.manager import from_layouts
-from kvspec.sim import MAX_BLOCKS, simulate
+from kvspec.sim import MAX_BLOCKS, engine_settings, simulate
 from kvspec.sim.formats import FORMATS, read_requests
 
 #: The summary's keys (kvspec.sim.SUMMARY_KEYS, a dot into a nested one) and the
@@ -235,21 +235,13 @@ def _trace(path: Path | None, target: Target, *, workload_format: str | None = N
                           "in the source")
 
 
-def _settings(target: Target, max_num_seqs: int | None) -> dict[str, Any]:
-    engine = target.artifact.layout.engine
-    return {"max_num_seqs": max_num_seqs or engine.max_num_seqs,
-            "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "async_scheduling": engine.async_scheduling_resolved,
-            "pipeline_parallel_size": engine.pipeline_parallel_size}
-
-
 def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
               quiet: bool) -> Any:
     layout = from_layouts(list(target.pools), target.counts)
     with progress(len(trace), label="simulating", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         return simulate(layout, trace, progress=_advance(bar), sample_held=True,
-                        **_settings(target, max_num_seqs))
+                        **engine_settings(target.artifact.body.engine, max_num_seqs))
 
 
 def _summary(target: Target, result: Any, side: str) -> dict[str, Any]:
@@ -258,7 +250,7 @@ def _summary(target: Target, result: Any, side: str) -> dict[str, Any]:
     # deferred: the pooling figures load with the compiler, when the command runs
     from kvspec.pooling.evaluate import layout_waste, waste_of
 
-    waste = waste_of(result, list(target.pools))[1] if side == "kvspec" else None
+    waste = waste_of(result, target.artifact.body)[1] if side == "kvspec" else None
     return {**result.as_dict(), "layout_waste": layout_waste(waste)}
 
 

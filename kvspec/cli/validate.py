@@ -37,7 +37,7 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.compiler import Pass, Sized, compile_until, run
     from kvspec.files import shown
-    from kvspec.passes.pool import check_pool
+    from kvspec.pooling import check_pool
     from kvspec.reports.summary import summary_warnings
 
     stdin_once(sources)

@@ -168,11 +168,27 @@ class Engine:
             return self.pipeline_parallel_size == 1
         return self.async_scheduling
 
+    @staticmethod
+    def batches_in_flight(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
+        """Batches scheduled but not yet settled, as vLLM 0.33 counts them
+        (``VllmConfig.max_concurrent_batches`` with Model Runner V2, its default on
+        GPUs): one per pipeline stage, and async scheduling keeps one more.
+
+        >>> [Engine.batches_in_flight(a, pp) for a in (False, True) for pp in (1, 2)]
+        [1, 2, 2, 3]
+        """
+        stages = max(pipeline_parallel_size, 1)
+        return stages + 1 if async_scheduling else stages
+
     @property
     def concurrent_batches(self) -> int:
-        """Batches scheduled but not yet settled: one per pipeline stage, and
-        async scheduling keeps one more step in flight."""
-        return self.pipeline_parallel_size * (2 if self.async_scheduling_resolved else 1)
+        """The batches in flight the plan reserves for: vLLM's count
+        (:meth:`batches_in_flight`), but two per stage with async scheduling over
+        several stages (by design: rule ``async-pipeline``, docs/vllm.md)."""
+        stages, overlap = self.pipeline_parallel_size, self.async_scheduling_resolved
+        if overlap and stages > 1:
+            return stages * 2
+        return self.batches_in_flight(overlap, stages)
 
     @property
     def max_in_flight_tokens(self) -> int:

@@ -36,8 +36,7 @@ from kvspec.model.plan import Layout, Stage, Tensor
 from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs import Attention, LayerSpec
 from kvspec.model.specs.base import once_per_object
-from kvspec.passes.pool import Pooled
-from kvspec.pooling.layouts import PoolLayout
+from kvspec.passes.pool import Pooled, PoolLayout
 
 __all__ = ["CompiledArtifact", "body_of", "engine_record", "freeze", "frozen"]
 

@@ -1,193 +1,26 @@
-"""The candidates a policy weighs, their figures, and the one it keeps."""
+"""The driver: the policy's candidates compiled, simulated and compared, the winner
+kept with the record of the decision.
+
+:func:`decide` takes the pool pass's place when :mod:`kvspec.compiler` runs the
+pipeline; a source whose policy is ``unified`` and declares no workload gets the
+pool pass itself (:func:`kvspec.passes.pool.pool`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from fractions import Fraction
 
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
-from kvspec.model.plan import Layout
 from kvspec.model.pooling import Pooling, PoolingRef, Workload
-from kvspec.model.specs import MambaState
-from kvspec.passes.expand import expand
-from kvspec.passes.parse import Parsed
-from kvspec.passes.plan import plan
-from kvspec.passes.size import Sized, size
-from kvspec.passes.validate import validate
+from kvspec.passes.pool import Pooled, PoolLayout, pool, pooled, separate_layouts
+from kvspec.passes.size import Sized
+from kvspec.pooling.candidates import Candidate, candidates
+from kvspec.pooling.choose import choose, tune_separate, within_max_groups
 from kvspec.pooling.evaluate import Evaluation, Runs, WorkloadTrace, evaluate, workload_trace
 from kvspec.pooling.figures import capacity_curve
-from kvspec.pooling.layouts import PoolLayout, separate_layouts
 
-__all__ = ["Candidate", "choose", "decide", "precheck"]
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One plan: a unified layout, or the pools of a separate plan."""
-
-    name: str
-    policy: str
-    block_size: int
-    layout: Layout
-    pools: tuple[PoolLayout, ...] = ()
-    #: Why the runtime asked for cannot serve it (then it is reported, not chosen).
-    note: str | None = None
-    #: The sized plan it was made from (the source's, or with other engine settings).
-    sized: Sized | None = None
-
-    @property
-    def layouts(self) -> tuple[Layout, ...]:
-        return tuple(p.layout for p in self.pools) or (self.layout,)
-
-    @property
-    def groups(self) -> int:
-        return sum(len(x.groups) for x in self.layouts)
-
-    @property
-    def hash_block_size(self) -> int:
-        return min(x.hash_block_size for x in self.layouts)
-
-
-def resized(sized: Sized, **engine: object) -> Sized | None:
-    """The source compiled again up to its sized plan with other engine settings
-    (the source's ``engine`` keys: ``block_size``, ``prefix_caching``, ...); None
-    when it does not plan, or plans as the source does."""
-    source = sized.source
-    changed = source.model_copy(update={"engine": source.engine.model_copy(update=engine)})
-    parsed = Parsed(text=sized.text, file=sized.file, memory=sized.memory, doc=sized.doc,
-                    source=changed)
-    try:
-        out = size(plan(validate(expand(parsed))))
-    except KvspecError:
-        return None
-    if out.layout.groups == sized.layout.groups and out.layout.engine == sized.layout.engine:
-        return None
-    return out
-
-
-def _has_state(sized: Sized) -> bool:
-    """Whether the model has state layers: vLLM then sizes attention blocks to the
-    state page (hybrid page unification), so no other attention block size is one
-    it would run."""
-    return any(isinstance(s, MambaState) for st in sized.expansion.stage_specs
-               for s in st.values())
-
-
-#: Factors the tuning tries on the share of the pools that hold per-request constants.
-SPLIT_FACTORS = (0.5, 0.7, 1.4, 2.0)
-
-
-def _scaled(pools: tuple[PoolLayout, ...], factor: float
-            ) -> tuple[tuple[str, Fraction], ...] | None:
-    """The split with the state pools' share (or, without state pools, the windowed
-    pools') times ``factor``, the others' scaled to fill the rest."""
-    fixed = [p for p in pools if p.state] or \
-        [p for p in pools if p.name.startswith(("sliding", "chunked"))]
-    if not fixed or len(fixed) == len(pools):
-        return None
-    a = sum(p.share for p in fixed)
-    target = min(Fraction(95, 100), (a * Fraction(factor)).limit_denominator(1 << 20))
-    out = [(p.name, (p.share * target / a if p in fixed else p.share * (1 - target) / (1 - a))
-            .limit_denominator(1 << 20)) for p in pools]
-    out[-1] = (out[-1][0], 1 - sum((s for _, s in out[:-1]), Fraction(0)))
-    return tuple(out)
-
-
-def tune_separate(c: Candidate, e: Evaluation, sized: Sized, pooling: Pooling, tokens: int,
-                  trace: WorkloadTrace, runs: Runs | None = None
-                  ) -> tuple[Candidate, Evaluation]:
-    """The separate plan's split tuned by simulation: the state (or windowed) pools'
-    share scaled by each of :data:`SPLIT_FACTORS`; the split running the most
-    requests on average wins."""
-    best = (c, e)
-    for factor in SPLIT_FACTORS:
-        split = _scaled(c.pools, factor)
-        if split is None:
-            return best
-        try:
-            pools = separate_layouts(c.sized or sized, dataclasses.replace(pooling, split=split),
-                                     tokens)
-            cand = dataclasses.replace(c, pools=pools)
-            ev = evaluate(cand, trace, sized, runs)
-        except KvspecError:
-            continue
-        if ev.simulated and best[1].simulated and \
-                ev.simulated["mean_running"] > best[1].simulated["mean_running"]:
-            best = (cand, ev)
-    return best
-
-
-def _no_prefix_caching(sized: Sized) -> Sized | None:
-    """The plan without prefix caching (state layers then keep one state per
-    request: vLLM's mamba_cache_mode none), or None when it has none to turn off."""
-    if not sized.layout.engine.enable_prefix_caching:
-        return None
-    if _has_state(sized):
-        return resized(sized, prefix_caching=False, mamba_cache_mode="none")
-    return resized(sized, prefix_caching=False)
-
-
-def _separate(name: str, sized: Sized, pooling: Pooling, tokens: int) -> Candidate:
-    base = sized.layout
-    try:
-        pools = separate_layouts(sized, pooling, tokens)
-    except KvspecError as err:
-        if pooling.policy == "separate":
-            raise
-        return Candidate(name, "separate", pooling.block_size, base, (),
-                         f"cannot plan: {err.message}", sized)
-    note = "vLLM 0.33 holds one shared pool" if pooling.serve_with == "vllm" else None
-    return Candidate(name, "separate", pooling.block_size, base, pools, note, sized)
-
-
-def candidates(sized: Sized, pooling: Pooling, tokens: int) -> list[Candidate]:
-    """vLLM's plan first, then what the policy weighs: for ``auto``, the unified
-    plan at other attention block sizes (models without state layers, whose block
-    size vLLM derives from the state page) and without prefix caching (which frees
-    the state blocks a request keeps for hits), and the separate plan of each."""
-    base = sized.layout
-    out = [Candidate("unified", "unified", base.engine.block_size, base, sized=sized)]
-    if pooling.policy == "auto":
-        sizes = () if _has_state(sized) else pooling.block_sizes
-        for b in sizes:
-            other = resized(sized, block_size=b)
-            if other is not None and (pooling.max_groups is None
-                                      or len(other.layout.groups) <= pooling.max_groups):
-                out.append(Candidate(f"unified, block {b}", "unified", b, other.layout,
-                                     sized=other))
-        other = _no_prefix_caching(sized)
-        if other is not None:
-            out.append(Candidate("unified, no prefix caching", "unified",
-                                     other.layout.engine.block_size, other.layout, sized=other))
-    if pooling.policy == "separate":
-        out.append(_separate("separate", sized, pooling, tokens))
-    elif pooling.policy == "auto":
-        out.append(_separate("separate", sized, pooling, tokens))
-        other = _no_prefix_caching(sized)
-        if other is not None:
-            out.append(_separate("separate, no prefix caching", other, pooling, tokens))
-    return out
-
-
-def _within_max_groups(cands: list[Candidate], pooling: Pooling) -> list[Candidate]:
-    """``auto``'s candidates, those with more groups than ``max_groups`` noted (reported,
-    not chosen); an error at ``max_groups`` when that leaves none to choose."""
-    most = pooling.max_groups
-    if most is None or pooling.policy != "auto":
-        return cands
-    out = [c if c.groups <= most or c.note is not None else
-           dataclasses.replace(c, note=f"{c.groups} groups, more than max_groups ({most})")
-           for c in cands]
-    if all(c.note is not None for c in out):
-        fewest = min(c.groups for c in cands)
-        shown = "; ".join(f"{c.name}: {c.groups}" for c in cands)
-        raise KvspecError(f"no candidate plan has at most max_groups ({most}) groups "
-                          f"({shown})", ref=PoolingRef(("pooling", "max_groups")),
-                          found=str(most), expected=f"at least {fewest}",
-                          hint=f"raise max_groups to {fewest} or more, or remove it")
-    return out
+__all__ = ["check_pool", "decide", "precheck", "servable"]
 
 
 def _simulated(summary: dict[str, object]) -> fmt.Simulated:
@@ -204,63 +37,7 @@ def _record(c: Candidate, e: Evaluation, tokens: int) -> fmt.Candidate:
         physical_limit=e.physical_limit,
         simulated=_simulated(e.simulated) if e.simulated else None, tokens_held=e.tokens_held,
         waste=e.waste, binding_pool=e.binding_pool, note=c.note,
-        curve=capacity_curve(c.layouts, tokens))
-
-
-#: Capacities within this share of the best are a tie: a trace of a few hundred
-#: requests does not tell smaller differences apart.
-TIE = 0.01
-
-
-def _capacity(e: Evaluation) -> float:
-    """Requests run: simulated, else static at the workload."""
-    return e.simulated["mean_running"] if e.simulated else (e.workload_requests or 0.0)
-
-
-#: Layout waste shares closer than this are a tie (a sampled average).
-WASTE_STEP = 0.001
-
-
-def _layout_waste(e: Evaluation) -> float:
-    """The share of the pools the layout loses while memory binds (0 when memory
-    never binds: the layout is not what limits)."""
-    waste = e.simulated.get("layout_waste") if e.simulated else None
-    return round(waste / WASTE_STEP) * WASTE_STEP if waste is not None else 0.0
-
-
-def _memory_bound_utilization(e: Evaluation) -> float:
-    used = e.simulated.get("utilization_while_memory_bound") if e.simulated else None
-    return used if used is not None else 0.0
-
-
-def _tiebreak(c: Candidate, e: Evaluation) -> tuple[float, float, int, float, float]:
-    """Among tied candidates, higher is better: the finer prefix-match unit (none at
-    all, without prefix caching, is the coarsest: turning it off must buy capacity
-    to be chosen), the smaller layout waste while memory binds (padding, inflation,
-    per-request constants: not the idle blocks first-come admission leaves, nor steps
-    where the request cap or the token budget binds), fewer groups, capacity, then
-    the utilisation while memory binds."""
-    caching = all(x.engine.enable_prefix_caching for x in c.layouts)
-    unit = -c.hash_block_size if caching else float("-inf")
-    return (unit, -_layout_waste(e), -c.groups, _capacity(e), _memory_bound_utilization(e))
-
-
-def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
-    """The candidate ``auto`` keeps: of those the runtime can serve, the highest
-    capacity, where capacities within :data:`TIE` of the best tie (but none below
-    the unified plan's, so ``auto`` never runs fewer requests than vLLM's plan)."""
-    servable = [i for i, c in enumerate(cands) if c.note is None]
-    if not servable:
-        why = "; ".join(f"{c.name}: {c.note}" for c in cands)
-        raise KvspecError(f"no plan can serve this workload ({why})",
-                          ref=PoolingRef(("pooling", "workload")),
-                          hint="give the KV cache more memory, a shorter max_model_len, or "
-                               "a workload of shorter requests")
-    best = max(_capacity(evaluations[i]) for i in servable)
-    # never below vLLM's plan (the first candidate), even inside the tie band
-    least = _capacity(evaluations[0]) if cands[0].note is None else 0.0
-    tied = [i for i in servable if _capacity(evaluations[i]) >= max(best * (1 - TIE), least)]
-    return max(tied, key=lambda i: _tiebreak(cands[i], evaluations[i]))
+        curve=capacity_curve(c.figures, tokens))
 
 
 def _workload_record(w: Workload, tokens: int) -> fmt.WorkloadRecord:
@@ -302,42 +79,66 @@ def servable(workload: Workload, trace: WorkloadTrace, sized: Sized) -> None:
             found=f"{mean:,.0f} tokens", expected=f"fewer than {limit:,} tokens", hint=hint)
 
 
+def _trace(sized: Sized, pooling: Pooling) -> tuple[WorkloadTrace | None, int]:
+    """The workload's trace (checked servable) and the tokens a request holds: on
+    average at the workload, else ``max_model_len``."""
+    workload = pooling.workload
+    if workload is None:
+        return None, sized.layout.engine.max_model_len
+    trace = workload_trace(workload, sized)
+    servable(workload, trace, sized)
+    return trace, trace.held_tokens
+
+
 def precheck(sized: Sized, pooling: Pooling) -> None:
     """What can be checked of the pooling section without simulating (``kvspec
     validate``): the workload's trace reads and has requests the engine admits, and
     a separate plan's pools (its split's names, each pool's share of the budget) plan."""
-    trace = workload_trace(pooling.workload, sized) if pooling.workload is not None else None
-    if pooling.workload is not None and trace is not None:
-        servable(pooling.workload, trace, sized)
-    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
+    _, tokens = _trace(sized, pooling)
     if pooling.policy == "separate":
         separate_layouts(sized, pooling, tokens)
     if pooling.policy == "auto" and pooling.max_groups is not None:
-        _within_max_groups(candidates(sized, pooling, tokens), pooling)  # planned, not run
+        within_max_groups(candidates(sized, pooling, tokens), pooling)  # compiled, not run
 
 
-def decide(sized: Sized, pooling: Pooling
-           ) -> tuple[Layout, tuple[PoolLayout, ...], fmt.PoolingRecord]:
-    """The layout (or pools) the policy keeps, and the record of its decision."""
-    workload = pooling.workload
-    trace = workload_trace(workload, sized) if workload is not None else None
-    if workload is not None and trace is not None:
-        servable(workload, trace, sized)
-    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
-    cands, evaluations = [], []
+def check_pool(sized: Sized) -> Sized:
+    """The pooling section's checks that need no simulation (``kvspec validate``):
+    the workload's trace reads, a separate plan's pools plan. Gives ``sized`` back."""
+    precheck(sized, sized.expansion.pooling)
+    return sized
+
+
+def _evaluated(c: Candidate, pooling: Pooling, trace: WorkloadTrace | None, tokens: int,
+               engine: fmt.Engine, budget: int | None, runs: Runs
+               ) -> tuple[Candidate, Evaluation]:
+    """``c`` and its figures; a candidate that cannot be simulated is noted (the one
+    the policy asks for, unless ``auto``, raises); a separate plan's split tuned."""
+    try:
+        e = evaluate(c, trace, engine, budget, runs)
+    except KvspecError as err:
+        if c.policy == pooling.policy and pooling.policy != "auto":
+            raise
+        c = dataclasses.replace(c, note=f"not simulated: {err.message}")
+        e = evaluate(c, None, engine, budget)
+    if c.policy == "separate" and c.pools and trace is not None and \
+            pooling.split is None and e.simulated:
+        c, e = tune_separate(c, e, pooling, tokens, trace, engine, budget, runs)
+    return c, e
+
+
+def decide(sized: Sized) -> Pooled:
+    """The pool pass as the compiler runs it: the plan the source's policy keeps,
+    and the record of its decision (none for ``unified`` without a workload)."""
+    pooling = sized.expansion.pooling
+    if pooling.policy == "unified" and pooling.workload is None:
+        return pool(sized)
+    trace, tokens = _trace(sized, pooling)
+    listed = within_max_groups(candidates(sized, pooling, tokens), pooling)
+    engine = listed[0].artifact.body.engine  # vLLM's plan: the source's settings
     runs: Runs = {}
-    for listed in _within_max_groups(candidates(sized, pooling, tokens), pooling):
-        c = listed
-        try:
-            e = evaluate(c, trace, sized, runs)
-        except KvspecError as err:
-            if c.policy == pooling.policy and pooling.policy != "auto":
-                raise
-            c = dataclasses.replace(c, note=f"not simulated: {err.message}")
-            e = evaluate(c, None, sized)
-        if c.policy == "separate" and c.pools and trace is not None and \
-                pooling.split is None and e.simulated:
-            c, e = tune_separate(c, e, sized, pooling, tokens, trace, runs)
+    cands, evaluations = [], []
+    for listed_one in listed:
+        c, e = _evaluated(listed_one, pooling, trace, tokens, engine, sized.budget_bytes, runs)
         cands.append(c)
         evaluations.append(e)
     if pooling.policy == "unified":
@@ -354,7 +155,5 @@ def decide(sized: Sized, pooling: Pooling
         pools=_shares(keep.pools),
         workload=_workload_record(trace.workload, tokens) if trace is not None else None,
         candidates=[_record(c, e, tokens) for c, e in zip(cands, evaluations)], chosen=chosen)
-    return keep.layout, keep.pools, record
-
-
-
+    # the source's compile, with the kept candidate's plan (as the pool pass gives it)
+    return dataclasses.replace(pooled(sized, keep.pools, record), layout=keep.layout)

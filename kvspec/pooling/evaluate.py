@@ -22,39 +22,22 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from kvspec import notes
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
-from kvspec.model.plan import Layout
 from kvspec.model.pooling import PoolingRef, Workload
-from kvspec.model.specs import MambaState
 from kvspec.passes.size import Sized
-from kvspec.pooling import figures
-from kvspec.pooling.layouts import PoolLayout
-from kvspec.runtime.manager import ManagedLayout, from_layouts
-from kvspec.runtime.manager.adapter import manager_kind
-from kvspec.sim import SimResult, TraceRequest, generate_trace, simulate
+from kvspec.pooling.candidates import Candidate
+from kvspec.pooling.figures import Figures
+from kvspec.runtime.manager import ManagedLayout, from_artifact
+from kvspec.sim import SimResult, TraceRequest, engine_settings, generate_trace, simulate
 from kvspec.sim.formats import Columns, read_requests
 from kvspec.sim.presets import preset_trace
 
 __all__ = ["Evaluation", "Runs", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
            "workload_trace"]
-
-
-class Candidate(Protocol):
-    """What evaluating reads of a candidate (:class:`kvspec.pooling.decide.Candidate`,
-    which imports this module)."""
-
-    @property
-    def layout(self) -> Layout: ...
-    @property
-    def pools(self) -> tuple[PoolLayout, ...]: ...
-    @property
-    def layouts(self) -> tuple[Layout, ...]: ...
-    @property
-    def note(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,49 +106,23 @@ class Evaluation:
 
 def _static(candidate: Candidate, tokens: int) -> tuple[float | None, float | None, str | None]:
     """Static requests at max_model_len and at ``tokens``, and the binding pool."""
-    layouts = [(p.name, p.layout) for p in candidate.pools] or \
-        [("device", candidate.layout)]
-    at_max = [(figures.static_requests(x), n) for n, x in layouts]
-    at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
-    if any(v is None for v, _ in at_max + at_tokens):
+    static = candidate.figures.static_requests()
+    at_tokens = candidate.figures.workload_requests(tokens)
+    if static is None or any(v is None for v, _ in at_tokens):
         return None, None, None
     low = min(at_tokens)
-    return min(v for v, _ in at_max), low[0], low[1]  # type: ignore[type-var]
+    return static, low[0], low[1]
 
 
-def _pool_layouts(candidate: Candidate) -> list[tuple[str, Layout]]:
-    return [(p.name, p.layout) for p in candidate.pools] or [("device", candidate.layout)]
-
-
-def _block_bytes(layouts: list[tuple[str, Layout]]) -> list[tuple[int, int, int, bool]]:
-    """Per group, in the manager's order: the bytes one block it holds takes
-    ``(useful, padded pages, padding slots, state)`` across the stages (a drafter's
-    own pool aside, whose blocks are counted as padding-free useful bytes)."""
-    out = []
-    for _, layout in layouts:
-        allocated = sum(st.bytes_per_block for st in layout.stages)
-        for g in layout.groups:
-            if manager_kind(g) is None:
-                continue
-            specs = [g.layer_spec(n) for n in g.layer_names]
-            useful = sum(s.unpadded_page_size_bytes for s in specs)
-            padded = sum(s.page_size_bytes - s.unpadded_page_size_bytes for s in specs)
-            slots = 0 if g.own_pool else max(allocated - useful - padded, 0)
-            out.append((useful, padded, slots, isinstance(specs[0], MambaState)
-                        if specs else False))
-    return out
-
-
-def waste_of(result: SimResult, layouts: list[tuple[str, Layout]]
-             ) -> tuple[float | None, fmt.Waste | None]:
+def waste_of(result: SimResult, body: fmt.Layout) -> tuple[float | None, fmt.Waste | None]:
     """Mean tokens held and the waste kinds while memory keeps requests waiting, from
-    the samples of a simulation run with ``sample_held`` over ``layouts``' pools
-    (``(name, layout)`` in the manager's order); None, None when memory never did."""
+    the samples of a simulation run with ``sample_held`` over the pools of the
+    artifact whose ``body`` this is; None, None when memory never did."""
     held = result.held_while_memory_bound()
     if held is None:
         return None, None
     running, live, blocks, tokens = held
-    per_group = _block_bytes(layouts)
+    per_group = Figures(body).block_bytes
     if len(per_group) != len(blocks):
         return None, None
     useful = sum(h * u for h, (u, _, _, _) in zip(blocks, per_group))
@@ -217,36 +174,28 @@ def _unnamed(managed: ManagedLayout) -> ManagedLayout:
 Runs = dict[tuple[ManagedLayout, tuple[tuple[str, Any], ...]], SimResult]
 
 
-def evaluate(candidate: Candidate, trace: WorkloadTrace | None, sized: Sized,
-             runs: Runs | None = None) -> Evaluation:
-    """``candidate``'s figures at the workload; simulated when there is a budget.
+def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engine,
+             budget: int | None, runs: Runs | None = None) -> Evaluation:
+    """``candidate``'s figures at the workload; its artifact simulated when there is
+    a budget, under the source's ``engine`` settings (its artifact's engine record).
     ``runs``: simulations of this decision so far (the simulation is deterministic, so
     a candidate whose pools simulate alike reuses one; its waste is still its own)."""
-    tokens = trace.held_tokens if trace is not None else sized.layout.engine.max_model_len
+    tokens = trace.held_tokens if trace is not None else engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
-    budget = sized.budget_bytes
-    live = sum(figures.live_bytes(x, tokens) for x in candidate.layouts)
+    live = candidate.figures.live_bytes(tokens)
     physical = budget / live if budget is not None and live else None
     if trace is None or budget is None or candidate.note:
         return Evaluation(static, at_tokens, physical, binding_pool=binding)
-    engine = sized.layout.engine
-    layouts = _pool_layouts(candidate)
-    managed = from_layouts(layouts)
-    settings: dict[str, Any] = {
-        "max_num_seqs": trace.workload.concurrency or engine.max_num_seqs,
-        "max_num_batched_tokens": engine.max_num_batched_tokens,
-        "max_model_len": engine.max_model_len,
-        "async_scheduling": engine.async_scheduling_resolved,
-        "pipeline_parallel_size": engine.pipeline_parallel_size}
+    managed = from_artifact(candidate.artifact)
+    settings = engine_settings(engine, trace.workload.concurrency)
     key = (_unnamed(managed), tuple(settings.items()))
     result = runs.get(key) if runs is not None else None
     if result is None:
         result = simulate(managed, trace.requests, sample_held=True,
-                          progress=_told(getattr(candidate, "name", "a candidate")),
-                          **settings)
+                          progress=_told(candidate.name), **settings)
         if runs is not None:
             runs[key] = result
-    tokens_held, waste = waste_of(result, layouts)
+    tokens_held, waste = waste_of(result, candidate.artifact.body)
     simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
     return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)

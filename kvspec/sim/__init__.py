@@ -28,7 +28,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
+from kvspec.model.engine import Engine
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
 from kvspec.sim.engine import KvspecEngine, Progress, drive
 from kvspec.sim.generate import generate_trace
@@ -37,7 +39,7 @@ from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
 __all__ = ["MAX_BLOCKS", "SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
-           "admit", "batch_depth", "generate_trace", "parse_trace", "read_trace", "run",
+           "admit", "engine_settings", "generate_trace", "parse_trace", "read_trace", "run",
            "run_artifact", "simulate", "simulate_artifact", "write_trace"]
 
 
@@ -54,13 +56,6 @@ def too_many_blocks(layout: ManagedLayout) -> str | None:
         return None
     return (f"pool {big[0].name} has {big[0].num_blocks:,} blocks; the simulator holds "
             f"every block, at most {MAX_BLOCKS:,}")
-
-
-def batch_depth(async_scheduling: bool, pipeline_parallel_size: int = 1) -> int:
-    """Batches in flight (vLLM's ``max_concurrent_batches``, V1 model runner)."""
-    if async_scheduling and pipeline_parallel_size <= 1:
-        return 2
-    return max(pipeline_parallel_size, 1)
 
 
 def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
@@ -88,7 +83,7 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     every decoding request one by one (slower, the same result)."""
     if max_model_len is not None:
         layout = replace(layout, max_model_len=max_model_len)
-    depth = batch_depth(async_scheduling, pipeline_parallel_size)
+    depth = Engine.batches_in_flight(async_scheduling, pipeline_parallel_size)
     # the recycling groups' admission cap reads the tokens in flight: these settings'
     layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
     admitted, numbers = admit(trace, layout.max_model_len)
@@ -121,12 +116,14 @@ def admit(trace: Sequence[TraceRequest], max_model_len: int
     return [trace[i - 1] for i in numbers], numbers
 
 
-def engine_settings(artifact: Any) -> dict[str, Any]:
-    """:func:`simulate`'s engine keywords for a compiled layout."""
-    engine = artifact.layout.engine
-    return {"max_num_seqs": engine.max_num_seqs,
+def engine_settings(engine: fmt.Engine, max_num_seqs: int | None = None) -> dict[str, Any]:
+    """:func:`simulate`'s engine keywords from an artifact's engine record (the one
+    place that makes them); ``max_num_seqs``: the workload's concurrency, when it
+    caps the requests running at once below the engine's."""
+    return {"max_num_seqs": max_num_seqs or engine.max_num_seqs,
             "max_num_batched_tokens": engine.max_num_batched_tokens,
-            "async_scheduling": engine.async_scheduling_resolved,
+            "max_model_len": engine.max_model_len,
+            "async_scheduling": engine.async_scheduling,
             "pipeline_parallel_size": engine.pipeline_parallel_size}
 
 
@@ -140,5 +137,5 @@ def simulate_artifact(artifact: Any, trace: Sequence[TraceRequest],
 def run_artifact(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
                  **settings: Any) -> tuple[SimResult, KvspecEngine]:
     """:func:`run` for a compiled layout (see :func:`simulate_artifact`)."""
-    kwargs = {**engine_settings(artifact), **settings}
+    kwargs = {**engine_settings(artifact.body.engine), **settings}
     return run(from_artifact(artifact, num_blocks), trace, **kwargs)

@@ -33,9 +33,9 @@ from typing import Any
 from kvspec.compiler import Pooled, SourceText, run_until
 from kvspec.errors import ErrorList, KvspecError
 from kvspec.passes.freeze import freeze
-from kvspec.pooling import figures
+from kvspec.pooling.figures import Figures
 from kvspec.runtime.manager import from_layouts
-from kvspec.sim import SimResult, TraceRequest, simulate
+from kvspec.sim import SimResult, TraceRequest, engine_settings, simulate
 
 __all__ = ["evaluate_point", "row_of_error"]
 
@@ -59,21 +59,17 @@ def row_of_error(pid: str, params: dict[str, Any], err: dict[str, Any]) -> dict[
 
 
 def _static(art: Any, tokens: int) -> dict[str, Any]:
-    layouts = [(p.name, p.layout) for p in art.pools] or [("device", art.layout)]
-    at_max = [figures.static_requests(x) for _, x in layouts]
-    at_tokens = [(figures.workload_requests(x, tokens), n) for n, x in layouts]
+    figures = Figures(art.body)
+    static = figures.static_requests()
+    at_tokens = figures.workload_requests(tokens)
     # the pools' budgets over the live bytes of one request across them
-    budgets = [x.budget.memory if x.budget is not None else None for _, x in layouts]
-    live = sum(figures.live_bytes(x, tokens) for _, x in layouts)
+    memory, live = figures.memory(), figures.live_bytes(tokens)
     ok = [v for v, _ in at_tokens if v is not None]
-    return {"static_requests": _r(min(v for v in at_max if v is not None))
-            if all(v is not None for v in at_max) else None,
+    return {"static_requests": _r(static) if static is not None else None,
             "workload_requests": _r(min(ok)) if ok else None,
             "binding_pool": min(at_tokens)[1] if len(ok) == len(at_tokens) else None,
-            "physical_limit": _r(sum(b for b in budgets if b is not None) / live)
-            if live and all(b is not None for b in budgets) else None,
-            "blocks": {n: (x.budget.num_blocks if x.budget is not None else None)
-                       for n, x in layouts}}
+            "physical_limit": _r(memory / live) if live and memory is not None else None,
+            "blocks": {p.name: p.num_blocks for p in figures.pools}}
 
 
 def _r(x: float) -> float:
@@ -82,11 +78,8 @@ def _r(x: float) -> float:
 
 def _simulated(art: Any, trace: tuple[TraceRequest, ...]) -> tuple[SimResult, int]:
     pools = [(p.name, p.layout) for p in art.pools] or [("device", art.layout)]
-    engine = art.layout.engine
-    result = simulate(from_layouts(pools), trace, max_num_seqs=engine.max_num_seqs,
-                      max_num_batched_tokens=engine.max_num_batched_tokens,
-                      async_scheduling=engine.async_scheduling_resolved,
-                      pipeline_parallel_size=engine.pipeline_parallel_size)
+    engine = art.body.engine
+    result = simulate(from_layouts(pools), trace, **engine_settings(engine))
     return result, engine.max_model_len
 
 
