@@ -27,7 +27,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 COMMON = ("_version", "errors", "files", "collector", "jsonpos", "notes")
 #: What each package may import from kvspec (besides itself and :data:`COMMON`).
 ALLOWED = {
-    "model": {"model", "artifact.format"},  # the plan holds the format's Budget record
+    "model": {"model"},
     "source": {"model", "source"},
     "planner": {"model", "planner", "artifact.format", "artifact.sizing"},
     "passes": {"model", "source", "planner", "artifact", "passes"},
@@ -508,42 +508,25 @@ def _known(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
 
 
-#: The folder cycles of today, each to be removed (issue 37). Whoever removes one
-#: removes its entry: the strict xfail then passes no longer.
-KNOWN_FOLDER_CYCLES = [
-    # model/plan.py holds artifact.format's Budget record
-    ("top-level", ("artifact", "model")),
-    # the pool pass calls pooling/, which runs the passes again (issue 37, finding 1)
-    ("top-level", ("passes", "pooling")),
-    # runtime.loader defers kvspec.compiled (load(replan=True)), which plans with pooling/
-    ("deferred", ("compiled", "passes", "pooling", "runtime", "sim")),
-]
-
-
 @pytest.mark.parametrize("imports", ["top-level", "deferred"])
-def test_folders_form_no_cycle_but_the_known_ones(imports: str) -> None:
+def test_folders_form_no_cycle(imports: str) -> None:
     """Folders (``kvspec/<folder>/`` and top-level modules) import one another
     without a cycle: by the imports a module runs when loaded, and again counting
     the function-level imports that defer a heavy dependency (a deferred import
     still depends: it only loads later)."""
     found = _folder_cycles(imports == "deferred")
-    known = {c for kind, c in KNOWN_FOLDER_CYCLES if kind == imports}
-    new = [path for c, path in found.items() if c not in known]
-    assert new == [], "folder cycles: " + "; ".join(new)
+    assert found == {}, "folder cycles: " + "; ".join(found.values())
 
 
-@pytest.mark.parametrize(
-    ("imports", "cycle"),
-    [pytest.param(kind, c, marks=_known("a known cycle")) for kind, c in KNOWN_FOLDER_CYCLES],
-    ids=lambda v: "-".join(v) if isinstance(v, tuple) else v)
-def test_a_known_folder_cycle_is_gone(imports: str, cycle: tuple[str, ...]) -> None:
-    found = _folder_cycles(imports == "deferred")
-    assert cycle not in found, found.get(cycle)
+def test_the_folder_graph_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert [sorted(c) for c in _cycles(graph)] == [["a", "b", "c"]]
 
 
 def test_the_folder_graph_counts_top_level_and_deferred_imports() -> None:
     top, deferred = _folder_graph(False), _folder_graph(True)
-    assert "kvspec.passes.pool" in top["passes"]["pooling"]
+    assert "kvspec.compiler" in top["compiler"]["pooling"]  # auto drives the compiler
+    assert "pooling" not in top["passes"]
     assert "compiled" not in top["runtime"]  # load(replan=True) defers it
     assert "kvspec.runtime.loader" in deferred["runtime"]["compiled"]
 

@@ -41,6 +41,7 @@ from msgspec import Meta
 
 from kvspec.model import kinds
 from kvspec.model.axes import AxisOrderName
+from kvspec.model.budget import Budget
 from kvspec.model.pooling import PlanPolicy, Policy, Runtime
 from kvspec.model.quant.formats import KV_CACHE_DTYPES
 from kvspec.model.specs.uniform import UniformType
@@ -348,19 +349,6 @@ class Stage(Record, frozen=True):
     allocations: list[Allocation]
     pools: list[Pool]
     tensors: list[Tensor]
-
-
-class Budget(Record, frozen=True):
-    """Capacity for the memory budget the layout was sized for."""
-
-    memory: NonNeg
-    num_blocks: Pos
-    #: Requests at ``max_model_len`` the blocks hold (None: unbounded, no group
-    #: takes blocks per request).
-    max_concurrency: float | None
-    kv_cache_size_tokens: NonNeg
-    max_model_len: Pos
-    estimated_max_model_len: NonNeg
 
 
 # ---------------------------------------------------------------------------

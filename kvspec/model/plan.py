@@ -20,16 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from kvspec.model.affine import Affine
+from kvspec.model.budget import Budget
 from kvspec.model.engine import Engine
 from kvspec.model.quant.cells import CellPart
 from kvspec.model.specs.base import LayerSpec, distinct
 from kvspec.model.specs.uniform import UniformType
-
-if TYPE_CHECKING:  # the artifact format's record; the plan only holds it
-    from kvspec.artifact.format import Budget
 
 #: Strategies that make groups (``Group.strategy``), in the order they are tried.
 STRATEGIES = ("uniform", "uniform_type", "state_slots", "packed", "hybrid_page",
