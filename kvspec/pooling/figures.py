@@ -57,7 +57,7 @@ class MainPool:
     def request_blocks(self, engine: Engine, tokens: int) -> int:
         """Blocks of this pool one request holding ``tokens`` tokens takes."""
         at = dataclasses.replace(engine, max_model_len=max(tokens, 1))
-        return sum(cdiv(s.max_memory_usage_bytes(at), s.page_size_bytes) for s in self.specs)
+        return sum(s.request_blocks(at) for s in self.specs)
 
     def workload_requests(self, engine: Engine, tokens: int) -> float | None:
         """Requests holding ``tokens`` tokens each that its blocks hold (the null
