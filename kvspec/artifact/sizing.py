@@ -22,11 +22,29 @@ from fractions import Fraction
 from kvspec.artifact.format import Layout, at
 from kvspec.errors import PlanError
 
-__all__ = ["MAX_BYTES", "blocks_for", "counts_for"]
+__all__ = ["MAX_BYTES", "blocks_for", "counts_for", "share_of"]
 
 #: The most bytes one allocation may have: what a signed 64-bit size (torch's, a
 #: connector's registered length) holds.
 MAX_BYTES = 2**63 - 1
+
+
+def share_of(memory: int, share: Fraction | Sequence[int] | None) -> int:
+    """The bytes per rank a pool gets of a ``memory`` budget: its ``share`` of it
+    (a :class:`~fractions.Fraction`, or a separate plan's ``[numerator,
+    denominator]``; None: all of it), floored. The one rule that compiling,
+    ``load``, ``plan`` and ``simulate`` size a pool of a separate plan by.
+
+    >>> share_of(40 << 30, [9697, 16704]), share_of(100, Fraction(1, 3)), share_of(7, None)
+    (24933128513, 33, 7)
+    """
+    return int(memory * _fraction(share))
+
+
+def _fraction(share: Fraction | Sequence[int] | None) -> Fraction:
+    if isinstance(share, Fraction):
+        return share
+    return Fraction(share[0], share[1]) if share else Fraction(1)
 
 
 def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | None,
@@ -102,8 +120,7 @@ def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | No
         for p in s.pools:
             least[p.name] = max(least.get(p.name, 1), p.min_num_blocks)
             if p.num_blocks is None and memory is not None:
-                share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
-                n = int(memory * share) // p.bytes_per_block
+                n = share_of(memory, p.share) // p.bytes_per_block
                 afford[p.name] = min(afford.get(p.name, n), n)
     out = {}
     for p in body.stages[stage].pools:
@@ -119,9 +136,9 @@ def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | No
                     "blocks (one of them the null block)",
                     expected=f"num_blocks >= {least[p.name]}", found=str(n),
                     hint="give more blocks, or compile with a shorter max_model_len")
-            share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
             raise PlanError(
-                f"pool {p.name} gets {n} blocks of {memory:,} bytes ({float(share):.1%} of "
+                f"pool {p.name} gets {n} blocks of {memory:,} bytes "
+                f"({float(_fraction(p.share)):.1%} of "
                 f"them), fewer than one request at max_model_len takes ({least[p.name]}, "
                 "one of them the null block)", expected=f"num_blocks >= {least[p.name]}",
                 found=str(n), hint="give the KV cache more memory or compile with a shorter "

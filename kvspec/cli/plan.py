@@ -142,6 +142,7 @@ def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: Pool
     # deferred: the planner and reports load when the command runs
     import msgspec
 
+    from kvspec.artifact.sizing import share_of
     from kvspec.planner import size_plan
     from kvspec.reports.pooling import pooling_lines
     from kvspec.reports.refview import reference_view
@@ -159,7 +160,7 @@ def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: Pool
     given = parse_bytes(memory) if memory else budget
     parts = [(None, plan, size_plan(plan, memory=given, num_blocks=num_blocks))] if plan \
         else [(p, p.layout.plan, size_plan(p.layout.plan, memory=None if given is None
-                                           else int(given * p.share))) for p in pools]
+                                           else share_of(given, p.share))) for p in pools]
     if as_json:
         echo_json({"pools": [{"name": p.name if p else None,
                               "share": [p.share.numerator, p.share.denominator] if p else None,

@@ -153,7 +153,6 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
     from kvspec.compiled import read
     from kvspec.compiler import Pooled, compile_until
     from kvspec.passes.freeze import freeze
-    from kvspec.planner import size_plan
     from kvspec.pooling.evaluate import workload_trace
     from kvspec.reports.explain import is_artifact_path
 
@@ -177,12 +176,11 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
                              hint="give --memory instead: each pool gets its share of it")
         counts = {pools[0][0]: num_blocks}
     elif given is not None:
-        shares = {p.name: float(p.share) for p in art.pools} or {"device": 1.0}
         try:
-            counts = {n: size_plan(x.plan, memory=int(given * shares[n])).num_blocks
-                      for n, x in pools}
+            sized = art.counts_for(memory=given)
         except KvspecError as err:
             raise err.replace(hint=f"{err.hint}; or give --memory more than {memory}") from None
+        counts = {n: sized[n] for n, _ in pools}
     return Target(art, pools, counts, source_trace)
 
 
