@@ -47,7 +47,7 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.planner import size_plan
     from kvspec.reports.refview import error_view, reference_view
-    from kvspec.reports.summary import plan_table, plan_warnings, sweep_table
+    from kvspec.reports.plan import plan_table, plan_warnings, sweep_table
     from kvspec.source.where import GivenMemory
 
     as_json = fmt == "json"
@@ -146,7 +146,7 @@ def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: Pool
     from kvspec.planner import size_plan
     from kvspec.reports.pooling import pooling_lines
     from kvspec.reports.refview import reference_view
-    from kvspec.reports.summary import plan_table, plan_warnings
+    from kvspec.reports.plan import plan_table, plan_warnings
 
     if memory and ".." in memory:
         raise UsageError("a sweep of budgets plans one pool; this layout's pooling policy "
