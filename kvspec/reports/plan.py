@@ -1,5 +1,5 @@
-"""What ``kvspec plan`` prints for a budget: per group and totals, or capacity
-against a sweep of budgets.
+"""What ``kvspec plan`` prints for a budget: per group and totals, capacity
+against a sweep of budgets, or each pool of a plan with a pooling decision.
 
 A plan for another budget is the planner's (:func:`kvspec.planner.size_plan`:
 ``max_model_len: auto`` refits, the longest request that fits is searched, the
@@ -10,17 +10,145 @@ early checks run for the sized engine), so this report reads the compile path's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Protocol
 
+import msgspec
+
+from kvspec.artifact.format import PoolingRecord
+from kvspec.artifact.sizing import share_of
+from kvspec.compiled import read
+from kvspec.compiler import Planned, Pooled, compile_until
 from kvspec.errors import KvspecError
+from kvspec.files import shown
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Layout, Plan
-from kvspec.planner import Sizing
+from kvspec.passes.size import budget_of
+from kvspec.planner import Sizing, size_plan
 from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request
+from kvspec.reports.explain.subject import declares_pooling, is_artifact_path
 from kvspec.reports.format import human_bytes, table
+from kvspec.reports.pooling import pooling_lines
+from kvspec.reports.refview import error_view, reference_view
+from kvspec.source.where import SourceMap
 
-__all__ = ["layout_warnings", "plan_table", "plan_warnings", "sweep_table"]
+__all__ = ["Pooled_", "SweepRow", "layout_warnings", "plan_of", "plan_table", "plan_warnings",
+           "pooled_of", "pooled_sizings", "pooled_table", "pooled_view", "sweep",
+           "sweep_table", "sweep_view"]
+
+class PoolLayout(Protocol):
+    """A separate plan's pool as the compiler hands it over (kvspec.pooling)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def share(self) -> Fraction: ...
+    @property
+    def layout(self) -> Layout: ...
+
+
+#: One budget of a sweep: the budget, and its sizing or why it has none.
+SweepRow = tuple[int, Sizing | None, KvspecError | None]
+#: A layout with a pooling decision: the unified plan it kept (None: separate pools),
+#: the pools, the decision and the budget.
+Pooled_ = tuple[Plan | None, tuple[PoolLayout, ...], PoolingRecord, int | None]
+#: One pool's plan sized for its share (the pool None: the unified plan, all of it).
+Part = tuple[PoolLayout | None, Plan, Sizing]
+
+
+def _as_compiled(plan: Plan) -> Plan:
+    """An artifact's plan, its ``max_model_len`` fixed as compiled (no refit)."""
+    return dataclasses.replace(plan, engine=dataclasses.replace(
+        plan.engine, original_max_model_len=None))
+
+
+def plan_of(path: str | Path) -> tuple[Plan, int | None, SourceMap]:
+    """A source's plan, or an artifact's (its max_model_len fixed as compiled), its
+    budget, and where to locate errors about it."""
+    if is_artifact_path(path):
+        layout = read(path).layout
+        budget = layout.budget.memory if layout.budget is not None else None
+        return _as_compiled(layout.plan), budget, SourceMap(shown(path))
+    planned = compile_until(path, Planned)
+    return planned.plan, budget_of(planned), planned.where
+
+
+def pooled_of(path: str | Path, memory: str | None) -> Pooled_ | None:
+    """For a layout with a pooling decision: what :data:`Pooled_` says; None for a
+    plain layout. A source decides again at ``memory`` when it is one budget."""
+    if is_artifact_path(path):
+        art = read(path)
+        record = art.body.pooling
+        if record is None:
+            return None
+        budget = art.body.budget.memory if art.body.budget is not None else None
+        if art.pools:
+            return None, art.pools, record, budget
+        return _as_compiled(art.layout.plan), (), record, budget
+    if not declares_pooling(path):
+        return None
+    given = memory if memory and ".." not in memory else None
+    pooled = compile_until(path, Pooled, memory=given, memory_name="--memory")
+    if pooled.decision is None:
+        return None
+    if pooled.pools:
+        return None, pooled.pools, pooled.decision, pooled.budget_bytes
+    return pooled.plan, (), pooled.decision, pooled.budget_bytes
+
+
+def sweep(plan: Plan, budgets: Iterable[int]) -> list[SweepRow]:
+    """``plan`` sized for each budget; a budget that cannot serve one request keeps
+    its error."""
+    rows: list[SweepRow] = []
+    for b in budgets:
+        try:
+            rows.append((b, size_plan(plan, memory=b), None))
+        except KvspecError as err:
+            rows.append((b, None, err))
+    return rows
+
+
+def sweep_view(plan: Plan, rows: Sequence[SweepRow]) -> list[dict[str, Any]]:
+    """A sweep as reference views (a budget's error as an error view)."""
+    out = []
+    for b, r, e in rows:
+        if r:
+            out.append(reference_view(plan, r))
+        elif e:
+            out.append({"memory": b, **error_view(e)})
+    return out
+
+
+def pooled_sizings(plan: Plan | None, pools: Sequence[PoolLayout], memory: int | None,
+                   num_blocks: int | None) -> list[Part]:
+    """The unified plan sized for ``memory`` (or ``num_blocks``), or each pool for
+    its share of ``memory``."""
+    if plan is not None:
+        return [(None, plan, size_plan(plan, memory=memory, num_blocks=num_blocks))]
+    return [(p, p.layout.plan, size_plan(p.layout.plan, memory=None if memory is None
+                                         else share_of(memory, p.share))) for p in pools]
+
+
+def pooled_view(parts: Sequence[Part], record: PoolingRecord) -> dict[str, Any]:
+    """Each part's reference view, with its pool's name and share, and the decision."""
+    return {"pools": [{"name": p.name if p else None,
+                       "share": [p.share.numerator, p.share.denominator] if p else None,
+                       **reference_view(pl, sz)} for p, pl, sz in parts],
+            "pooling": msgspec.to_builtins(record)}
+
+
+def pooled_table(parts: Sequence[Part], record: PoolingRecord) -> str:
+    """Each part's table (a pool's headed by its share), then the decision."""
+    out = []
+    for p, pl, sz in parts:
+        if p is not None:
+            out.append(f"pool {p.name} ({float(p.share):.1%} of the budget):")
+        out.append(plan_table(pl, sz, warnings=False))
+    return "\n".join(out + pooling_lines(record))
 
 
 def _pages(group: Group) -> str:
