@@ -22,7 +22,7 @@ from fractions import Fraction
 from kvspec.artifact.format import Layout, at
 from kvspec.errors import PlanError
 
-__all__ = ["MAX_BYTES", "blocks_for", "counts_for", "share_of"]
+__all__ = ["MAX_BYTES", "blocks_for", "capacity_for", "counts_for", "share_of"]
 
 #: The most bytes one allocation may have: what a signed 64-bit size (torch's, a
 #: connector's registered length) holds.
@@ -107,6 +107,31 @@ def counts_for(body: Layout, stage: int, *, memory: int | None = None,
                                 else override)
     _addressable(body, counts)
     return counts
+
+
+def capacity_for(body: Layout, memory: int, pool: str | None = None) -> tuple[int, float]:
+    """The blocks a per-rank ``memory`` budget gives the main pool (or ``pool`` of a
+    separate plan, all of ``memory`` its own), and how many requests at
+    ``max_model_len`` they hold (inf: no group takes blocks per request). A
+    :class:`PlanError` when they cannot serve one.
+
+    >>> from kvspec.artifact import Artifact
+    >>> capacity_for(Artifact.read("layouts/llama-3.1-8b.kvlayout.json").body, 80 << 30)
+    (40960, 5.0)
+    """
+    if pool is None:
+        stages = [(st.bytes_per_block, st.fixed_bytes) for st in body.stages]
+        need = max(st.min_num_blocks for st in body.stages)
+        ids = {g.id for g in body.groups}
+    else:
+        pools = [p for st in body.stages for p in st.pools if p.name == pool]
+        stages = [(p.bytes_per_block, 0) for p in pools]
+        need = max(p.min_num_blocks for p in pools)
+        ids = set(pools[0].groups)
+    n = blocks_for(stages, need=need, override=body.engine.num_blocks,
+                   max_model_len=body.engine.max_model_len, memory=memory)
+    per_request = sum(g.blocks_per_request for g in body.groups if g.id in ids and not g.own_pool)
+    return n, n / per_request if per_request else float("inf")
 
 
 def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | None
