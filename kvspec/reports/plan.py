@@ -36,9 +36,10 @@ from kvspec.reports.pooling import pooling_lines
 from kvspec.reports.refview import error_view, reference_view
 from kvspec.source.where import SourceMap
 
-__all__ = ["Pooled_", "SweepRow", "layout_warnings", "plan_of", "plan_table", "plan_warnings",
-           "pooled_of", "pooled_sizings", "pooled_table", "pooled_view", "sweep",
-           "sweep_table", "sweep_view"]
+__all__ = ["PoolLayout", "PooledPlan", "SweepRow", "layout_warnings", "plan_of", "plan_table",
+           "plan_warnings", "pooled_of", "pooled_sizings", "pooled_table", "pooled_view",
+           "sweep", "sweep_table", "sweep_view"]
+
 
 class PoolLayout(Protocol):
     """A separate plan's pool as the compiler hands it over (kvspec.pooling)."""
@@ -55,7 +56,7 @@ class PoolLayout(Protocol):
 SweepRow = tuple[int, Sizing | None, KvspecError | None]
 #: A layout with a pooling decision: the unified plan it kept (None: separate pools),
 #: the pools, the decision and the budget.
-Pooled_ = tuple[Plan | None, tuple[PoolLayout, ...], PoolingRecord, int | None]
+PooledPlan = tuple[Plan | None, tuple[PoolLayout, ...], PoolingRecord, int | None]
 #: One pool's plan sized for its share (the pool None: the unified plan, all of it).
 Part = tuple[PoolLayout | None, Plan, Sizing]
 
@@ -77,8 +78,8 @@ def plan_of(path: str | Path) -> tuple[Plan, int | None, SourceMap]:
     return planned.plan, budget_of(planned), planned.where
 
 
-def pooled_of(path: str | Path, memory: str | None) -> Pooled_ | None:
-    """For a layout with a pooling decision: what :data:`Pooled_` says; None for a
+def pooled_of(path: str | Path, memory: str | None) -> PooledPlan | None:
+    """For a layout with a pooling decision: what :data:`PooledPlan` says; None for a
     plain layout. A source decides again at ``memory`` when it is one budget."""
     if is_artifact_path(path):
         art = read(path)
