@@ -1,6 +1,7 @@
-"""How many blocks a compiled layout's pools get for a budget: one rule, used by
-``load``, ``descriptor``, ``transfer``, ``plan --memory`` and ``explain`` alike
-(no planner needed).
+"""How many blocks a compiled layout's pools get for a budget, and how many
+requests they hold: one rule, read from the frozen body (no planner needed), used
+by ``load``, ``descriptor``, ``transfer``, ``plan``, ``simulate`` and ``explain``
+alike; a separate plan's pool gets its share of the budget (:func:`share_of`).
 
 Every stage of a deployment uses one block count per pool, the smallest any
 stage's budget allows (a block id valid on one stage is valid on all); the
