@@ -8,7 +8,8 @@ is what a serving container needs to read one, and nothing of the compiler:
 * :mod:`.text` -- canonical text, the hash, the file form;
 * :mod:`.read` -- untrusted bytes to a checked :class:`Artifact`;
 * :mod:`.structure`, :mod:`.blocks` -- the structural invariants ``load`` proves;
-* :mod:`.sizing` -- the block count for a budget.
+* :mod:`.sizing` -- the capacity rules read from the body: each pool's block count
+  for a budget (a separate plan's pool: its share of it), and the requests it holds.
 
 The compiler makes artifacts with the plan they came from
 (:class:`kvspec.compiled.CompiledArtifact`, a subclass); ``kvspec check`` and

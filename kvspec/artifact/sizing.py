@@ -1,6 +1,7 @@
-"""How many blocks a compiled layout's pools get for a budget: one rule, used by
-``load``, ``descriptor``, ``transfer``, ``plan --memory`` and ``explain`` alike
-(no planner needed).
+"""How many blocks a compiled layout's pools get for a budget, and how many
+requests they hold: one rule, read from the frozen body (no planner needed), used
+by ``load``, ``descriptor``, ``transfer``, ``plan``, ``simulate`` and ``explain``
+alike; a separate plan's pool gets its share of the budget (:func:`share_of`).
 
 Every stage of a deployment uses one block count per pool, the smallest any
 stage's budget allows (a block id valid on one stage is valid on all); the
@@ -22,11 +23,29 @@ from fractions import Fraction
 from kvspec.artifact.format import Layout, at
 from kvspec.errors import PlanError
 
-__all__ = ["MAX_BYTES", "blocks_for", "counts_for"]
+__all__ = ["MAX_BYTES", "blocks_for", "capacity_for", "counts_for", "share_of"]
 
 #: The most bytes one allocation may have: what a signed 64-bit size (torch's, a
 #: connector's registered length) holds.
 MAX_BYTES = 2**63 - 1
+
+
+def share_of(memory: int, share: Fraction | Sequence[int] | None) -> int:
+    """The bytes per rank a pool gets of a ``memory`` budget: its ``share`` of it
+    (a :class:`~fractions.Fraction`, or a separate plan's ``[numerator,
+    denominator]``; None: all of it), floored. The one rule that compiling,
+    ``load``, ``plan`` and ``simulate`` size a pool of a separate plan by.
+
+    >>> share_of(40 << 30, [9697, 16704]), share_of(100, Fraction(1, 3)), share_of(7, None)
+    (24933128513, 33, 7)
+    """
+    return int(memory * _fraction(share))
+
+
+def _fraction(share: Fraction | Sequence[int] | None) -> Fraction:
+    if isinstance(share, Fraction):
+        return share
+    return Fraction(share[0], share[1]) if share else Fraction(1)
 
 
 def blocks_for(stages: Sequence[tuple[int, int]], *, need: int, override: int | None,
@@ -91,6 +110,31 @@ def counts_for(body: Layout, stage: int, *, memory: int | None = None,
     return counts
 
 
+def capacity_for(body: Layout, memory: int, pool: str | None = None) -> tuple[int, float]:
+    """The blocks a per-rank ``memory`` budget gives the main pool (or ``pool`` of a
+    separate plan, all of ``memory`` its own), and how many requests at
+    ``max_model_len`` they hold (inf: no group takes blocks per request). A
+    :class:`PlanError` when they cannot serve one.
+
+    >>> from kvspec.artifact import Artifact
+    >>> capacity_for(Artifact.read("layouts/llama-3.1-8b.kvlayout.json").body, 80 << 30)
+    (40960, 5.0)
+    """
+    if pool is None:
+        stages = [(st.bytes_per_block, st.fixed_bytes) for st in body.stages]
+        need = max(st.min_num_blocks for st in body.stages)
+        ids = {g.id for g in body.groups}
+    else:
+        pools = [p for st in body.stages for p in st.pools if p.name == pool]
+        stages = [(p.bytes_per_block, 0) for p in pools]
+        need = max(p.min_num_blocks for p in pools)
+        ids = set(pools[0].groups)
+    n = blocks_for(stages, need=need, override=body.engine.num_blocks,
+                   max_model_len=body.engine.max_model_len, memory=memory)
+    per_request = sum(g.blocks_per_request for g in body.groups if g.id in ids and not g.own_pool)
+    return n, n / per_request if per_request else float("inf")
+
+
 def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | None
                    ) -> dict[str, int]:
     """A separate plan's pools on ``stage``: ``fixed`` blocks each, else each pool's
@@ -102,8 +146,7 @@ def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | No
         for p in s.pools:
             least[p.name] = max(least.get(p.name, 1), p.min_num_blocks)
             if p.num_blocks is None and memory is not None:
-                share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
-                n = int(memory * share) // p.bytes_per_block
+                n = share_of(memory, p.share) // p.bytes_per_block
                 afford[p.name] = min(afford.get(p.name, n), n)
     out = {}
     for p in body.stages[stage].pools:
@@ -119,9 +162,9 @@ def _pooled_counts(body: Layout, stage: int, memory: int | None, fixed: int | No
                     "blocks (one of them the null block)",
                     expected=f"num_blocks >= {least[p.name]}", found=str(n),
                     hint="give more blocks, or compile with a shorter max_model_len")
-            share = Fraction(p.share[0], p.share[1]) if p.share else Fraction(1)
             raise PlanError(
-                f"pool {p.name} gets {n} blocks of {memory:,} bytes ({float(share):.1%} of "
+                f"pool {p.name} gets {n} blocks of {memory:,} bytes "
+                f"({float(_fraction(p.share)):.1%} of "
                 f"them), fewer than one request at max_model_len takes ({least[p.name]}, "
                 "one of them the null block)", expected=f"num_blocks >= {least[p.name]}",
                 found=str(n), hint="give the KV cache more memory or compile with a shorter "

@@ -23,9 +23,7 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageE
 if TYPE_CHECKING:
     from kvspec.artifact.format import PoolingRecord
     from kvspec.model.plan import Plan
-    from kvspec.planner.size import Sizing
-    from kvspec.pooling import PoolLayout
-    from kvspec.source.where import SourceMap
+    from kvspec.reports.plan import PoolLayout
 
 
 @cli_command("plan", short_help="Print the plan of a layout for a memory budget.")
@@ -46,8 +44,8 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     budget. An artifact keeps the max_model_len it was compiled for."""
     # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
     from kvspec.planner import size_plan
+    from kvspec.reports import plan as report
     from kvspec.reports.refview import error_view, reference_view
-    from kvspec.reports.summary import plan_table, plan_warnings, sweep_table
     from kvspec.source.where import GivenMemory
 
     as_json = fmt == "json"
@@ -57,28 +55,17 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
-    pooled = _pooled_of(layout, memory)
+    pooled = report.pooled_of(layout, memory)
     if pooled is not None:
         return _print_pooled(*pooled, memory=memory, num_blocks=num_blocks, as_json=as_json,
                              quiet=quiet)
-    plan, budget, where = _plan_of(layout)
+    plan, budget, where = report.plan_of(layout)
     if memory and ".." in memory:
-        rows: list[tuple[int, Sizing | None, KvspecError | None]] = []
-        for b in parse_memory_range(memory):
-            try:
-                rows.append((b, size_plan(plan, memory=b), None))
-            except KvspecError as err:
-                rows.append((b, None, err))
+        rows = report.sweep(plan, parse_memory_range(memory))
         if as_json:
-            sweep = []
-            for b, r, e in rows:  # each row: a sizing or its error
-                if r:
-                    sweep.append(reference_view(plan, r))
-                elif e:
-                    sweep.append({"memory": b, **error_view(e)})
-            echo_json(sweep)
+            echo_json(report.sweep_view(plan, rows))
         else:
-            click.echo(sweep_table(rows))
+            click.echo(report.sweep_table(rows))
         return EXIT_OK
     given = parse_bytes(memory) if memory else None
     try:
@@ -95,43 +82,10 @@ def command(layout: Path, memory: str | None, num_blocks: int | None, fmt: str,
     if as_json:
         echo_json(reference_view(plan, sizing, with_views=views))
         return EXIT_OK
-    click.echo(plan_table(plan, sizing, warnings=False))
-    for w in plan_warnings(plan, sizing):
+    click.echo(report.plan_table(plan, sizing, warnings=False))
+    for w in report.plan_warnings(plan, sizing):
         warn(w, quiet=quiet)
     return EXIT_OK
-
-
-def _pooled_of(path: Path, memory: str | None
-               ) -> tuple[Plan | None, tuple[PoolLayout, ...], PoolingRecord, int | None] | None:
-    """For a layout with a pooling decision: the unified plan it kept (None: separate
-    pools), the pools, the decision and the budget; None for a plain layout. A
-    source decides again at ``--memory`` when it is one budget."""
-    # deferred: the compiler (pydantic, PyYAML) loads when the command runs
-    from kvspec.compiled import read
-    from kvspec.compiler import Pooled, compile_until
-    from kvspec.reports.explain import is_artifact_path
-    from kvspec.reports.explain.subject import declares_pooling
-
-    if is_artifact_path(path):
-        art = read(path)
-        record = art.body.pooling
-        if record is None:
-            return None
-        budget = art.body.budget.memory if art.body.budget is not None else None
-        if art.pools:
-            return None, art.pools, record, budget
-        layout = art.layout
-        engine = dataclasses.replace(layout.engine, original_max_model_len=None)
-        return dataclasses.replace(layout.plan, engine=engine), (), record, budget
-    if not declares_pooling(path):
-        return None
-    given = memory if memory and ".." not in memory else None
-    pooled = compile_until(path, Pooled, memory=given, memory_name="--memory")
-    if pooled.decision is None:
-        return None
-    if pooled.pools:
-        return None, pooled.pools, pooled.decision, pooled.budget_bytes
-    return pooled.plan, (), pooled.decision, pooled.budget_bytes
 
 
 def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: PoolingRecord,
@@ -139,13 +93,8 @@ def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: Pool
                   as_json: bool, quiet: bool) -> int:
     """``plan`` of a layout with a pooling decision: each pool's plan (or the unified
     plan), then the decision and every candidate's capacity at the workload."""
-    # deferred: the planner and reports load when the command runs
-    import msgspec
-
-    from kvspec.planner import size_plan
-    from kvspec.reports.pooling import pooling_lines
-    from kvspec.reports.refview import reference_view
-    from kvspec.reports.summary import plan_table, plan_warnings
+    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
+    from kvspec.reports import plan as report
 
     if memory and ".." in memory:
         raise UsageError("a sweep of budgets plans one pool; this layout's pooling policy "
@@ -156,45 +105,16 @@ def _print_pooled(plan: Plan | None, pools: tuple[PoolLayout, ...], record: Pool
         raise UsageError("--num-blocks sizes one pool; this plan has "
                          f"{len(pools)} (separate pools, each its share of the budget)",
                          hint="give --memory instead: each pool gets its share of it")
-    given = parse_bytes(memory) if memory else budget
-    parts = [(None, plan, size_plan(plan, memory=given, num_blocks=num_blocks))] if plan \
-        else [(p, p.layout.plan, size_plan(p.layout.plan, memory=None if given is None
-                                           else int(given * p.share))) for p in pools]
+    parts = report.pooled_sizings(plan, pools, parse_bytes(memory) if memory else budget,
+                                  num_blocks)
     if as_json:
-        echo_json({"pools": [{"name": p.name if p else None,
-                              "share": [p.share.numerator, p.share.denominator] if p else None,
-                              **reference_view(pl, sz)} for p, pl, sz in parts],
-                   "pooling": msgspec.to_builtins(record)})
+        echo_json(report.pooled_view(parts, record))
         return EXIT_OK
-    for p, pl, sz in parts:
-        if p is not None:
-            click.echo(f"pool {p.name} ({float(p.share):.1%} of the budget):")
-        click.echo(plan_table(pl, sz, warnings=False))
-    click.echo("\n".join(pooling_lines(record)))
+    click.echo(report.pooled_table(parts, record))
     for _, pl, sz in parts:
-        for w in plan_warnings(pl, sz):
+        for w in report.plan_warnings(pl, sz):
             warn(w, quiet=quiet)
     return EXIT_OK
-
-
-def _plan_of(path: Path) -> tuple[Plan, int | None, SourceMap]:
-    """A source's plan, or an artifact's (its max_model_len fixed as compiled), its
-    budget, and where to locate errors about it."""
-    # deferred: the compiler and reports (pydantic, PyYAML) load when the command runs
-    from kvspec.compiled import read
-    from kvspec.compiler import Planned, compile_until
-    from kvspec.files import shown
-    from kvspec.passes.size import budget_of
-    from kvspec.reports.explain import is_artifact_path
-    from kvspec.source.where import SourceMap
-
-    if is_artifact_path(path):
-        layout = read(path).layout
-        engine = dataclasses.replace(layout.engine, original_max_model_len=None)
-        budget = layout.budget.memory if layout.budget is not None else None
-        return dataclasses.replace(layout.plan, engine=engine), budget, SourceMap(shown(path))
-    planned = compile_until(path, Planned)
-    return planned.plan, budget_of(planned), planned.where
 
 
 #: ``kvspec plan``'s exit codes and what each means (docs/cli.md).

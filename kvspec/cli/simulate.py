@@ -28,25 +28,12 @@ from kvspec.cli.common import command as cli_command
 from kvspec.cli.trace_import import columns_of, step_options
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, shown
-from kvspec.reports.format import count, table
+from kvspec.reports.format import count
+from kvspec.reports.simulate import cap_note, simulate_table
 from kvspec.runtime.manager import from_layouts
 from kvspec.sim import MAX_BLOCKS, engine_settings, simulate
 from kvspec.sim.formats import FORMATS, read_requests
 
-#: The summary's keys (kvspec.sim.SUMMARY_KEYS, a dot into a nested one) and the
-#: layout's waste, in the order the table prints them.
-ROWS = (("steps", "steps to finish", "{:,}"), ("mean_running", "mean running", "{:.2f}"),
-        ("peak_running", "peak running", "{:,}"), ("preemptions", "preemptions", "{:,}"),
-        ("hit_tokens", "prefix-cache hit tokens", "{:,}"),
-        ("mean_utilization", "mean utilisation", "{:.3f}"),
-        ("peak_utilization", "peak utilisation", "{:.3f}"),
-        ("utilization_while_waiting", "utilisation while waiting", "{:.3f}"),
-        ("waiting_steps_by_reason.memory", "waiting on memory (steps)", "{:,}"),
-        ("waiting_steps_by_reason.max_num_seqs", "waiting on max_num_seqs", "{:,}"),
-        ("waiting_steps_by_reason.max_num_batched_tokens", "waiting on the token budget",
-         "{:,}"),
-        ("utilization_while_memory_bound", "utilisation, memory-bound", "{:.3f}"),
-        ("layout_waste", "layout waste, memory-bound", "{:.1%}"))
 #: Traces this long show a progress bar (on a terminal).
 BAR_FROM = 2000
 
@@ -139,7 +126,7 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
             return EXIT_OK
         emit(json.dumps(data, indent=1) + "\n", output, quiet=quiet)
         return EXIT_OK
-    emit(_table(data, list(results)) + "\n", output, quiet=quiet)
+    emit(simulate_table(data, list(results)) + "\n", output, quiet=quiet)
     cap = cap_note(data["kvspec"])
     if cap:
         note(cap, quiet=quiet)
@@ -153,7 +140,6 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
     from kvspec.compiled import read
     from kvspec.compiler import Pooled, compile_until
     from kvspec.passes.freeze import freeze
-    from kvspec.planner import size_plan
     from kvspec.pooling.evaluate import workload_trace
     from kvspec.reports.explain import is_artifact_path
 
@@ -177,12 +163,11 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
                              hint="give --memory instead: each pool gets its share of it")
         counts = {pools[0][0]: num_blocks}
     elif given is not None:
-        shares = {p.name: float(p.share) for p in art.pools} or {"device": 1.0}
         try:
-            counts = {n: size_plan(x.plan, memory=int(given * shares[n])).num_blocks
-                      for n, x in pools}
+            sized = art.counts_for(memory=given)
         except KvspecError as err:
             raise err.replace(hint=f"{err.hint}; or give --memory more than {memory}") from None
+        counts = {n: sized[n] for n, _ in pools}
     return Target(art, pools, counts, source_trace)
 
 
@@ -202,7 +187,7 @@ def _check_blocks(target: Target, layout: Path, memory: str | None) -> None:
 
 def _all_refused(target: Target, trace: tuple[Any, ...], path: Path) -> KvspecError:
     """Every request refused: an error, not a table of zeros."""
-    limit = target.artifact.layout.engine.max_model_len
+    limit = target.artifact.body.engine.max_model_len
     shortest = min(r.prompt_tokens for r in trace)
     return KvspecError(
         f"all {count(len(trace), 'request')} of the trace were refused: every prompt is "
@@ -213,14 +198,9 @@ def _all_refused(target: Target, trace: tuple[Any, ...], path: Path) -> KvspecEr
 
 
 def _blocks(target: Target) -> list[tuple[str, int]]:
-    """Each pool's block count as simulated."""
-    out = []
-    for name, layout in target.pools:
-        n = (target.counts or {}).get(name)
-        if n is None:
-            n = layout.budget.num_blocks if layout.budget is not None else layout.min_num_blocks()
-        out.append((name, n))
-    return out
+    """Each pool's block count as simulated (the options', else the layout's own)."""
+    counts = target.counts or target.artifact.counts_for(fewest=True)
+    return [(name, counts[name]) for name, _ in target.pools]
 
 
 def _trace(path: Path | None, target: Target, *, workload_format: str | None = None,
@@ -289,37 +269,6 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         result, _ = replay(art, trace, num_blocks, progress=_advance(bar))
     return result
-
-
-def cap_note(summary: dict[str, Any]) -> str | None:
-    """A note when the request cap, not memory, keeps requests waiting most."""
-    by = summary["waiting_steps_by_reason"]
-    if not by or by["max_num_seqs"] <= by["memory"]:
-        return None
-    return (f"max_num_seqs ({summary['peak_running']:,} running) keeps requests waiting in "
-            f"{by['max_num_seqs']:,} steps, memory in {by['memory']:,}: the figures are the "
-            "cap's, not the layout's; give --max-num-seqs more to see where memory binds")
-
-
-def _table(data: dict[str, Any], sides: list[str]) -> str:
-    def cell(side: str, key: str, spec: str) -> str:
-        value: Any = data[side]
-        for part in key.split("."):
-            value = None if value is None else value[part]
-        return "-" if value is None else spec.format(value)
-
-    rows = [[label, *(cell(s, key, spec) for s in sides)] for key, label, spec in ROWS]
-    if len(sides) == 2:
-        rows = [r + ["same" if r[1] == r[2] else ""] for r in rows]
-    heads = ["", *({"kvspec": "kvspec", "vllm": "vLLM 0.33"}[s] for s in sides)]
-    if len(sides) == 2:
-        heads.append("")
-    pools = ", ".join(f"{n} {count(b, 'block')}" for n, b in (
-        (p["name"], p["blocks"]) for p in data["pools"]))
-    head = f"{data['layout']}: {count(data['requests'], 'request')}"
-    if data["refused"]:
-        head += f" ({data['refused']:,} refused: prompt of max_model_len or more)"
-    return "\n".join([head + f"; {pools}", table(rows, heads)])
 
 
 #: ``kvspec simulate``'s exit codes and what each means (docs/cli.md).

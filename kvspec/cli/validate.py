@@ -38,7 +38,7 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
     from kvspec.compiler import Pass, Sized, compile_until, run
     from kvspec.files import shown
     from kvspec.pooling import check_pool
-    from kvspec.reports.summary import summary_warnings
+    from kvspec.reports.plan import layout_warnings
 
     stdin_once(sources)
     results = []
@@ -46,7 +46,7 @@ def command(sources: tuple[Path, ...], fmt: str, quiet: bool) -> int:
         name = shown(source)
         try:
             sized = run(compile_until(source, Sized), (Pass.of(check_pool),))
-            warnings = summary_warnings(sized.layout)
+            warnings = layout_warnings(sized.layout)
             results.append({"file": name, "ok": True, "errors": [], "warnings": warnings})
         except KvspecError as err:
             results.append({"file": name, "ok": False,

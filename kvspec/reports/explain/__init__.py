@@ -4,8 +4,8 @@ request (Markdown) or a browser (HTML with pictures).
 The report is plain frozen data (:class:`Report`) computed from the Layout IR
 (:mod:`kvspec.model.plan`); Jinja2 templates shipped in
 ``kvspec/reports/templates`` render it. A source is compiled first (and
-re-planned for ``--memory``); an artifact is read, verified and re-sized for
-``--memory`` by the planner (:func:`kvspec.planner.resize`).
+re-planned for ``--memory``); an artifact is read and verified, and its capacity
+for ``--memory`` read from its frozen body (:func:`kvspec.artifact.sizing.capacity_for`).
 
 * :mod:`.subject` -- loading a source or an artifact for a budget;
 * :mod:`.capacity` -- what a budget holds, and the sweep over budgets;

@@ -1,7 +1,6 @@
-"""What a budget holds, from the planner: a source is re-planned
-(:func:`kvspec.planner.size_plan`, so ``max_model_len: auto`` refits), an
-artifact re-sized (:func:`kvspec.planner.resize`, its ``max_model_len`` as
-compiled).
+"""What a budget holds: a source is re-planned (:func:`kvspec.planner.size_plan`,
+so ``max_model_len: auto`` refits); an artifact is re-sized from its frozen body
+(:func:`kvspec.artifact.sizing.capacity_for`, its ``max_model_len`` as compiled).
 
 >>> from kvspec.reports.explain.subject import read_subject
 >>> art = read_subject("layouts/llama-3.1-8b.kvlayout.json")
@@ -16,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvspec.artifact.sizing import capacity_for
 from kvspec.errors import KvspecError
 from kvspec.model.plan import Layout
-from kvspec.planner import resize, size_plan
+from kvspec.planner import size_plan
 from kvspec.reports.explain.subject import Subject
 
 __all__ = ["SWEEP_POINTS", "Capacity", "capacity", "min_memory", "sweep"]
@@ -47,16 +47,17 @@ def capacity(subject: Subject, memory: int) -> Capacity:
     its compiled ``max_model_len`` and is re-sized.
     """
     try:
-        if subject.plan is not None:
+        if subject.artifact is None:
+            assert subject.plan is not None, "a source's subject has its plan"
             r = size_plan(subject.plan, memory=memory)
             return Capacity(memory, True, r.num_blocks, r.kv_cache_size_tokens,
                             r.max_concurrency, r.engine.max_model_len)
-        b = resize(subject.layout, memory=memory)
+        n, requests = capacity_for(subject.artifact.body, memory, subject.pool)
     except KvspecError as err:
         return Capacity(memory, False, reason=err.message)
-    return Capacity(memory, True, b.num_blocks, b.kv_cache_size_tokens,
-                    b.max_concurrency if b.max_concurrency is not None else float("inf"),
-                    b.max_model_len)
+    length = subject.artifact.body.engine.max_model_len
+    return Capacity(memory, True, n, int(requests * length) if requests != float("inf") else 0,
+                    requests, length)
 
 
 def min_memory(layout: Layout) -> int:

@@ -294,7 +294,7 @@ def build_report(subject: Subject) -> Report:
             memory = (round(subject.memory * share) if subject.memory is not None else
                       layout.budget.memory if layout.budget is not None else None)
             one = dataclasses.replace(subject, layout=layout, memory=memory, pools=(),
-                                      pooling=None)
+                                      pooling=None, pool=name)
             built = _build(one)
             state = bool(layout.groups) and all(
                 isinstance(g.spec, MambaState) for g in layout.groups)

@@ -13,12 +13,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.artifact import Artifact
 from kvspec.artifact.format import PoolingRecord
+from kvspec.artifact.sizing import capacity_for
 from kvspec.compiled import read
 from kvspec.errors import KvspecError, NotEnoughMemoryError, PlanError
 from kvspec.files import read_text, shown
 from kvspec.model.plan import Layout, Plan
-from kvspec.planner import blocks_for
 
 __all__ = ["Subject", "declares_pooling", "is_artifact_path", "read_subject"]
 
@@ -44,6 +45,10 @@ class Subject:
     pools: tuple[tuple[str, float, Layout], ...] = ()
     #: The pooling policy's decision, when the layout had one to make.
     pooling: PoolingRecord | None = None
+    #: An artifact's frozen form (None: a source), which its capacity is read from,
+    #: and the pool of a separate plan the subject is (None: the whole layout).
+    artifact: Artifact | None = None
+    pool: str | None = None
 
 
 def is_artifact_path(path: str | Path) -> bool:
@@ -89,11 +94,12 @@ def _pooled_subject(path: str | Path, memory: int | None) -> Subject:
     """A source with a pooling section: compiled through the policy's decision."""
     # deferred: the compiler (pydantic, PyYAML), which an artifact's report never needs
     from kvspec.compiler import Pooled, compile_until
+    from kvspec.passes.freeze import freeze
 
     pooled = compile_until(path, Pooled, memory=memory, memory_name="--memory")
     layout = pooled.pools[0].layout if pooled.pools else pooled.layout
     return Subject(shown(path), "source", layout, None, pooled.budget_bytes, None,
-                   _pool_rows(pooled.pools), pooled.decision)
+                   _pool_rows(pooled.pools), pooled.decision, freeze(pooled))
 
 
 def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
@@ -101,18 +107,18 @@ def _artifact_subject(path: str | Path, memory: int | None) -> Subject:
     if art.pools:
         return Subject(shown(path), "artifact", art.pools[0].layout, None,
                        art.body.budget.memory if art.body.budget is not None else None,
-                       None, _pool_rows(art.pools), art.body.pooling)
+                       None, _pool_rows(art.pools), art.body.pooling, art)
     layout = art.layout
     mem = memory if memory is not None else (
         layout.budget.memory if layout.budget is not None else None)
     misfit = None
     if mem is not None:
         try:
-            blocks_for(layout, memory=mem)
+            capacity_for(art.body, mem)
         except PlanError as err:
             misfit = err
     return Subject(shown(path), "artifact", layout, None, mem, misfit,
-                   pooling=art.body.pooling)
+                   pooling=art.body.pooling, artifact=art)
 
 
 def _source_subject(path: str | Path, memory: int | None) -> Subject:
