@@ -571,7 +571,7 @@ def _downstream() -> list[str]:
 BOUNDARY_OFFENDERS = {
     "kvspec.cli.plan", "kvspec.cli.simulate", "kvspec.reports.explain.blockmap",
     "kvspec.reports.explain.capacity", "kvspec.reports.explain.report",
-    "kvspec.reports.explain.subject", "kvspec.reports.summary", "kvspec.runtime.loader",
+    "kvspec.reports.explain.subject", "kvspec.reports.plan", "kvspec.runtime.loader",
 }
 
 

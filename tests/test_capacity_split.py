@@ -18,7 +18,7 @@ from kvspec.model.pooling import Pooling
 from kvspec.passes.size import Sized
 from kvspec.pooling.candidates import candidates
 from kvspec.pooling.evaluate import layout_waste, waste_of
-from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool, from_layouts
+from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool, from_artifact
 from kvspec.sim import TraceRequest, generate_trace, simulate
 from kvspec.sim.metrics import REASONS, Limits, StepRecord, waiting_reason
 from tests.conftest import invoke
@@ -113,8 +113,7 @@ def test_live_waste_and_idle_add_up_to_the_pool(case: str, tmp_path: Path) -> No
     for c in candidates(sized, Pooling(policy="auto", serve_with="kvspec"), tokens):
         if c.note:
             continue
-        layouts = [(p.name, p.layout) for p in c.pools] or [("device", c.layout)]
-        managed = from_layouts(layouts)
+        managed = from_artifact(c.artifact)
         result = simulate(managed, trace, max_num_seqs=max(engine.max_num_seqs, n),
                           max_num_batched_tokens=engine.max_num_batched_tokens,
                           max_model_len=engine.max_model_len,

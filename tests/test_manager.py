@@ -18,8 +18,8 @@ from kvspec.runtime.manager import (
     ManagedPool,
     ManagerError,
     from_artifact,
-    from_layouts,
 )
+from tests.planned_manager import from_layouts
 
 
 def layout(*groups: ManagedGroup, blocks: int = 32, caching: bool = True,
@@ -169,7 +169,7 @@ def _keys_as_order(lay: ManagedLayout) -> ManagedLayout:
 @pytest.mark.parametrize("path", LAYOUTS, ids=lambda p: p.name.split(".")[0])
 def test_the_artifact_reads_as_the_plan_it_froze(path: Path) -> None:
     """The frozen body gives the manager exactly what the re-planned layout does
-    (the planner's layouts are what ``auto`` and ``simulate`` still hand over)."""
+    (read by the oracle in tests/planned_manager.py)."""
     from kvspec.compiled import read
 
     art = read(path)

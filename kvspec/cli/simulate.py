@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from kvspec.artifact import Artifact
 from kvspec.cli.common import (
     USAGE,
     check_output,
@@ -30,7 +31,7 @@ from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageE
 from kvspec.files import emit, shown
 from kvspec.reports.format import count
 from kvspec.reports.simulate import cap_note, simulate_table
-from kvspec.runtime.manager import from_layouts
+from kvspec.runtime.manager import from_artifact
 from kvspec.sim import MAX_BLOCKS, engine_settings, simulate
 from kvspec.sim.formats import FORMATS, read_requests
 
@@ -40,11 +41,11 @@ BAR_FROM = 2000
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """What is simulated: the compiled layout, its pools (name, layout) and each
-    one's block count."""
+    """What is simulated: the artifact, its pools' names and each one's block count
+    (None: its own)."""
 
-    artifact: Any
-    pools: tuple[tuple[str, Any], ...]
+    artifact: Artifact
+    pools: tuple[str, ...]
     counts: dict[str, int] | None
     source_trace: tuple[Any, ...] | None
 
@@ -137,7 +138,6 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
     """The compiled layout at ``path`` (a source is compiled, at ``memory`` when
     given), its pools and their block counts."""
     # deferred: the compiler and the simulator load when the command runs
-    from kvspec.compiled import read
     from kvspec.compiler import Pooled, compile_until
     from kvspec.passes.freeze import freeze
     from kvspec.pooling.evaluate import workload_trace
@@ -145,8 +145,9 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
 
     source_trace = None
     given = parse_bytes(memory) if memory else None
+    art: Artifact
     if is_artifact_path(path):
-        art = read(path)
+        art = Artifact.read(path)
     else:
         pooled = compile_until(path, Pooled, memory=given, memory_name="--memory")
         given = None  # the source was sized for it
@@ -154,20 +155,20 @@ def _target(path: Path, memory: str | None, num_blocks: int | None) -> Target:
         workload = pooled.expansion.pooling.workload
         if workload is not None:
             source_trace = workload_trace(workload, pooled).requests
-    pools = tuple((p.name, p.layout) for p in art.pools) or (("device", art.layout),)
+    pools = tuple(art.counts_for(fewest=True))
     counts = None
     if num_blocks is not None:
         if len(pools) > 1:
             raise UsageError(f"--num-blocks sizes one pool; this plan has {len(pools)} "
                              "(separate pools, each its share of the budget)",
                              hint="give --memory instead: each pool gets its share of it")
-        counts = {pools[0][0]: num_blocks}
+        counts = {pools[0]: num_blocks}
     elif given is not None:
         try:
             sized = art.counts_for(memory=given)
         except KvspecError as err:
             raise err.replace(hint=f"{err.hint}; or give --memory more than {memory}") from None
-        counts = {n: sized[n] for n, _ in pools}
+        counts = {n: sized[n] for n in pools}
     return Target(art, pools, counts, source_trace)
 
 
@@ -200,7 +201,7 @@ def _all_refused(target: Target, trace: tuple[Any, ...], path: Path) -> KvspecEr
 def _blocks(target: Target) -> list[tuple[str, int]]:
     """Each pool's block count as simulated (the options', else the layout's own)."""
     counts = target.counts or target.artifact.counts_for(fewest=True)
-    return [(name, counts[name]) for name, _ in target.pools]
+    return [(name, counts[name]) for name in target.pools]
 
 
 def _trace(path: Path | None, target: Target, *, workload_format: str | None = None,
@@ -217,7 +218,7 @@ def _trace(path: Path | None, target: Target, *, workload_format: str | None = N
 
 def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
               quiet: bool) -> Any:
-    layout = from_layouts(list(target.pools), target.counts)
+    layout = from_artifact(target.artifact, target.counts)
     with progress(len(trace), label="simulating", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         return simulate(layout, trace, progress=_advance(bar), sample_held=True,
@@ -264,7 +265,7 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
     from kvspec.integrations.vllm.replay import replay
 
     art = target.artifact
-    num_blocks = target.counts[target.pools[0][0]] if target.counts is not None else None
+    num_blocks = target.counts[target.pools[0]] if target.counts is not None else None
     with progress(len(trace), label="vLLM's scheduler", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         result, _ = replay(art, trace, num_blocks, progress=_advance(bar))

@@ -34,7 +34,7 @@ from kvspec.compiler import Pooled, SourceText, run_until
 from kvspec.errors import ErrorList, KvspecError
 from kvspec.passes.freeze import freeze
 from kvspec.pooling.figures import Figures
-from kvspec.runtime.manager import from_layouts
+from kvspec.runtime.manager import from_artifact
 from kvspec.sim import SimResult, TraceRequest, engine_settings, simulate
 
 __all__ = ["evaluate_point", "row_of_error"]
@@ -77,9 +77,8 @@ def _r(x: float) -> float:
 
 
 def _simulated(art: Any, trace: tuple[TraceRequest, ...]) -> tuple[SimResult, int]:
-    pools = [(p.name, p.layout) for p in art.pools] or [("device", art.layout)]
     engine = art.body.engine
-    result = simulate(from_layouts(pools), trace, **engine_settings(engine))
+    result = simulate(from_artifact(art), trace, **engine_settings(engine))
     return result, engine.max_model_len
 
 

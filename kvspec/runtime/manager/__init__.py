@@ -12,7 +12,7 @@ With one pool shared by every group it makes vLLM 0.33's decisions (block ids
 and free-queue order); :mod:`kvspec.sim` schedules requests over it.
 """
 
-from kvspec.runtime.manager.adapter import from_artifact, from_layouts
+from kvspec.runtime.manager.adapter import from_artifact
 from kvspec.runtime.manager.manager import KVCacheManager
 from kvspec.runtime.manager.request import RequestState
 from kvspec.runtime.manager.spec import (
@@ -25,4 +25,4 @@ from kvspec.runtime.manager.spec import (
 )
 
 __all__ = ["KINDS", "STATE_MODES", "KVCacheManager", "ManagedGroup", "ManagedLayout",
-           "ManagedPool", "ManagerError", "RequestState", "from_artifact", "from_layouts"]
+           "ManagedPool", "ManagerError", "RequestState", "from_artifact"]

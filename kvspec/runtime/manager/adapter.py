@@ -34,17 +34,13 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import msgspec
-
 from kvspec.artifact import Artifact
 from kvspec.artifact import format as fmt
 from kvspec.model import kinds
 from kvspec.model.specs.attention import FullAttention
-from kvspec.model.specs.base import LayerSpec
-from kvspec.model.specs.uniform import UniformType
 from kvspec.runtime.manager.spec import ManagedGroup, ManagedLayout, ManagedPool, ManagerError
 
-__all__ = ["from_artifact", "from_layouts", "manager_kind"]
+__all__ = ["from_artifact"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +212,13 @@ def _count(name: str, given: int | None, budget: fmt.Budget | None, fixed: int |
     return int(n)
 
 
-def _separate(artifact: Artifact, reads: list[_Read]) -> list[_Part]:
-    """A separate plan's pools, each with its groups and its count for the budget
-    (its hashes at what its groups' blocks divide: one group per pool)."""
+def _separate(artifact: Artifact, reads: list[_Read], counts: Mapping[str, int] | None
+              ) -> list[_Part]:
+    """A separate plan's pools, each with its groups and its count (``counts``, else
+    its own for the budget; its hashes at what its groups' blocks divide: one group
+    per pool)."""
     body = artifact.body
-    counts = artifact.counts_for(0)
+    counts = {**artifact.counts_for(0), **(counts or {})}
     parts = []
     for pool in body.stages[0].pools:
         same = [p for st in body.stages for p in st.pools if p.name == pool.name]
@@ -232,73 +230,21 @@ def _separate(artifact: Artifact, reads: list[_Read]) -> list[_Part]:
     return parts
 
 
-def from_artifact(artifact: Artifact, num_blocks: int | None = None) -> ManagedLayout:
+def from_artifact(artifact: Artifact, num_blocks: int | Mapping[str, int] | None = None
+                  ) -> ManagedLayout:
     """The manager's view of an artifact with ``num_blocks`` blocks (default: its
-    own, for its budget); a separate plan's pools each with their own count for
-    the budget (``num_blocks`` does not apply to them)."""
+    own, for its budget), or with each pool's count by name (``{"device": n}``; a
+    separate plan's pools: each its own count for the budget where not given)."""
     body = artifact.body
     reads = _reads(body)
+    counts = num_blocks if isinstance(num_blocks, Mapping) else None
     if artifact.pooled:
-        parts = _separate(artifact, reads)
+        parts = _separate(artifact, reads, counts)
     else:
         stages = body.stages
-        count = _count(body.name, num_blocks, body.budget, body.engine.num_blocks)
+        given = counts.get("device") if counts is not None else num_blocks
+        count = _count(body.name, given, body.budget, body.engine.num_blocks)
         parts = [_Part("device", reads, count, body.hash_block_size,
                        sum(st.bytes_per_block for st in stages),
                        (stages[0].draft_num_blocks or 0, sum(st.fixed_bytes for st in stages)))]
     return _layout(body.name, body.engine, parts, body.scheduler_block_size)
-
-
-# ---------------------------------------------------------------------------
-# the planner's layouts (what ``auto`` and ``simulate`` still hand over)
-# ---------------------------------------------------------------------------
-
-
-class _Planned(Protocol):
-    """A planner's group (:class:`kvspec.model.plan.Group`)."""
-
-    spec: LayerSpec
-    strategy: str
-    layer_names: tuple[str, ...]
-    own_pool: bool
-
-    def layer_spec(self, name: str) -> LayerSpec: ...
-
-
-def _representative(spec: LayerSpec) -> LayerSpec:
-    """The spec the scheduler sees: a group of several specs shows its first."""
-    return spec.members[0][1] if isinstance(spec, UniformType) else spec
-
-
-def manager_kind(group: _Planned) -> str | None:
-    """The manager kind of a planner's group (None: a group the manager leaves out)."""
-    kind = kinds.of(_representative(group.spec)).manager
-    return "full" if kind is not None and group.strategy == "full_allocation" else kind
-
-
-def _planned(group: _Planned) -> _Read:
-    spec = _representative(group.spec)
-    return _Read(spec=msgspec.convert(kinds.describe(spec), fmt.Spec), key=spec,
-                 strategy=group.strategy, layers=group.layer_names,
-                 block_size=group.spec.block_size,
-                 prefix_cacheable=group.spec.prefix_cacheable, own_pool=group.own_pool,
-                 useful_bytes=sum(group.layer_spec(n).unpadded_page_size_bytes
-                                  for n in group.layer_names))
-
-
-def from_layouts(layouts: Sequence[tuple[str, Any]], counts: Mapping[str, int] | None = None
-                 ) -> ManagedLayout:
-    """The manager's view of one or several planner's layouts, each a pool of its
-    own (the ``separate`` policy's pools), each with the count ``counts`` gives it
-    (default: its own, for its budget)."""
-    parts = []
-    for name, x in layouts:
-        n = _count(x.name, (counts or {}).get(name), x.budget,
-                   x.engine.num_gpu_blocks_override)
-        parts.append(_Part(name, [_planned(g) for g in x.groups], n, x.hash_block_size,
-                           sum(s.bytes_per_block for s in x.stages),
-                           (x.stages[0].draft_num_blocks or 0,
-                            sum(s.fixed_bytes for s in x.stages))))
-    first = layouts[0][1]
-    return _layout(first.name, first.engine, parts,
-                   math.lcm(*(x.scheduler_block_size for _, x in layouts)))
