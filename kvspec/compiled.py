@@ -15,7 +15,6 @@ True
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -187,13 +186,3 @@ def read(path: str | Path) -> CompiledArtifact:
     text = read_text(path, what="an artifact", error=ArtifactError,
                      hint="compile a source with `kvspec compile model.yaml`")
     return verified(text, shown(path))
-
-
-def layout_of_artifact(artifact: Artifact | Mapping[str, Any]) -> CompiledArtifact:
-    """``artifact`` (or its dict) with its plan, re-planned when it has none."""
-    if isinstance(artifact, CompiledArtifact):
-        return artifact
-    if isinstance(artifact, Artifact):
-        return replan(artifact)
-    return replan(Artifact.from_dict(artifact))
-

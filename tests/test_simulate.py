@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvspec.compiled import read as read_artifact
-from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool
+from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool, from_artifact
 from kvspec.sim import (
     SUMMARY_KEYS,
     StepRecord,
@@ -16,7 +16,6 @@ from kvspec.sim import (
     simulate,
 )
 from kvspec.sim.engine import SimulationError
-from kvspec.sim.setup import layout_of
 
 
 def tiny(blocks: int = 10) -> ManagedLayout:
@@ -115,7 +114,7 @@ CASES = [("llama-3.1-8b", 300), ("gpt-oss-20b", 300), ("gemma-3-27b-it", 1400),
 @pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
 def test_lazy_decoding_matches_stepping(name: str, prompt: int, asynchronous: bool) -> None:
     art = read_artifact(f"layouts/{name}.kvlayout.json")
-    lay = layout_of(art, 10)
+    lay = from_artifact(art, 10)
     biggest = prompt * 3 + 400
     need = sum(-(-min(biggest, (g.sliding_window or 1 << 30) + lay.max_in_flight_tokens)
                  // g.block_size) + 1 for g in lay.groups)
@@ -123,8 +122,8 @@ def test_lazy_decoding_matches_stepping(name: str, prompt: int, asynchronous: bo
                            max_prompt_tokens=prompt * 3, prefix_groups=2, prefix_share=0.5,
                            prefix_tokens=int(prompt * 0.8))
     kw = dict(async_scheduling=asynchronous, log_blocks=True)
-    stepped, a = run(layout_of(art, int(need * 1.6)), trace, lazy=False, **kw)
-    counted, b = run(layout_of(art, int(need * 1.6)), trace, lazy=True, **kw)
+    stepped, a = run(from_artifact(art, int(need * 1.6)), trace, lazy=False, **kw)
+    counted, b = run(from_artifact(art, int(need * 1.6)), trace, lazy=True, **kw)
     assert counted.steps == stepped.steps
     assert b.block_log == a.block_log, "the same block ids and free queue at every step"
     assert counted.as_dict() == stepped.as_dict()
@@ -145,7 +144,7 @@ def test_lazy_decoding_matches_stepping_across_windows_and_chunks(subject: str,
                                                                   output: int) -> None:
     """Decoding past a chunk boundary or filling a window changes how live bytes grow:
     a lazy request stops there."""
-    lay = chunked() if subject == "chunked" else layout_of(
+    lay = chunked() if subject == "chunked" else from_artifact(
         read_artifact(f"layouts/{subject}.kvlayout.json"), 300)
     trace = generate_trace(12, seed=3, prompt_mean=200, output_mean=output, rate=1.0)
     for asynchronous in (True, False):

@@ -14,8 +14,8 @@ model of vLLM v1's scheduler (no torch).
 ``kvspec.integrations.vllm.replay`` runs the same trace through vLLM's own
 scheduler, with the same loop and the same records.
 
->>> from kvspec.compiled import read as read_artifact
->>> art = read_artifact("layouts/llama-3.1-8b.kvlayout.json")
+>>> from kvspec.artifact import Artifact
+>>> art = Artifact.read("layouts/llama-3.1-8b.kvlayout.json")
 >>> trace = generate_trace(40, seed=3, prompt_mean=300, output_mean=60)
 >>> summary = simulate_artifact(art, trace, num_blocks=120).as_dict()
 >>> summary["steps"], summary["peak_running"], summary["preemptions"]
@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from kvspec.artifact import Artifact
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.model.engine import Engine
@@ -127,15 +128,15 @@ def engine_settings(engine: fmt.Engine, max_num_seqs: int | None = None) -> dict
             "pipeline_parallel_size": engine.pipeline_parallel_size}
 
 
-def simulate_artifact(artifact: Any, trace: Sequence[TraceRequest],
+def simulate_artifact(artifact: Artifact, trace: Sequence[TraceRequest],
                       num_blocks: int | None = None, **settings: Any) -> SimResult:
-    """:func:`simulate` for a compiled layout, with its engine's settings (any of
+    """:func:`simulate` for an artifact, with its engine's settings (any of
     which ``settings`` overrides) and ``num_blocks`` blocks (default: its own)."""
     return run_artifact(artifact, trace, num_blocks, **settings)[0]
 
 
-def run_artifact(artifact: Any, trace: Sequence[TraceRequest], num_blocks: int | None = None,
+def run_artifact(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: int | None = None,
                  **settings: Any) -> tuple[SimResult, KvspecEngine]:
-    """:func:`run` for a compiled layout (see :func:`simulate_artifact`)."""
+    """:func:`run` for an artifact (see :func:`simulate_artifact`)."""
     kwargs = {**engine_settings(artifact.body.engine), **settings}
     return run(from_artifact(artifact, num_blocks), trace, **kwargs)

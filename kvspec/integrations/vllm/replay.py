@@ -21,10 +21,10 @@ from kvspec.artifact import format as fmt
 from kvspec.integrations.vllm import adapter as vllm_adapter
 from kvspec.integrations.vllm.frozen import read_facts
 from kvspec.integrations.vllm.specs import engine_settings, to_vllm
+from kvspec.runtime.manager import from_artifact
 from kvspec.sim import SimResult, TraceRequest, admit
 from kvspec.sim.engine import Progress, drive
 from kvspec.sim.metrics import Limits, LiveBytes
-from kvspec.sim.setup import layout_of
 
 __all__ = ["replay", "run_engine", "vllm_engine"]
 
@@ -60,7 +60,7 @@ def vllm_engine(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: i
     """vLLM's scheduler for ``artifact``'s plan, as a step engine, ready to run the
     requests of ``trace`` it accepts: (engine, the manager's layout, those requests)."""
     module = vllm_adapter()
-    layout = layout_of(artifact, num_blocks)
+    layout = from_artifact(artifact, num_blocks)
     body = artifact.body
     facts = read_facts(body)
     stages = [{n: to_vllm(facts.specs[n]) for n in st.layers} for st in body.stages]
