@@ -21,8 +21,8 @@ import pytest
 
 from kvspec.compiled import CompiledArtifact as Artifact
 from kvspec.compiled import read as read_artifact
+from kvspec.runtime.manager import from_artifact
 from kvspec.sim import generate_trace, run_artifact
-from kvspec.sim.setup import layout_of
 from tests.vllm.cases import CASES, TOO_SMALL, artifact
 
 pytest.importorskip("vllm")
@@ -47,7 +47,7 @@ def _hybrid_layouts() -> list[str]:
         art = read_artifact(path)
         if art.pools:  # separate pools: vLLM 0.33 holds one shared pool, and the plugin
             continue   # refuses them (tests/vllm/test_engine_args_pooling.py)
-        lay = layout_of(art, 10)
+        lay = from_artifact(art, 10)
         if any(g.kind != "full" for g in lay.groups):
             names.append(path.name.removesuffix(".kvlayout.json"))
     return names
@@ -69,7 +69,7 @@ def traces(art: Artifact) -> list[tuple[int, list]]:
     blocks the longest request needs (cheap admissions, then decoding requests run
     out of blocks); then prompts past the layout's windows, chunks and blocks, with
     shared prefixes, and more blocks."""
-    lay = layout_of(art, 10)
+    lay = from_artifact(art, 10)
     sizes = [g.block_size for g in lay.groups if g.block_size < lay.max_model_len] or [16]
     reach = max([g.sliding_window or g.attention_chunk_size or 0 for g in lay.groups] + [0])
     prompt = max(300, int(reach * 1.3), int(max(sizes) * 1.3))
@@ -174,7 +174,7 @@ def block_trace(art: Artifact) -> tuple[int, list]:
 
     from kvspec.sim.trace import TraceRequest
 
-    lay = layout_of(art, 10)
+    lay = from_artifact(art, 10)
     rng = random.Random(7)
     size, fresh, chains, trace = 64, 1, [(0,)], []
     for i in range(30):
