@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvspec.errors import KvspecError
-from kvspec.runtime.hashing_keys import GROUP_ID_BYTES, split_block_hash_with_group_id
+from kvspec.runtime.hashing import GROUP_ID_BYTES, split_block_hash_with_group_id
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvspec.runtime.hashing_keys import BlockHashKey, CacheKey
+    from kvspec.runtime.hashing import BlockHashKey, CacheKey
 
 __all__ = [
     "Block",

@@ -1,7 +1,7 @@
 """The prefix-cache half of the block pool: which blocks hold which block hashes.
 
 A full block of a request is *cached* under the key ``hash + group id`` (see
-:func:`~kvspec.runtime.hashing_keys.make_block_hash_with_group_id`), which the
+:func:`~kvspec.runtime.hashing.make_block_hash_with_group_id`), which the
 block keeps as its ``block_hash``; a later request of the same group whose
 prefix hashes alike finds it and shares it. A cached block stays findable after
 it is freed, until the pool hands it out again (it is evicted then) or
@@ -31,8 +31,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvspec.runtime.block_pool_block import Block, BlockPoolError, BlockStateError
-from kvspec.runtime.hashing_keys import BlockHash, CacheKey, make_block_hash_with_group_id
-from kvspec.runtime.hashing_views import resolve_block_hashes
+from kvspec.runtime.hashing import BlockHash, CacheKey, make_block_hash_with_group_id
+from kvspec.runtime.hashing import resolve_block_hashes
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvspec.runtime.block_pool_queue import FreeBlockQueue
