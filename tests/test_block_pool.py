@@ -570,17 +570,12 @@ def test_a_block_reads_its_group_from_its_key() -> None:
         Block(6).set_block_hash(b"\x00\x01")  # no room for a hash and a group id
 
 
-def test_split_modules_are_re_exported() -> None:
-    from kvspec.runtime import (
-        block_pool_block,
-        block_pool_queue,
-    )
+def test_the_queue_module_is_re_exported() -> None:
+    from kvspec.runtime import block_pool_queue
 
-    for facade, parts in ((block_pool_module, (block_pool_block, block_pool_queue)),):
-        for part in parts:
-            for name in part.__all__:
-                assert getattr(facade, name) is getattr(part, name), (facade.__name__, name)
-        assert set(facade.__all__) >= {n for part in parts for n in part.__all__}
+    for name in block_pool_queue.__all__:
+        assert getattr(block_pool_module, name) is getattr(block_pool_queue, name), name
+    assert set(block_pool_module.__all__) >= set(block_pool_queue.__all__)
 
 
 def test_the_benchmark_runs_without_vllm() -> None:
