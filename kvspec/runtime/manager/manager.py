@@ -83,6 +83,11 @@ class KVCacheManager:
         self._empty: Hits = [[] for _ in self.managers]
         #: Hybrid layouts cache only up to a hit boundary (a scheduler block multiple).
         self._cache_unit = layout.scheduler_block_size if self.num_groups > 1 else 1
+        #: The one group of a full-attention layout: a running request's slots are
+        #: then its table grown to its tokens (:meth:`_grow_full`).
+        self._full = self.managers[0] if (
+            self.num_groups == 1 and type(self.managers[0]) in (GroupManager, FullManager)
+        ) else None
 
     def _spec_groups(self) -> list[tuple[GroupManager, list[int], bool]]:
         """Groups looked up together (same kind, spec key and pool), full attention
@@ -178,6 +183,9 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` more tokens (after ``num_hit_tokens`` of
         prefix-cache hits, for a new request); False, changing nothing but freeing
         skipped blocks, when they do not fit."""
+        if hits is None and not (num_hit_tokens or lookahead or full_sequence_must_fit) \
+                and self._full is not None and num_new_tokens:
+            return self._grow_full(r, num_new_tokens)
         if num_new_tokens == 0 and num_hit_tokens == 0:
             raise ManagerError("allocate_slots needs new tokens or hit tokens",
                                hint="schedule at least one token")
@@ -202,6 +210,25 @@ class KVCacheManager:
             m.grow(r, need, main)
         if self.caching:
             self.cache_blocks(r, min(total + num_new_tokens, r.num_tokens))
+        return True
+
+    def _grow_full(self, r: RequestState, num_new_tokens: int) -> bool:
+        """:meth:`allocate_slots` of a request with no hits in a one-group full-attention
+        layout: nothing to drop or adopt, the table grows to the tokens' blocks."""
+        m = self._full
+        mml = self.max_model_len
+        total = r.num_computed_tokens
+        main = (total if total < mml else mml) + num_new_tokens
+        need = main if main < mml else mml
+        table = r.tables[0]
+        new = -(-need // m.bs) - len(table)
+        if new > 0:
+            pool = m.pool
+            if new > pool.free_block_queue.num_free_blocks:
+                return False
+            table += pool.allocate(new, 0)
+        if self.caching:
+            m.cache(r, main if main < r.num_tokens else r.num_tokens)
         return True
 
     def _fits(self, r: RequestState, num_tokens: int, hits: Hits, total: int, main: int,
