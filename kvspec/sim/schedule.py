@@ -178,13 +178,17 @@ class Scheduler:
     def _event(self, r: SimRequest, step: int) -> bool:
         """The manager's step for lazy ``r`` (a block to allocate, one to free); False
         when its blocks do not fit: it leaves the lazy set, to preempt one by one."""
-        lazy = self.lazy
+        lazy, manager = self.lazy, self.manager
         lazy.materialize(r)
-        self._catch_up(r)
-        if self.manager.allocate_slots(r, 1):
+        caught_up = not manager.caches_while_growing
+        if caught_up:
+            self._catch_up(r)
+        if manager.allocate_slots(r, 1):
             c = r.num_computed_tokens
             lazy.plan(r, step + self.quiet.next_event(c + 1) - c)  # type: ignore[union-attr]
             return True
+        if not caught_up:
+            self._catch_up(r)
         lazy.leave(r, step)
         insort(self.explicit, r, key=_SEQ)
         return False

@@ -88,6 +88,13 @@ class KVCacheManager:
         self._full = self.managers[0] if (
             self.num_groups == 1 and type(self.managers[0]) in (GroupManager, FullManager)
         ) else None
+        #: Whether a running request's slots (:meth:`allocate_slots` with new tokens
+        #: alone) cache every full block its tokens fill, after allocating and freeing
+        #: nothing else: a caller caching first may then cache only when they do not fit.
+        self.caches_while_growing = self._full is not None
+        self._cache_grown = None if self._full is None else (
+            self._full._cache_full if self._full.bs == self._full.hbs and self._full.cacheable
+            else self._full.cache)
 
     def _spec_groups(self) -> list[tuple[GroupManager, list[int], bool]]:
         """Groups looked up together (same kind, spec key and pool), full attention
@@ -228,7 +235,7 @@ class KVCacheManager:
                 return False
             table += pool.allocate(new, 0)
         if self.caching:
-            m.cache(r, main if main < r.num_tokens else r.num_tokens)
+            self._cache_grown(r, main if main < r.num_tokens else r.num_tokens)
         return True
 
     def _fits(self, r: RequestState, num_tokens: int, hits: Hits, total: int, main: int,
