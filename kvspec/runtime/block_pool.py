@@ -290,13 +290,9 @@ class BlockPool:
                                       "blocks (num_cached_blocks onwards)")
             block._hash = block_hash = hashes[i]
             block._block_hash_num_tokens = None if block_size is None else (i + 1) * block_size
-            entry = group_map.get(block_hash)
-            if entry is None:
-                group_map[block_hash] = block
-            elif entry.__class__ is Block:
-                group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
-            else:
-                entry[block.block_id] = block
+            entry = group_map.setdefault(block_hash, block)
+            if entry is not block:
+                _add_copy(group_map, block_hash, entry, block)
 
     def cache_block(self, block: Block, block_hash: CacheKey, group_id: int,
                     num_tokens: int | None = None) -> None:
@@ -324,13 +320,9 @@ class BlockPool:
         group_map = self._cached.get(group_id)
         if group_map is None:
             group_map = self._cached[group_id] = {}
-        entry = group_map.get(block_hash)
-        if entry is None:
-            group_map[block_hash] = block
-        elif entry.__class__ is Block:
-            group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
-        else:
-            entry[block.block_id] = block
+        entry = group_map.setdefault(block_hash, block)
+        if entry is not block:
+            _add_copy(group_map, block_hash, entry, block)
 
     def cache_run(self, blocks: Sequence[Block], block_hashes: Sequence[CacheKey],
                   group_id: int, num_tokens: int, block_size: int) -> None:
@@ -349,7 +341,7 @@ class BlockPool:
         group_map = self._cached.get(group_id)
         if group_map is None:
             group_map = self._cached[group_id] = {}
-        get = group_map.get
+        setdefault = group_map.setdefault
         for block, block_hash in zip(blocks, block_hashes):
             if block._hash is not None or block.is_null:
                 self.cache_block(block, block_hash, group_id, num_tokens)
@@ -357,13 +349,9 @@ class BlockPool:
                 block._hash = block_hash
                 block._group = group_id
                 block._block_hash_num_tokens = num_tokens
-                entry = get(block_hash)
-                if entry is None:
-                    group_map[block_hash] = block
-                elif entry.__class__ is Block:
-                    group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
-                else:
-                    entry[block.block_id] = block
+                entry = setdefault(block_hash, block)
+                if entry is not block:
+                    _add_copy(group_map, block_hash, entry, block)
             num_tokens += block_size
 
     def evict(self, block_ids: Iterable[int]) -> list[int]:
@@ -427,15 +415,12 @@ class BlockPool:
             taken.append(block)
             following = block.next_free
             block.prev_free = block.next_free = None
-            if block._hash is not None:  # a cached block is reused: evict its hash
-                try:
-                    group_map = cached[block._group]
-                    entry = group_map[block._hash]
-                except KeyError:  # not in the map: nothing to drop there
-                    entry = None
-                if entry is block:
-                    del group_map[block._hash]
-                elif entry is not None:  # one of several blocks of the same content
+            key = block._hash
+            if key is not None:  # a cached block is reused: evict its hash
+                group_map = cached.get(block._group)
+                entry = None if group_map is None else group_map.pop(key, None)
+                if entry is not block and entry is not None:
+                    group_map[key] = entry  # one of several blocks of the same content
                     self._uncache(block)
                 block._hash = block._block_hash_num_tokens = None
             block.ref_count = 1
@@ -512,27 +497,34 @@ class BlockPool:
         >>> pool.free_blocks([c, b, a]); [x.block_id for x in pool.free_block_queue]
         [3, 1, 4, 2]
         """
-        first: list[Block] = []
-        last: list[Block] = []
+        first: list[Block] = []  # released and not cached: for the head
         caching = self.enable_caching
         blocks = ordered if ordered.__class__ is list else list(ordered)
+        queue = self.free_block_queue
+        tail = queue._tail
+        start: Any = tail.prev_free  # Any: the tail sentinel always has a predecessor
+        last = start  # released cached blocks are linked after it as they come
+        linked = 0
         for i, block in enumerate(blocks):
             ref = block.ref_count
-            if ref <= 0 or block.pool is not self:
-                if block.is_null:
-                    continue
-                for held in blocks[:i]:  # a refusal changes nothing
-                    if not held.is_null:
-                        held.ref_count += 1
-                self._refuse_free([block], 0, self.null_block, self.null_block)
-            block.ref_count = ref - 1
-            if ref == 1:
-                (last if caching and block._hash is not None else first).append(block)
-        queue = self.free_block_queue
+            if ref == 1 and block.pool is self:
+                block.ref_count = 0
+                if caching and block._hash is not None:
+                    block.prev_free = last
+                    last.next_free = block
+                    last = block
+                    linked += 1
+                else:
+                    first.append(block)
+            elif ref > 1 and block.pool is self:
+                block.ref_count = ref - 1
+            elif not block.is_null:
+                self._refuse_free(blocks, i, start, last)  # a refusal changes nothing
+        last.next_free = tail
+        tail.prev_free = last
+        queue.num_free_blocks += linked
         if first:
             queue._link(queue._head, first, queue._head.next_free)  # type: ignore[arg-type]
-        if last:
-            queue._link(queue._tail.prev_free, last, queue._tail)  # type: ignore[arg-type]
 
     def free_request(self, blocks: Sequence[Block]) -> None:
         """Free a request's blocks, last first, so its chain's tail is evicted first.
@@ -702,3 +694,12 @@ def _check_cacheable(blocks: Sequence[Block], group_id: int) -> None:
         if block._hash is not None:
             raise BlockStateError(f"block {block.block_id} is already cached",
                                   hint="cache only new full blocks (num_cached_blocks onwards)")
+
+
+def _add_copy(group_map: GroupMap, block_hash: CacheKey, entry: Any, block: Block) -> None:
+    """Cache ``block`` under ``block_hash``, which ``entry`` (a block, or
+    ``{block_id: block}``) holds already: one content in several blocks."""
+    if entry.__class__ is Block:
+        group_map[block_hash] = {entry.block_id: entry, block.block_id: block}
+    else:
+        entry[block.block_id] = block
