@@ -41,6 +41,11 @@ its group); a hash maps to one block, or to ``{block_id: block}`` when the
 same content was cached in several blocks (concurrent requests), as in the
 reference's ``BlockHashToBlockMap``.
 
+A pool made with ``private_keys`` keeps *private keys*, ints below zero (a
+request-level manager's keys of a request's own tokens, which only that request
+ever looks up, through the blocks it held), on their blocks alone: caching and
+evicting one costs no map operation, and no lookup of the map finds it.
+
 The blocks and the free queue live in ``block_pool_queue``; every name is
 importable from here.
 
@@ -103,7 +108,8 @@ class BlockPool:
     computed at (hashes of coarser groups are read through
     :class:`~kvspec.runtime.hashing.BlockHashListWithBlockSize`); ``num_groups``,
     when given, bounds the group ids. With ``enable_caching=False`` nothing is
-    ever cached and lookups always miss.
+    ever cached and lookups always miss. ``private_keys``: int keys below zero
+    stay on their blocks, out of the map (see the module docstring).
 
     >>> pool = BlockPool(4)
     >>> pool.null_block.block_id, pool.num_free_blocks, pool.usage
@@ -117,7 +123,7 @@ class BlockPool:
     """
 
     __slots__ = ("num_blocks", "blocks", "free_block_queue", "null_block", "enable_caching",
-                 "hash_block_size", "num_groups", "_cached")
+                 "hash_block_size", "num_groups", "private_keys", "_cached")
 
     def __init__(
         self,
@@ -126,6 +132,7 @@ class BlockPool:
         enable_caching: bool = True,
         hash_block_size: int | None = None,
         num_groups: int | None = None,
+        private_keys: bool = False,
     ) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise BlockPoolError(
@@ -141,6 +148,7 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
         self.num_groups = num_groups
+        self.private_keys = private_keys
         self._cached: dict[int, GroupMap] = {}
         self.num_blocks = num_blocks
         self.blocks: tuple[Block, ...] = tuple(map(Block, range(num_blocks)))
@@ -168,7 +176,8 @@ class BlockPool:
     @property
     def num_cached_blocks(self) -> int:
         """Blocks that hold a cached hash (held or free)."""
-        return sum(
+        private = sum(1 for b in self.blocks if self._is_private(b._hash))
+        return private + sum(
             1 if v.__class__ is Block else len(v)
             for group_map in self._cached.values()
             for v in group_map.values()
@@ -317,6 +326,8 @@ class BlockPool:
         block._hash = block_hash
         block._group = group_id
         block._block_hash_num_tokens = num_tokens
+        if self._is_private(block_hash):
+            return
         group_map = self._cached.get(group_id)
         if group_map is None:
             group_map = self._cached[group_id] = {}
@@ -342,6 +353,7 @@ class BlockPool:
         if group_map is None:
             group_map = self._cached[group_id] = {}
         setdefault = group_map.setdefault
+        private = self.private_keys
         for block, block_hash in zip(blocks, block_hashes):
             if block._hash is not None or block.is_null:
                 self.cache_block(block, block_hash, group_id, num_tokens)
@@ -349,9 +361,10 @@ class BlockPool:
                 block._hash = block_hash
                 block._group = group_id
                 block._block_hash_num_tokens = num_tokens
-                entry = setdefault(block_hash, block)
-                if entry is not block:
-                    _add_copy(group_map, block_hash, entry, block)
+                if not (private and block_hash.__class__ is int and block_hash < 0):
+                    entry = setdefault(block_hash, block)
+                    if entry is not block:
+                        _add_copy(group_map, block_hash, entry, block)
             num_tokens += block_size
 
     def evict(self, block_ids: Iterable[int]) -> list[int]:
@@ -408,6 +421,7 @@ class BlockPool:
         if not 0 < num_blocks <= num_free:
             return _refuse_allocate(num_blocks, num_free)
         cached = self._cached
+        private = self.private_keys
         head = queue._head
         block: Any = head.next_free  # Any: a queued block's links are never None
         taken: list[Block] = []
@@ -417,11 +431,12 @@ class BlockPool:
             block.prev_free = block.next_free = None
             key = block._hash
             if key is not None:  # a cached block is reused: evict its hash
-                group_map = cached.get(block._group)
-                entry = None if group_map is None else group_map.pop(key, None)
-                if entry is not block and entry is not None:
-                    group_map[key] = entry  # one of several blocks of the same content
-                    self._uncache(block)
+                if not (private and key.__class__ is int and key < 0):  # in the map
+                    group_map = cached.get(block._group)
+                    entry = None if group_map is None else group_map.pop(key, None)
+                    if entry is not block and entry is not None:
+                        group_map[key] = entry  # one of several blocks of the same content
+                        self._uncache(block)
                 block._hash = block._block_hash_num_tokens = None
             block.ref_count = 1
             block._group = group_id
@@ -614,9 +629,12 @@ class BlockPool:
 
     def _uncache(self, block: Block) -> bool:
         """Drop ``block``'s hash from the map and the block; False if the map
-        does not hold it under that hash."""
+        does not hold it under that hash (a private key is the block's alone)."""
         group_map = self._cached.get(block._group)  # type: ignore[arg-type]
         block_hash = block._hash
+        if self._is_private(block_hash):
+            block._hash = block._block_hash_num_tokens = None
+            return True
         if group_map is None or block_hash is None:
             return False
         entry = group_map.get(block_hash)
@@ -633,6 +651,10 @@ class BlockPool:
                 group_map[block_hash] = next(iter(entry.values()))
         block._hash = block._block_hash_num_tokens = None
         return True
+
+    def _is_private(self, key: CacheKey | None) -> bool:
+        """Whether ``key`` stays on its block, out of the map."""
+        return self.private_keys and key.__class__ is int and key < 0  # type: ignore[operator]
 
     def _no_group_map(self, group_id: int) -> None:
         """No map for ``group_id`` (nothing cached in it yet): check that the id

@@ -288,7 +288,7 @@ class Scheduler:
     def _preempt(self, r: SimRequest) -> None:
         for step in self.lazy.detach(r):  # its outputs in flight come one by one now
             self.in_flight[step].items.append((r, 1, True))
-        self.manager.free(r)
+        self.manager.free(r, resumes=True)
         r.status = PREEMPTED
         r.num_computed_tokens = 0
         r.stale = r.num_in_flight_tokens

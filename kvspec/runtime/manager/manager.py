@@ -64,8 +64,13 @@ class KVCacheManager:
         self.layout = layout
         self.max_model_len = layout.max_model_len
         caching = layout.enable_caching
+        #: One full-attention group: a request's blocks stay in its table until it is
+        #: freed, so the blocks of its own keys are found in the table it was preempted
+        #: with (:func:`.lookup.longest_prefix`), and the pool keeps them out of its map.
+        one_full = len(layout.groups) == 1 and layout.groups[0].kind == "full"
         self.pools = tuple(BlockPool(p.num_blocks, enable_caching=caching and p.enable_caching,
-                                     hash_block_size=p.hash_block_size)
+                                     hash_block_size=p.hash_block_size,
+                                     private_keys=one_full)
                            for p in layout.pools)
         self.group_pool = tuple(layout.pool_index(i) for i in range(len(layout.groups)))
         self.managers = tuple(
@@ -85,9 +90,7 @@ class KVCacheManager:
         self._cache_unit = layout.scheduler_block_size if self.num_groups > 1 else 1
         #: The one group of a full-attention layout: a running request's slots are
         #: then its table grown to its tokens (:meth:`_grow_full`).
-        self._full = self.managers[0] if (
-            self.num_groups == 1 and type(self.managers[0]) in (GroupManager, FullManager)
-        ) else None
+        self._full = self.managers[0] if one_full else None
         #: Whether a running request's slots (:meth:`allocate_slots` with new tokens
         #: alone) cache every full block its tokens fill, after allocating and freeing
         #: nothing else: a caller caching first may then cache only when they do not fit.
@@ -224,9 +227,8 @@ class KVCacheManager:
         layout: nothing to drop or adopt, the table grows to the tokens' blocks."""
         m = self._full
         mml = self.max_model_len
-        total = r.num_computed_tokens
-        main = (total if total < mml else mml) + num_new_tokens
-        need = main if main < mml else mml
+        main = min(r.num_computed_tokens, mml) + num_new_tokens
+        need = min(main, mml)
         table = r.tables[0]
         new = -(-need // m.bs) - len(table)
         if new > 0:
@@ -235,7 +237,7 @@ class KVCacheManager:
                 return False
             table += pool.allocate(new, 0)
         if self.caching:
-            self._cache_grown(r, main if main < r.num_tokens else r.num_tokens)
+            self._cache_grown(r, min(r.num_tokens, main))
         return True
 
     def _fits(self, r: RequestState, num_tokens: int, hits: Hits, total: int, main: int,
@@ -259,8 +261,11 @@ class KVCacheManager:
             for m in self.managers:
                 m.cache(r, num_tokens)
 
-    def free(self, r: RequestState) -> None:
-        """Free every block of the request, group by group, each table last first."""
+    def free(self, r: RequestState, *, resumes: bool = False) -> None:
+        """Free every block of the request, group by group, each table last first.
+        ``resumes``: it comes back (preempted); with private keys its table is kept,
+        where its own keys' blocks are looked up."""
+        r.released = r.tables[0] if resumes and self._full is not None else None
         for m in self.managers:
             m.release(r)
 
