@@ -520,7 +520,8 @@ class BlockPool:
         start: Any = tail.prev_free  # Any: the tail sentinel always has a predecessor
         last = start  # released cached blocks are linked after it as they come
         linked = 0
-        for i, block in enumerate(blocks):
+        it = iter(blocks)
+        for block in it:
             ref = block.ref_count
             if ref == 1 and block.pool is self:
                 block.ref_count = 0
@@ -533,8 +534,8 @@ class BlockPool:
                     first.append(block)
             elif ref > 1 and block.pool is self:
                 block.ref_count = ref - 1
-            elif not block.is_null:
-                self._refuse_free(blocks, i, start, last)  # a refusal changes nothing
+            elif not block.is_null:  # a refusal changes nothing
+                self._refuse_free(blocks, len(blocks) - length_hint(it) - 1, start, last)
         last.next_free = tail
         tail.prev_free = last
         queue.num_free_blocks += linked

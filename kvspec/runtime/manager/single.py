@@ -131,7 +131,7 @@ class GroupManager:
     def release(self, r: RequestState) -> None:
         table = r.tables[self.gid]
         if table:
-            self.pool.free_blocks(reversed(table))
+            self.pool.free_blocks(table[::-1])
         r.tables[self.gid] = []
         r.num_cached[self.gid] = -1
 
