@@ -537,6 +537,21 @@ def test_a_refused_free_in_mid_batch_restores_counts_and_links() -> None:
     assert ids(pool.free_block_queue)[-1] == 2 and pool.num_free_blocks == 5
 
 
+def test_private_keys_stay_on_their_blocks() -> None:
+    pool = BlockPool(5, private_keys=True)
+    blocks = pool.allocate(3)
+    pool.cache_run(blocks[:2], [-7, 5], 0, 16, 16)
+    pool.cache_block(blocks[2], -9, 0, 48)
+    assert pool.cached_map(0) == {5: blocks[1]}  # the shared key alone is in the map
+    assert pool.lookup(-7, [0]) is None and pool.num_cached_blocks == 3
+    pool.free_blocks(blocks[::-1])
+    assert [b.block_id for b in pool.free_block_queue] == [4, 3, 2, 1]
+    assert pool.evict([3]) == [3] and blocks[2]._hash is None
+    taken = pool.allocate(4)  # evicts the rest: the private key from its block alone
+    assert [b._hash for b in taken] == [None] * 4 and pool.cached_map(0) == {}
+    assert pool.num_cached_blocks == 0
+
+
 def test_touching_one_block_or_many_is_the_same() -> None:
     def cycle(touch_one_at_a_time: bool) -> list:
         pool = BlockPool(8, num_groups=2)
