@@ -2,21 +2,18 @@
 
 The free queue is checked against a plain list model, the pool against a model
 of the engine's allocate / cache / hit / free cycle across several groups that
-share one pool. Hashing is checked against the reference's rules: seeding,
-chaining, extra keys, (hash, group id) keys and coarser-group views.
+share one pool. Block hash keys are checked against the reference's rules:
+(hash, group id) keys and coarser-group views.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import pickle
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import cbor2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,7 +29,6 @@ from hypothesis.stateful import (
 
 from kvspec.errors import KvspecError
 from kvspec.runtime import block_pool as block_pool_module
-from kvspec.runtime import hashing
 from kvspec.runtime.block_pool import (
     Block,
     BlockPool,
@@ -43,31 +39,14 @@ from kvspec.runtime.block_pool import (
     NotEnoughFreeBlocksError,
 )
 from kvspec.runtime.hashing import (
-    DEFAULT_NONE_HASH_SEED,
-    FROM_ENV,
-    BlockHasher,
     BlockHashListWithBlockSize,
-    HashFunctionUnavailableError,
     HashingError,
-    MultiModalFeature,
-    RequestBlockHasher,
-    RequestTokens,
-    generate_block_hash_extra_keys,
     get_block_hash,
     get_group_id,
-    get_hash_fn,
-    get_mm_features_in_window,
-    hash_block_tokens,
     make_block_hash_with_group_id,
     resolve_block_hashes,
-    resolve_none_hash_seed,
-    sha256,
-    sha256_cbor,
     split_block_hash_with_group_id,
 )
-
-HAVE_XXHASH = hashing._xxhash is not None
-needs_xxhash = pytest.mark.skipif(not HAVE_XXHASH, reason="xxhash is not installed")
 
 
 def ids(blocks) -> list[int]:
@@ -558,6 +537,21 @@ def test_a_refused_free_in_mid_batch_restores_counts_and_links() -> None:
     assert ids(pool.free_block_queue)[-1] == 2 and pool.num_free_blocks == 5
 
 
+def test_private_keys_stay_on_their_blocks() -> None:
+    pool = BlockPool(5, private_keys=True)
+    blocks = pool.allocate(3)
+    pool.cache_run(blocks[:2], [-7, 5], 0, 16, 16)
+    pool.cache_block(blocks[2], -9, 0, 48)
+    assert pool.cached_map(0) == {5: blocks[1]}  # the shared key alone is in the map
+    assert pool.lookup(-7, [0]) is None and pool.num_cached_blocks == 3
+    pool.free_blocks(blocks[::-1])
+    assert [b.block_id for b in pool.free_block_queue] == [4, 3, 2, 1]
+    assert pool.evict([3]) == [3] and blocks[2]._hash is None
+    taken = pool.allocate(4)  # evicts the rest: the private key from its block alone
+    assert [b._hash for b in taken] == [None] * 4 and pool.cached_map(0) == {}
+    assert pool.num_cached_blocks == 0
+
+
 def test_touching_one_block_or_many_is_the_same() -> None:
     def cycle(touch_one_at_a_time: bool) -> list:
         pool = BlockPool(8, num_groups=2)
@@ -591,21 +585,12 @@ def test_a_block_reads_its_group_from_its_key() -> None:
         Block(6).set_block_hash(b"\x00\x01")  # no room for a hash and a group id
 
 
-def test_split_modules_are_re_exported() -> None:
-    from kvspec.runtime import (
-        block_pool_block,
-        block_pool_queue,
-        hashing_keys,
-        hashing_request,
-        hashing_views,
-    )
+def test_the_queue_module_is_re_exported() -> None:
+    from kvspec.runtime import block_pool_queue
 
-    for facade, parts in ((block_pool_module, (block_pool_block, block_pool_queue)),
-                          (hashing, (hashing_keys, hashing_request, hashing_views))):
-        for part in parts:
-            for name in part.__all__:
-                assert getattr(facade, name) is getattr(part, name), (facade.__name__, name)
-        assert set(facade.__all__) >= {n for part in parts for n in part.__all__}
+    for name in block_pool_queue.__all__:
+        assert getattr(block_pool_module, name) is getattr(block_pool_queue, name), name
+    assert set(block_pool_module.__all__) >= set(block_pool_queue.__all__)
 
 
 def test_the_benchmark_runs_without_vllm() -> None:
@@ -760,117 +745,6 @@ TestBlockPool = BlockPoolMachine.TestCase
 
 
 # --------------------------------------------------------------------------
-# Hash functions and NONE_HASH seeding
-# --------------------------------------------------------------------------
-
-
-def test_hash_functions_serialize_as_the_reference_does() -> None:
-    obj = (b"\x01" * 32, (1, 2, 3), None)
-    assert (
-        sha256(obj) == hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-    )
-    assert sha256_cbor(obj) == hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
-    assert get_hash_fn("sha256") is sha256
-    with pytest.raises(HashingError):
-        get_hash_fn("md5")
-
-
-@needs_xxhash
-def test_xxhash_variants() -> None:
-    import xxhash
-
-    obj = ("0", (1, 2), None)
-    assert hashing.xxhash(obj) == xxhash.xxh3_128_digest(
-        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    )
-    assert hashing.xxhash_cbor(obj) == xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
-    assert get_hash_fn("xxhash_cbor") is hashing.xxhash_cbor
-
-
-def test_missing_xxhash_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hashing, "_xxhash", None)
-    with pytest.raises(HashFunctionUnavailableError) as err:
-        hashing.xxhash_cbor("0")
-    assert isinstance(err.value, ImportError) and isinstance(err.value, KvspecError)
-    assert "pip install xxhash" in err.value.render()
-
-
-def test_seed_rules() -> None:
-    # PYTHONHASHSEED wins for every hash function.
-    assert resolve_none_hash_seed(sha256, "7") == "7"
-    assert resolve_none_hash_seed(hashing.xxhash, "7") == "7"
-    # Unset: fixed default for cryptographic hashes, random for the others.
-    assert resolve_none_hash_seed(sha256_cbor, None) == DEFAULT_NONE_HASH_SEED
-    a = resolve_none_hash_seed(hashing.xxhash_cbor, None)
-    b = resolve_none_hash_seed(hashing.xxhash_cbor, None)
-    assert a != b and len(a) == 64 and int(a, 16) >= 0
-    # A custom hash function counts as cryptographic.
-    assert resolve_none_hash_seed(lambda o: b"", None) == DEFAULT_NONE_HASH_SEED
-
-
-def test_seed_from_env_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONHASHSEED", "42")
-    assert resolve_none_hash_seed(sha256) == "42"
-    assert resolve_none_hash_seed(sha256, FROM_ENV) == "42"
-    assert resolve_none_hash_seed(sha256, None) == DEFAULT_NONE_HASH_SEED
-    assert BlockHasher.create(sha256).seed == "42"
-    assert BlockHasher.create(sha256, seed="0").seed == "0"
-    monkeypatch.delenv("PYTHONHASHSEED")
-    assert BlockHasher.create(sha256).seed == DEFAULT_NONE_HASH_SEED
-
-
-@needs_xxhash
-def test_random_seed_for_xxhash_warns(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger=hashing.__name__):
-        h1 = BlockHasher.create("xxhash", seed=None)
-    h2 = BlockHasher.create("xxhash", seed=None)
-    assert h1.none_hash != h2.none_hash
-    assert "random per-process seed" in caplog.text
-    fixed = BlockHasher.create("xxhash", seed=None, urandom=lambda n: b"\x00" * n)
-    assert fixed.seed == "00" * 32
-
-
-def test_none_hash_is_hash_of_the_seed() -> None:
-    hasher = BlockHasher.create("sha256_cbor", seed="0")
-    assert hasher.none_hash == sha256_cbor("0")
-    assert BlockHasher.create(sha256, seed=None).none_hash == sha256(DEFAULT_NONE_HASH_SEED)
-
-
-def test_hash_block_tokens_uses_the_process_none_hash(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hashing, "_PROCESS_HASHERS", {})
-    assert hashing.get_none_hash_seed(sha256) == DEFAULT_NONE_HASH_SEED
-    hashing.init_none_hash(sha256, seed="0")
-    assert hashing.get_none_hash_seed("sha256") == "0"
-    tokens = list(range(16))
-    expected = sha256((sha256("0"), tuple(tokens), None))
-    assert hash_block_tokens(sha256, None, tokens) == expected
-    assert hash_block_tokens(sha256, b"", tokens) == expected  # empty parent: first block
-    assert hash_block_tokens(sha256, None, tokens, none_hash=b"x") == sha256(
-        (b"x", tuple(tokens), None)
-    )
-    parent = b"p" * 32
-    assert hash_block_tokens(sha256, parent, tokens, ("k",)) == sha256(
-        (parent, tuple(tokens), ("k",))
-    )
-
-
-def test_hash_block_tokens_lazily_seeds_from_the_environment(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(hashing, "_PROCESS_HASHERS", {})
-    monkeypatch.setenv("PYTHONHASHSEED", "9")
-    assert hash_block_tokens(sha256_cbor, None, [1]) == sha256_cbor((sha256_cbor("9"), (1,), None))
-
-
-def test_hash_blocks_skips_a_partial_tail() -> None:
-    hasher = BlockHasher.create(sha256, seed="0")
-    assert len(hasher.hash_blocks(range(47), 16)) == 2
-    assert hasher.hash_blocks(range(15), 16) == []
-    with pytest.raises(HashingError):
-        hasher.hash_blocks(range(4), 0)
-
-
-# --------------------------------------------------------------------------
 # (hash, group id) keys
 # --------------------------------------------------------------------------
 
@@ -888,154 +762,6 @@ def test_group_key_rejects_ids_that_do_not_fit() -> None:
     for bad in (-1, 2**32):
         with pytest.raises(HashingError):
             make_block_hash_with_group_id(b"h", bad)
-
-
-def test_external_block_hash() -> None:
-    h = bytes(range(32))
-    assert hashing.to_external_block_hash(h) is h
-    assert hashing.to_external_block_hash(h, as_int=True) == int.from_bytes(h[-8:], "big")
-
-
-# --------------------------------------------------------------------------
-# Extra keys and the request block hasher
-# --------------------------------------------------------------------------
-
-
-def test_lora_and_cache_salt_keys() -> None:
-    req = RequestTokens(range(48), lora_name="sql", cache_salt="salt")
-    assert generate_block_hash_extra_keys(req, 0, 16, 0) == (("sql", "salt"), 0)
-    assert generate_block_hash_extra_keys(req, 16, 32, 0) == (("sql",), 0)
-    empty_name = RequestTokens(range(16), lora_name="", cache_salt="")
-    assert generate_block_hash_extra_keys(empty_name, 0, 16, 0) == (("",), 0)
-    assert generate_block_hash_extra_keys(RequestTokens(range(16)), 0, 16, 0) == (None, 0)
-
-
-def test_multimodal_keys_carry_the_offset_inside_the_block() -> None:
-    feats = [
-        MultiModalFeature("img0", 3, 5),  # tokens 3..7
-        MultiModalFeature("img1", 8, 20),  # tokens 8..27
-        MultiModalFeature("img2", 40, 4),  # tokens 40..43
-    ]
-    req = RequestTokens(range(64), mm_features=feats, lora_name="l")
-    assert generate_block_hash_extra_keys(req, 0, 16, 0) == (("l", ("img0", 3), ("img1", 8)), 1)
-    assert generate_block_hash_extra_keys(req, 16, 32, 1) == (("l", ("img1", -8)), 2)
-    assert generate_block_hash_extra_keys(req, 32, 48, 2) == (("l", ("img2", 8)), 3)
-    assert generate_block_hash_extra_keys(req, 48, 64, 3) == (("l",), 3)
-    # Negative start index counts from the end.
-    assert hashing.mm_extra_keys(req, 32, 48, -1) == ([("img2", 8)], 3)
-    with pytest.raises(HashingError):
-        hashing.mm_extra_keys(req, 32, 48, -4)
-
-
-def test_mm_window() -> None:
-    feats = [
-        MultiModalFeature("a", 0, 4),
-        MultiModalFeature("b", 4, 4),
-        MultiModalFeature("c", 20, 4),
-    ]
-    assert get_mm_features_in_window(feats, 0, 16) == (0, 2)
-    assert get_mm_features_in_window(feats, 4, 16) == (1, 2)
-    assert get_mm_features_in_window(feats, 8, 16) == (2, 2)
-    assert get_mm_features_in_window(feats, 16, 32) == (2, 3)
-    assert get_mm_features_in_window([], 0, 16) == (0, 0)
-
-
-def test_prompt_embeds_key_per_block() -> None:
-    rows = [bytes([i, i]) for i in range(32)]
-    req = RequestTokens(range(32), prompt_embeds=rows)
-    keys, _ = generate_block_hash_extra_keys(req, 16, 32, 0)
-    assert keys == (hashlib.sha256(b"".join(rows[16:32])).digest(),)
-
-
-def test_prompt_embeds_from_a_torch_tensor_hash_their_raw_bytes() -> None:
-    torch = pytest.importorskip("torch")
-    embeds = torch.arange(32 * 4, dtype=torch.float32).reshape(32, 4).to(torch.bfloat16)
-    as_rows = [bytes(embeds[i].contiguous().view(torch.uint8).tolist()) for i in range(32)]
-    from_tensor = RequestTokens(range(32), prompt_embeds=embeds)
-    from_rows = RequestTokens(range(32), prompt_embeds=as_rows)
-    assert hashing.prompt_embeds_extra_keys(from_tensor, 0, 16) == hashing.prompt_embeds_extra_keys(
-        from_rows, 0, 16
-    )
-
-
-def test_request_hasher_matches_a_manual_chain() -> None:
-    hasher = BlockHasher.create("sha256_cbor", seed="0")
-    req = RequestTokens(
-        range(50),
-        lora_name="l",
-        cache_salt="s",
-        mm_features=[MultiModalFeature("img", 10, 12)],
-    )
-    got = RequestBlockHasher(16, hasher)(req)
-    parent = None
-    expected = []
-    mm_idx = 0
-    for start in (0, 16, 32):
-        keys, mm_idx = generate_block_hash_extra_keys(req, start, start + 16, mm_idx)
-        parent = hash_block_tokens(
-            sha256_cbor, parent, range(start, start + 16), keys, none_hash=hasher.none_hash
-        )
-        expected.append(parent)
-    assert got == expected
-    assert RequestBlockHasher(16, hasher)(RequestTokens(range(15))) == []
-    with pytest.raises(HashingError):
-        RequestBlockHasher(0, hasher)
-
-
-def test_salt_and_lora_separate_otherwise_equal_prefixes() -> None:
-    hasher = hashing.get_request_block_hasher(4, "sha256", seed="0")
-    plain = hasher(RequestTokens(range(8)))
-    salted = hasher(RequestTokens(range(8), cache_salt="salt"))
-    lora = hasher(RequestTokens(range(8), lora_name="adapter"))
-    assert len({plain[0], salted[0], lora[0]}) == 3
-    assert len({plain[1], salted[1], lora[1]}) == 3  # the chain carries the first block's salt
-
-
-def test_extra_keys_are_unlabelled_as_in_the_reference() -> None:
-    # The reference puts bare strings in the key tuple: a LoRA named like a
-    # request's salt gives the same first-block key. Kept for hash parity.
-    hasher = hashing.get_request_block_hasher(4, "sha256", seed="0")
-    salted = hasher(RequestTokens(range(8), cache_salt="a"))
-    lora = hasher(RequestTokens(range(8), lora_name="a"))
-    assert salted[0] == lora[0] and salted[1] != lora[1]
-
-
-@st.composite
-def request_tokens(draw):
-    num_tokens = draw(st.integers(0, 70))
-    tokens = draw(st.lists(st.integers(0, 5), min_size=num_tokens, max_size=num_tokens))
-    feats = []
-    pos = draw(st.integers(0, 10))
-    for i in range(draw(st.integers(0, 4))):
-        length = draw(st.integers(1, 20))
-        if pos + length > num_tokens:
-            break
-        feats.append(MultiModalFeature(f"mm{i}", pos, length))
-        pos += length + draw(st.integers(0, 12))
-    return RequestTokens(
-        tokens,
-        lora_name=draw(st.none() | st.sampled_from(["a", "b"])),
-        cache_salt=draw(st.none() | st.just("salt")),
-        mm_features=feats,
-    )
-
-
-@settings(max_examples=150, deadline=None)
-@given(req=request_tokens(), block_size=st.sampled_from([1, 4, 16]), data=st.data())
-def test_incremental_hashing_equals_one_pass(req: RequestTokens, block_size: int, data) -> None:
-    hasher = RequestBlockHasher(block_size, BlockHasher.create("sha256_cbor", seed="0"))
-    full = hasher(req)
-    assert len(full) == req.num_tokens // block_size
-    # Hash as the tokens arrive: a prefix first, then the rest.
-    cut = data.draw(st.integers(0, req.num_tokens))
-    prefix_req = RequestTokens(
-        req.token_ids[:cut],
-        lora_name=req.lora_name,
-        cache_salt=req.cache_salt,
-        mm_features=req.mm_features,
-    )
-    first = hasher(prefix_req)
-    assert first + hasher(req, first) == full
 
 
 # --------------------------------------------------------------------------

@@ -1,390 +1,223 @@
-"""Prefix-cache block hashing, as the reference planner computes it.
+"""Prefix-cache block hash keys, and coarser-group views of a block hash list.
 
-A request's tokens are cut into full blocks of ``hash_block_size`` tokens. Each
-block's hash covers its parent's hash, its own token ids and its *extra keys*
-(LoRA name, cache salt, multimodal items, prompt-embedding digests), so the hash
-of block *i* fingerprints the whole prefix ``[0, (i + 1) * hash_block_size)``::
+A pool keys cached blocks by ``(block hash, group id)`` packed into one
+``bytes`` value: the hash followed by the group id as 4 big-endian bytes, so a
+key is made by one concatenation and no tuple.
 
-    h0 = hash_fn((NONE_HASH, tokens[0:16],  extra_keys_0))
-    h1 = hash_fn((h0,        tokens[16:32], extra_keys_1))
-    ...
+>>> key = make_block_hash_with_group_id(b"\\xab\\xcd", 3)
+>>> key.hex(), split_block_hash_with_group_id(key)
+('abcd00000003', (b'\\xab\\xcd', 3))
 
-``NONE_HASH`` stands in for the parent of the first block. It is
-``hash_fn(seed)``; the seed is ``PYTHONHASHSEED`` when set, else a fixed default
-for cryptographic hash functions (so processes share a prefix cache) and fresh
-random bytes for non-cryptographic ones (so nobody can precompute collisions).
-Here the seed is injectable: :meth:`BlockHasher.create` takes it as an argument
-and reads the environment only when told to (the default).
+Block hashes are computed once per request at the pool's ``hash_block_size``;
+a group whose blocks are a multiple of that size reads them through a view
+instead of hashing again (the reference's ``BlockHashListWithBlockSize``).
 
-This module holds the hash functions, the seeding and :class:`BlockHasher`;
-``hashing_keys`` the types, errors and (hash, group id) keys, ``hashing_request``
-a request's extra keys and :class:`RequestBlockHasher`, ``hashing_views`` the
-coarser-group views. Every name is importable from here.
+>>> list(BlockHashListWithBlockSize([b"A", b"B", b"C", b"D"], 16, 32))
+[b'B', b'D']
 
->>> hasher = BlockHasher.create("sha256_cbor", seed="0")
->>> hasher.none_hash.hex()[:16]
-'4e1195df020de59e'
->>> [h.hex()[:8] for h in hasher.hash_blocks(range(100, 164), block_size=16)]
-['ab58392d', 'cd789950', 'fa7257ce', '8719e6ad']
-
-This module does not import torch.
+kvspec computes no token hashes itself: the request-level manager keys blocks by
+ints derived from the request (:mod:`kvspec.runtime.manager.request`), and a
+serving engine hashes with its own functions. This module does not import torch.
 """
 
 from __future__ import annotations
 
-import enum
-import hashlib
-import logging
-import os
-import pickle
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, TypeAlias
+from collections.abc import Iterator, Sequence
+from typing import TypeAlias, overload
 
-import cbor2
-
-from kvspec.runtime.hashing_keys import (
-    BlockHash,
-    BlockHashKey,
-    HashFunction,
-    HashFunctionUnavailableError,
-    HashingError,
-    get_block_hash,
-    get_group_id,
-    make_block_hash_with_group_id,
-    split_block_hash_with_group_id,
-    to_external_block_hash,
-)
-from kvspec.runtime.hashing_keys import check_block_size as _check_block_size
-from kvspec.runtime.hashing_request import (
-    MultiModalFeature,
-    RequestBlockHasher,
-    RequestTokens,
-    cache_salt_extra_keys,
-    generate_block_hash_extra_keys,
-    get_mm_features_in_window,
-    lora_extra_keys,
-    mm_extra_keys,
-    prompt_embeds_extra_keys,
-)
-from kvspec.runtime.hashing_views import (
-    BlockHashList,
-    BlockHashListWithBlockSize,
-    resolve_block_hashes,
-)
-
-_xxhash: ModuleType | None
-try:  # optional: only the non-cryptographic hash functions need it
-    import xxhash as _xxhash_module
-
-    # too old to have XXH3-128: as if absent
-    _xxhash = _xxhash_module if hasattr(_xxhash_module, "xxh3_128_digest") else None
-except ImportError:  # pragma: no cover - depends on the environment
-    _xxhash = None
+from kvspec.errors import KvspecError
 
 __all__ = [
-    "DEFAULT_NONE_HASH_SEED", "FROM_ENV", "HASH_FUNCTIONS", "NON_CRYPTO_HASH_FUNCTIONS",
-    "BlockHash", "BlockHashKey", "BlockHashList", "BlockHashListWithBlockSize", "BlockHasher",
-    "HashFunction", "HashingError", "HashFunctionUnavailableError", "MultiModalFeature",
-    "RequestBlockHasher", "RequestTokens", "cache_salt_extra_keys",
-    "generate_block_hash_extra_keys", "get_block_hash", "get_group_id", "get_hash_fn",
-    "get_mm_features_in_window", "get_none_hash_seed", "get_request_block_hasher",
-    "hash_block_tokens", "init_none_hash", "lora_extra_keys", "make_block_hash_with_group_id",
-    "mm_extra_keys", "prompt_embeds_extra_keys", "resolve_block_hashes",
-    "resolve_none_hash_seed", "sha256", "sha256_cbor", "split_block_hash_with_group_id",
-    "to_external_block_hash", "xxhash", "xxhash_cbor",
+    "BlockHash",
+    "BlockHashKey",
+    "BlockHashList",
+    "BlockHashListWithBlockSize",
+    "CacheKey",
+    "HashingError",
+    "get_block_hash",
+    "get_group_id",
+    "make_block_hash_with_group_id",
+    "resolve_block_hashes",
+    "split_block_hash_with_group_id",
 ]
 
-logger = logging.getLogger(__name__)
+#: The digest of one block (32 bytes for sha256, 16 for xxhash).
+BlockHash: TypeAlias = bytes
+#: A block hash followed by its group id as 4 big-endian bytes.
+BlockHashKey: TypeAlias = bytes
+#: What a pool caches a block under: a block hash, or the int key a request-level
+#: manager derives from the request's tokens (:mod:`kvspec.runtime.manager`).
+CacheKey: TypeAlias = BlockHash | int
 
-#: Seed of NONE_HASH for cryptographic hash functions when PYTHONHASHSEED is unset.
-DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+#: How many bytes of a key hold the group id (big-endian).
+GROUP_ID_BYTES = 4
 
 
-class _FromEnv(enum.Enum):
-    FROM_ENV = "FROM_ENV"
+class HashingError(KvspecError):
+    """A prefix-hashing input is invalid (group id out of range, bad block sizes)."""
+
+
+def check_block_size(value: int, name: str) -> None:
+    """Raise :class:`HashingError` unless ``value`` is a positive integer.
+
+    >>> check_block_size(16, "block_size")
+    """
+    if not isinstance(value, int) or value <= 0:
+        raise HashingError(f"{name} must be a positive integer", found=repr(value),
+                           hint="a block size in tokens, e.g. 16")
+
+
+def make_block_hash_with_group_id(block_hash: BlockHash, group_id: int) -> BlockHashKey:
+    """Pack a block hash and a group id: the hash, then the id as 4 big-endian bytes.
+
+    >>> make_block_hash_with_group_id(b"\\xab\\xcd", 3).hex()
+    'abcd00000003'
+    """
+    if not 0 <= group_id < 1 << (8 * GROUP_ID_BYTES):
+        raise HashingError(
+            f"group id {group_id} does not fit the block hash key",
+            expected=f"0 <= group id < 2**{8 * GROUP_ID_BYTES}",
+            found=str(group_id),
+            hint="group ids are the layout's, 0 to len(artifact.layout.groups) - 1",
+        )
+    return block_hash + group_id.to_bytes(GROUP_ID_BYTES, "big")
+
+
+def get_block_hash(key: BlockHashKey) -> BlockHash:
+    """The block hash part of a (hash, group id) key.
+
+    >>> get_block_hash(bytes.fromhex("abcd00000003")).hex()
+    'abcd'
+    """
+    return key[:-GROUP_ID_BYTES]
+
+
+def get_group_id(key: BlockHashKey) -> int:
+    """The group id part of a (hash, group id) key.
+
+    >>> get_group_id(bytes.fromhex("abcd00000003"))
+    3
+    """
+    return int.from_bytes(key[-GROUP_ID_BYTES:], "big")
+
+
+def split_block_hash_with_group_id(key: BlockHashKey) -> tuple[BlockHash, int]:
+    """Both parts of a (hash, group id) key.
+
+    >>> split_block_hash_with_group_id(bytes.fromhex("abcd00000003"))
+    (b'\\xab\\xcd', 3)
+    """
+    return get_block_hash(key), get_group_id(key)
+
+
+class BlockHashListWithBlockSize(Sequence[BlockHash]):
+    """A hash list computed at ``hash_block_size``, seen at ``target_block_size``.
+
+    The target size must be a multiple of the hash size. Every fine hash
+    already chains over its whole prefix, so the hash of coarse block *i* is the
+    fine hash at the last fine boundary inside it: ``hashes[(i + 1) * scale - 1]``.
+    Nothing is copied; a trailing partial coarse block is not part of the view.
+
+    >>> view = BlockHashListWithBlockSize([b"A", b"B", b"C", b"D", b"E"], 16, 32)
+    >>> len(view), list(view), view[-1], view[0:2]
+    (2, [b'B', b'D'], b'D', [b'B', b'D'])
+    """
+
+    __slots__ = ("block_hashes", "scale_factor")
+
+    def __init__(
+        self, block_hashes: Sequence[BlockHash], hash_block_size: int, target_block_size: int
+    ) -> None:
+        check_block_size(hash_block_size, "hash_block_size")
+        check_block_size(target_block_size, "target_block_size")
+        if target_block_size % hash_block_size:
+            raise HashingError(
+                f"block size {target_block_size} is not a multiple of the hash block "
+                f"size {hash_block_size}",
+                expected=f"a multiple of {hash_block_size}",
+                found=str(target_block_size),
+                hint="hash at the smallest block size of the layout's groups",
+            )
+        self.block_hashes = block_hashes
+        self.scale_factor = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self.block_hashes) // self.scale_factor
+
+    @overload
+    def __getitem__(self, idx: int) -> BlockHash: ...
+
+    @overload
+    def __getitem__(self, idx: slice) -> list[BlockHash]: ...
+
+    def __getitem__(self, idx: int | slice) -> BlockHash | list[BlockHash]:
+        if isinstance(idx, slice):
+            return [self._at(i) for i in range(*idx.indices(len(self)))]
+        if not isinstance(idx, int):
+            raise TypeError("block hash list indices must be int or slice, "
+                            f"not {type(idx).__name__}")
+        n = len(self)
+        if idx < 0:
+            idx += n
+        if not 0 <= idx < n:
+            raise IndexError("block hash index out of range")
+        return self._at(idx)
+
+    def __iter__(self) -> Iterator[BlockHash]:
+        hashes, scale = self.block_hashes, self.scale_factor
+        for i in range(scale - 1, len(hashes) // scale * scale, scale):
+            yield hashes[i]
+
+    def _at(self, idx: int) -> BlockHash:
+        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
 
     def __repr__(self) -> str:
-        return "FROM_ENV"
+        return f"BlockHashListWithBlockSize(<{len(self)} blocks>, scale_factor={self.scale_factor})"
 
 
-#: Seed argument meaning "read PYTHONHASHSEED from the process environment".
-FROM_ENV = _FromEnv.FROM_ENV
-
-Seed: TypeAlias = str | _FromEnv | None
+BlockHashList: TypeAlias = list[BlockHash] | BlockHashListWithBlockSize
 
 
-# --------------------------------------------------------------------------
-# Hash functions
-# --------------------------------------------------------------------------
+def resolve_block_hashes(
+    block_hashes: Sequence[BlockHash],
+    hash_block_size: int,
+    block_size: int,
+    *,
+    supports_fine_grained_hash_lookup: bool = False,
+    alignment_tokens: int | None = None,
+) -> Sequence[BlockHash]:
+    """The hash list a group of ``block_size`` looks blocks up with.
 
+    Same size: the list itself. An existing view is returned as it is (its scale
+    must match). Fine-grained lookup (partial hits at ``alignment_tokens`` below
+    ``block_size`` that divides it) keeps the fine hashes. Otherwise a
+    :class:`BlockHashListWithBlockSize` view.
 
-def sha256(obj: Any) -> bytes:
-    """SHA-256 of ``pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)``.
-
-    The pickle bytes depend on the Python version's highest protocol (5 on 3.11).
-
-    >>> sha256("0").hex()[:16]
-    '1973e23848344dc4'
-    """
-    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-def sha256_cbor(obj: Any) -> bytes:
-    """SHA-256 of ``cbor2.dumps(obj, canonical=True)``: language-neutral bytes.
-
-    Tuples and lists encode alike (CBOR arrays).
-
-    >>> sha256_cbor("0").hex()[:16]
-    '4e1195df020de59e'
-    >>> sha256_cbor((1, 2)) == sha256_cbor([1, 2])
+    >>> hashes = [b"A", b"B", b"C", b"D"]
+    >>> resolve_block_hashes(hashes, 16, 16) is hashes
+    True
+    >>> list(resolve_block_hashes(hashes, 16, 32))
+    [b'B', b'D']
+    >>> resolve_block_hashes(hashes, 16, 32, supports_fine_grained_hash_lookup=True,
+    ...                      alignment_tokens=16) is hashes
     True
     """
-    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
-
-
-def _xxh3_128(data: bytes) -> bytes:
-    if _xxhash is None:
-        raise HashFunctionUnavailableError(
-            "the xxhash prefix-cache hash functions need the 'xxhash' package",
-            hint="install it with `pip install xxhash`, or use sha256 / sha256_cbor",
-        )
-    return _xxhash.xxh3_128_digest(data)
-
-
-def xxhash(obj: Any) -> bytes:
-    """XXH3-128 of the pickled object (non-cryptographic; needs ``xxhash``).
-
-    >>> len(xxhash("0")) if _xxhash is not None else 16
-    16
-    """
-    return _xxh3_128(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def xxhash_cbor(obj: Any) -> bytes:
-    """XXH3-128 of the canonical CBOR encoding (non-cryptographic; needs ``xxhash``).
-
-    >>> len(xxhash_cbor("0")) if _xxhash is not None else 16
-    16
-    """
-    return _xxh3_128(cbor2.dumps(obj, canonical=True))
-
-
-#: Hash functions by the names the engine's ``prefix_caching_hash_algo`` uses.
-HASH_FUNCTIONS: Mapping[str, HashFunction] = {
-    "sha256": sha256,
-    "sha256_cbor": sha256_cbor,
-    "xxhash": xxhash,
-    "xxhash_cbor": xxhash_cbor,
-}
-
-#: Hash functions that are not collision resistant: their NONE_HASH seed is random.
-NON_CRYPTO_HASH_FUNCTIONS: frozenset[HashFunction] = frozenset({xxhash, xxhash_cbor})
-
-
-def get_hash_fn(name: str) -> HashFunction:
-    """The hash function called ``name``.
-
-    >>> get_hash_fn("sha256_cbor") is sha256_cbor
-    True
-    """
-    try:
-        return HASH_FUNCTIONS[name]
-    except KeyError:
-        raise HashingError(
-            f"unknown prefix-cache hash function {name!r}",
-            expected=", ".join(HASH_FUNCTIONS),
-            found=repr(name),
-            hint="vLLM's --prefix-caching-hash-algo names them; sha256 is its default",
-        ) from None
-
-
-def _as_hash_fn(hash_fn: HashFunction | str) -> HashFunction:
-    return get_hash_fn(hash_fn) if isinstance(hash_fn, str) else hash_fn
-
-
-# --------------------------------------------------------------------------
-# NONE_HASH seeding
-# --------------------------------------------------------------------------
-
-
-def resolve_none_hash_seed(
-    hash_fn: HashFunction | str,
-    python_hash_seed: Seed = FROM_ENV,
-    *,
-    urandom: Callable[[int], bytes] = os.urandom,
-) -> str:
-    """The seed NONE_HASH is derived from.
-
-    ``python_hash_seed`` is the value of PYTHONHASHSEED to decide with: a string
-    wins as is; ``None`` means unset, which gives the fixed
-    :data:`DEFAULT_NONE_HASH_SEED` for cryptographic hash functions and 32 fresh
-    random bytes (as 64 hex digits) for non-cryptographic ones; :data:`FROM_ENV`
-    (the default) reads the process environment.
-
-    >>> resolve_none_hash_seed(sha256, "0")
-    '0'
-    >>> resolve_none_hash_seed(sha256, None)
-    'vllm-none-hash'
-    >>> resolve_none_hash_seed(xxhash, None, urandom=lambda n: bytes(n))[:8]
-    '00000000'
-    """
-    fn = _as_hash_fn(hash_fn)
-    if python_hash_seed is FROM_ENV:
-        python_hash_seed = os.environ.get("PYTHONHASHSEED")
-    if python_hash_seed is not None:
-        return python_hash_seed
-    if fn in NON_CRYPTO_HASH_FUNCTIONS:
-        return urandom(32).hex()
-    return DEFAULT_NONE_HASH_SEED
-
-
-# --------------------------------------------------------------------------
-# Hashing blocks
-# --------------------------------------------------------------------------
-
-
-def hash_block_tokens(
-    hash_fn: HashFunction,
-    parent_block_hash: BlockHash | None,
-    token_ids: Sequence[int],
-    extra_keys: tuple[Any, ...] | None = None,
-    *,
-    none_hash: BlockHash | None = None,
-) -> BlockHash:
-    """Hash one full block: ``hash_fn((parent or NONE_HASH, tuple(token_ids), extra_keys))``.
-
-    A missing (or empty) parent means the first block; its parent is
-    ``none_hash``, or, when that is not given, this process's NONE_HASH for
-    ``hash_fn`` (see :func:`init_none_hash`).
-
-    >>> nh = sha256_cbor("0")
-    >>> hash_block_tokens(sha256_cbor, None, range(100, 116), none_hash=nh).hex()[:8]
-    'ab58392d'
-    >>> hash_block_tokens(sha256_cbor, None, range(100, 116), ("salt-a",),
-    ...                   none_hash=nh).hex()[:8]
-    '0508356e'
-    """
-    if not parent_block_hash:
-        parent_block_hash = (none_hash if none_hash is not None
-                             else _process_hasher(hash_fn).none_hash)
-    return hash_fn((parent_block_hash, tuple(token_ids), extra_keys))
-
-
-@dataclass(frozen=True, slots=True)
-class BlockHasher:
-    """A hash function with its NONE_HASH: everything a block hash chain needs.
-
-    Build it with :meth:`create`, which resolves the seed.
-
-    >>> hasher = BlockHasher.create("sha256", seed="0")
-    >>> hasher.seed, hasher.none_hash.hex()[:8]
-    ('0', '1973e238')
-    >>> [h.hex()[:8] for h in hasher.hash_blocks(range(100, 132), block_size=16)]
-    ['3e333711', '387cb577']
-    """
-
-    hash_fn: HashFunction
-    seed: str
-    none_hash: BlockHash
-
-    @classmethod
-    def create(
-        cls,
-        hash_fn: HashFunction | str = sha256,
-        seed: Seed = FROM_ENV,
-        *,
-        urandom: Callable[[int], bytes] = os.urandom,
-    ) -> BlockHasher:
-        """Resolve the seed as :func:`resolve_none_hash_seed` does and hash it."""
-        fn = _as_hash_fn(hash_fn)
-        if seed is FROM_ENV:
-            seed = os.environ.get("PYTHONHASHSEED")
-        resolved = resolve_none_hash_seed(fn, seed, urandom=urandom)
-        if seed is None and fn in NON_CRYPTO_HASH_FUNCTIONS:
-            logger.warning(
-                "NONE_HASH uses a random per-process seed because %s is not collision "
-                "resistant: block hashes are not reproducible across processes. Set "
-                "PYTHONHASHSEED to a shared value to share a prefix cache, or use sha256.",
-                getattr(fn, "__name__", fn),
+    if block_size == hash_block_size:
+        return block_hashes
+    if isinstance(block_hashes, BlockHashListWithBlockSize):
+        if block_hashes.scale_factor * hash_block_size != block_size:
+            raise HashingError(
+                "the block hash view was made for another block size",
+                expected=str(block_size),
+                found=str(block_hashes.scale_factor * hash_block_size),
+                hint="pass the request's own block hashes, not a view made for another group",
             )
-        return cls(fn, resolved, fn(resolved))
-
-    def hash_block(
-        self,
-        parent_block_hash: BlockHash | None,
-        token_ids: Sequence[int],
-        extra_keys: tuple[Any, ...] | None = None,
-    ) -> BlockHash:
-        """Hash one full block after ``parent_block_hash`` (None: the first block)."""
-        return self.hash_fn(
-            (parent_block_hash or self.none_hash, tuple(token_ids), extra_keys)
-        )
-
-    def hash_blocks(
-        self,
-        token_ids: Sequence[int],
-        block_size: int,
-        parent_block_hash: BlockHash | None = None,
-    ) -> list[BlockHash]:
-        """The hash chain of every full block of ``token_ids`` (no extra keys).
-
-        A trailing partial block is not hashed.
-        """
-        _check_block_size(block_size, "block_size")
-        tokens = tuple(token_ids)
-        hashes: list[BlockHash] = []
-        parent = parent_block_hash
-        for start in range(0, len(tokens) - block_size + 1, block_size):
-            parent = self.hash_block(parent, tokens[start : start + block_size])
-            hashes.append(parent)
-        return hashes
-
-
-# NONE_HASH of this process, per hash function: the reference keeps one global.
-_PROCESS_HASHERS: dict[HashFunction, BlockHasher] = {}
-
-
-def init_none_hash(hash_fn: HashFunction | str, seed: Seed = FROM_ENV) -> BlockHasher:
-    """Set this process's NONE_HASH for ``hash_fn`` and return its hasher.
-
-    :func:`hash_block_tokens` falls back to it when given no ``none_hash``;
-    without a call here it is made from the environment on first use.
-
-    >>> init_none_hash(sha256_cbor, seed="0").none_hash == sha256_cbor("0")
-    True
-    >>> get_none_hash_seed(sha256_cbor)
-    '0'
-    """
-    hasher = BlockHasher.create(hash_fn, seed)
-    _PROCESS_HASHERS[hasher.hash_fn] = hasher
-    return hasher
-
-
-def _process_hasher(hash_fn: HashFunction) -> BlockHasher:
-    hasher = _PROCESS_HASHERS.get(hash_fn)
-    if hasher is None:
-        hasher = _PROCESS_HASHERS.setdefault(hash_fn, BlockHasher.create(hash_fn))
-    return hasher
-
-
-def get_none_hash_seed(hash_fn: HashFunction | str) -> str:
-    """The seed this process's NONE_HASH for ``hash_fn`` came from.
-
-    Before :func:`init_none_hash` (or a first hash) it is the fixed default.
-    """
-    hasher = _PROCESS_HASHERS.get(_as_hash_fn(hash_fn))
-    return DEFAULT_NONE_HASH_SEED if hasher is None else hasher.seed
-
-
-def get_request_block_hasher(
-    hash_block_size: int, hash_fn: HashFunction | str = sha256, *, seed: Seed = FROM_ENV
-) -> RequestBlockHasher:
-    """A :class:`RequestBlockHasher` for ``hash_fn`` with a freshly resolved NONE_HASH.
-
-    >>> hasher = get_request_block_hasher(16, "sha256_cbor", seed="0")
-    >>> hasher(RequestTokens(range(100, 116)))[0].hex()[:8]
-    'ab58392d'
-    """
-    return RequestBlockHasher(hash_block_size, BlockHasher.create(hash_fn, seed))
+        return block_hashes
+    if (
+        supports_fine_grained_hash_lookup
+        and alignment_tokens is not None
+        and alignment_tokens < block_size
+        and block_size % alignment_tokens == 0
+    ):
+        return block_hashes
+    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from heapq import merge
 from operator import attrgetter
 
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout
@@ -142,7 +141,8 @@ class Scheduler:
         Returns the budget left."""
         lazy = self.lazy
         done = 0  # lazy requests before the current one, counted
-        work = merge(list(self.explicit), events, key=_SEQ) if events else list(self.explicit)
+        # both in admission order: one sort (a merge of two runs, in C)
+        work = sorted(self.explicit + events, key=_SEQ) if events else list(self.explicit)
         for r in work:
             if r.status != RUNNING:
                 continue
@@ -178,13 +178,17 @@ class Scheduler:
     def _event(self, r: SimRequest, step: int) -> bool:
         """The manager's step for lazy ``r`` (a block to allocate, one to free); False
         when its blocks do not fit: it leaves the lazy set, to preempt one by one."""
-        lazy = self.lazy
+        lazy, manager = self.lazy, self.manager
         lazy.materialize(r)
-        self._catch_up(r)
-        if self.manager.allocate_slots(r, 1):
+        caught_up = not manager.caches_while_growing
+        if caught_up:
+            self._catch_up(r)
+        if manager.allocate_slots(r, 1):
             c = r.num_computed_tokens
             lazy.plan(r, step + self.quiet.next_event(c + 1) - c)  # type: ignore[union-attr]
             return True
+        if not caught_up:
+            self._catch_up(r)
         lazy.leave(r, step)
         insort(self.explicit, r, key=_SEQ)
         return False
@@ -284,7 +288,7 @@ class Scheduler:
     def _preempt(self, r: SimRequest) -> None:
         for step in self.lazy.detach(r):  # its outputs in flight come one by one now
             self.in_flight[step].items.append((r, 1, True))
-        self.manager.free(r)
+        self.manager.free(r, resumes=True)
         r.status = PREEMPTED
         r.num_computed_tokens = 0
         r.stale = r.num_in_flight_tokens

@@ -67,10 +67,20 @@ def longest_prefix(m: GroupManager, r: RequestState, max_length: int, gids: list
     limit = min(max_length // bs, r.num_tokens // m.hbs // m.scale)
     hits: list[list[Any]] = [[] for _ in gids]
     get = _finder(m, gids)
+    # the pool keeps the request's own (private, below zero) keys on the blocks it
+    # was preempted with, block i at index i: nobody else holds them
+    held = r.released if m.pool.private_keys and r.released is not None else ()
     for i in range(limit):
-        found = get(m.block_key(r, i))
-        if found is None:
-            break
+        key = m.block_key(r, i)
+        if key < 0 and m.pool.private_keys:
+            block = held[i] if i < len(held) else None
+            if block is None or block._hash != key or block._group != gids[0]:
+                break
+            found: list[Block] | None = [block]
+        else:
+            found = get(key)
+            if found is None:
+                break
         for blocks, block in zip(hits, found):
             blocks.append(block)
     length = len(hits[0]) * bs

@@ -64,8 +64,13 @@ class KVCacheManager:
         self.layout = layout
         self.max_model_len = layout.max_model_len
         caching = layout.enable_caching
+        #: One full-attention group: a request's blocks stay in its table until it is
+        #: freed, so the blocks of its own keys are found in the table it was preempted
+        #: with (:func:`.lookup.longest_prefix`), and the pool keeps them out of its map.
+        one_full = len(layout.groups) == 1 and layout.groups[0].kind == "full"
         self.pools = tuple(BlockPool(p.num_blocks, enable_caching=caching and p.enable_caching,
-                                     hash_block_size=p.hash_block_size)
+                                     hash_block_size=p.hash_block_size,
+                                     private_keys=one_full)
                            for p in layout.pools)
         self.group_pool = tuple(layout.pool_index(i) for i in range(len(layout.groups)))
         self.managers = tuple(
@@ -83,6 +88,16 @@ class KVCacheManager:
         self._empty: Hits = [[] for _ in self.managers]
         #: Hybrid layouts cache only up to a hit boundary (a scheduler block multiple).
         self._cache_unit = layout.scheduler_block_size if self.num_groups > 1 else 1
+        #: The one group of a full-attention layout: a running request's slots are
+        #: then its table grown to its tokens (:meth:`_grow_full`).
+        self._full = self.managers[0] if one_full else None
+        #: Whether a running request's slots (:meth:`allocate_slots` with new tokens
+        #: alone) cache every full block its tokens fill, after allocating and freeing
+        #: nothing else: a caller caching first may then cache only when they do not fit.
+        self.caches_while_growing = self._full is not None
+        self._cache_grown = None if self._full is None else (
+            self._full._cache_full if self._full.bs == self._full.hbs and self._full.cacheable
+            else self._full.cache)
 
     def _spec_groups(self) -> list[tuple[GroupManager, list[int], bool]]:
         """Groups looked up together (same kind, spec key and pool), full attention
@@ -178,6 +193,9 @@ class KVCacheManager:
         """Slots for ``num_new_tokens`` more tokens (after ``num_hit_tokens`` of
         prefix-cache hits, for a new request); False, changing nothing but freeing
         skipped blocks, when they do not fit."""
+        if hits is None and not (num_hit_tokens or lookahead or full_sequence_must_fit) \
+                and self._full is not None and num_new_tokens:
+            return self._grow_full(r, num_new_tokens)
         if num_new_tokens == 0 and num_hit_tokens == 0:
             raise ManagerError("allocate_slots needs new tokens or hit tokens",
                                hint="schedule at least one token")
@@ -204,6 +222,24 @@ class KVCacheManager:
             self.cache_blocks(r, min(total + num_new_tokens, r.num_tokens))
         return True
 
+    def _grow_full(self, r: RequestState, num_new_tokens: int) -> bool:
+        """:meth:`allocate_slots` of a request with no hits in a one-group full-attention
+        layout: nothing to drop or adopt, the table grows to the tokens' blocks."""
+        m = self._full
+        mml = self.max_model_len
+        main = min(r.num_computed_tokens, mml) + num_new_tokens
+        need = min(main, mml)
+        table = r.tables[0]
+        new = -(-need // m.bs) - len(table)
+        if new > 0:
+            pool = m.pool
+            if new > pool.free_block_queue.num_free_blocks:
+                return False
+            table += pool.allocate(new, 0)
+        if self.caching:
+            self._cache_grown(r, min(r.num_tokens, main))
+        return True
+
     def _fits(self, r: RequestState, num_tokens: int, hits: Hits, total: int, main: int,
               admission: bool) -> bool:
         if len(self.pools) == 1:
@@ -225,8 +261,11 @@ class KVCacheManager:
             for m in self.managers:
                 m.cache(r, num_tokens)
 
-    def free(self, r: RequestState) -> None:
-        """Free every block of the request, group by group, each table last first."""
+    def free(self, r: RequestState, *, resumes: bool = False) -> None:
+        """Free every block of the request, group by group, each table last first.
+        ``resumes``: it comes back (preempted); with private keys its table is kept,
+        where its own keys' blocks are looked up."""
+        r.released = r.tables[0] if resumes and self._full is not None else None
         for m in self.managers:
             m.release(r)
 

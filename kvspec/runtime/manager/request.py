@@ -22,7 +22,8 @@ from __future__ import annotations
 
 __all__ = ["RequestState"]
 
-#: Keys are ``base + hash block index``; a base leaves room for 2**40 indexes.
+#: Keys are ``base + hash block index``; a base leaves room for 2**40 indexes. A
+#: request's own keys are below zero (a pool's *private* keys), shared ones above.
 _SPAN = 1 << 40
 
 
@@ -36,7 +37,7 @@ class RequestState:
 
     __slots__ = ("index", "num_prompt_tokens", "num_tokens", "num_computed_tokens",
                  "num_in_flight_tokens", "shared_prefix_boundary", "tables", "num_cached",
-                 "_shared_base", "_own_base", "_shared_limit")
+                 "released", "_shared_base", "_own_base", "_shared_limit")
 
     def __init__(self, index: int, num_prompt_tokens: int, *, prefix: int = 0,
                  prefix_tokens: int = 0) -> None:
@@ -50,6 +51,9 @@ class RequestState:
         self.shared_prefix_boundary = 0
         self.tables: list[list] = []
         self.num_cached: list[int] = []
+        #: The block table it was preempted with, where a pool with private keys
+        #: finds its own keys' blocks (:meth:`KVCacheManager.free`); None: none kept.
+        self.released: list | None = None
         self._shared_base = prefix * _SPAN
         self._own_base = -(index + 1) * _SPAN
         self._shared_limit = prefix_tokens if prefix > 0 else 0

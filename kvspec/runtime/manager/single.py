@@ -131,7 +131,7 @@ class GroupManager:
     def release(self, r: RequestState) -> None:
         table = r.tables[self.gid]
         if table:
-            self.pool.free_blocks(reversed(table))
+            self.pool.free_blocks(table[::-1])
         r.tables[self.gid] = []
         r.num_cached[self.gid] = -1
 
@@ -152,6 +152,11 @@ class GroupManager:
         mask = self.mask(r, done, full)
         table = r.tables[gid]
         bs = self.bs
+        if full - done == 1 and mask is None:  # a decode block: one key, no list
+            self.pool.cache_block(table[done], r.key(full * self.scale - 1, self.hbs), gid,
+                                  full * bs)
+            r.num_cached[gid] = full
+            return
         keys = r.block_keys(done, full, bs, self.hbs)
         if mask is None:
             self.pool.cache_run(table[done:full], keys, gid, (done + 1) * bs, bs)
