@@ -31,7 +31,7 @@ ALLOWED = {
     "source": {"model", "source"},
     "planner": {"model", "planner", "artifact.format", "artifact.sizing"},
     "passes": {"model", "source", "planner", "artifact", "passes"},
-    "pooling": {"model", "artifact", "planner", "passes", "pooling", "runtime.manager", "sim"},
+    "pooling": {"model", "artifact", "passes", "pooling", "runtime.manager", "sim"},
     "compiler": {"model", "source", "planner", "artifact", "passes", "pooling"},
     "artifact": {"model", "artifact"},
     # the runtime reads artifacts, never plans them (``load(replan=True)`` defers
