@@ -24,6 +24,7 @@ from kvspec.cli.common import (
 from kvspec.cli.trace_import import command as import_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import emit
+from kvspec.model.pooling import Workload, declared
 from kvspec.sim import generate_trace
 from kvspec.sim.formats import DEFAULT_STEP_MS
 from kvspec.sim.presets import PRESETS, preset_trace
@@ -91,7 +92,8 @@ _PRESET_DECIDES = ("prompt_mean", "prompt_spread", "output_mean", "output_spread
 @click.option("--prefix-groups", type=click.IntRange(min=1, max=1_000_000), default=1,
               show_default=True,
               help="Distinct shared prefixes (with --prefix-share).")
-@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=512,
+@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS),
+              default=declared(Workload, "prefix_tokens").default,
               show_default=True,
               help="Tokens of each shared prefix.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,

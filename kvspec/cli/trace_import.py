@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
 import click
 
@@ -22,6 +23,7 @@ from kvspec.cli.common import (
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import is_stdout, write_atomic
+from kvspec.model.pooling import TimeUnit
 from kvspec.reports.format import count as plural
 from kvspec.sim.formats import (
     DEFAULT_STEP_MS,
@@ -60,7 +62,7 @@ def step_options(f: click.decorators.FC) -> click.decorators.FC:
     f = click.option("--block-tokens", type=click.IntRange(min=1),
                      default=MOONCAKE_BLOCK_TOKENS, show_default=True,
                      help="mooncake: tokens per hash_ids block.")(f)
-    f = click.option("--time-unit", type=click.Choice(["s", "ms"]), default="s",
+    f = click.option("--time-unit", type=click.Choice(get_args(TimeUnit)), default="s",
                      show_default=True, help="lengths: the unit of the time column.")(f)
     f = click.option("--columns", metavar="MAP",
                      help="lengths: the columns (or JSON keys) holding each figure, "

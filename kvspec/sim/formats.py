@@ -47,12 +47,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, get_args
 
 import msgspec
 
 from kvspec.files import is_stdin
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
+from kvspec.model.pooling import TimeUnit
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
 from kvspec.sim.trace import TraceError, TraceRequest, read_trace
 from kvspec.sim.trace import _request as trace_line
@@ -104,7 +105,7 @@ class Columns:
             raise TraceError(f"the column map {text!r} has no {' and no '.join(missing)}",
                              expected="prompt=NAME,output=NAME[,time=NAME]",
                              hint="both lengths are needed; the time is optional")
-        if time_unit not in ("s", "ms"):
+        if time_unit not in get_args(TimeUnit):
             raise TraceError(f"unknown time unit {time_unit!r}", expected="s or ms",
                              hint="the unit of the time column's numbers")
         return cls(given["prompt"], given["output"], given.get("time"), time_unit)
