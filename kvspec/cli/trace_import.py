@@ -21,6 +21,7 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
+from kvspec.cli.outputs import jsonl_with
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import is_stdout, write_atomic
 from kvspec.model.pooling import TimeUnit
@@ -34,15 +35,8 @@ from kvspec.sim.formats import (
 )
 from kvspec.sim.trace import TraceRequest
 
-
-def _ours(text: str) -> bool:
-    """Whether a file is a trace (replaced without --force): its first line is one."""
-    first = text.split("\n", 1)[0]
-    try:
-        row = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(row, dict) and {"arrival", "prompt_tokens", "output_tokens"} <= set(row)
+#: Whether a file is a trace (replaced without --force): its first line is one.
+is_trace = jsonl_with("arrival", "prompt_tokens", "output_tokens")
 
 
 def _trace_at(output: Path | None) -> bool:
@@ -51,7 +45,7 @@ def _trace_at(output: Path | None) -> bool:
         return False
     try:
         with open(output, encoding="utf-8", errors="replace") as fh:
-            return _ours(fh.readline(1 << 16))
+            return is_trace(fh.readline(1 << 16))
     except OSError:
         return False
 
@@ -106,7 +100,7 @@ def command(trace_format: str, file: Path, step_ms: float, columns: str | None,
     # a trace there is replaced: told from its first line (never read whole: it may
     # be as long as the file being converted)
     check_output(output, suffixes=(".jsonl", ".json"), force=force or _trace_at(output),
-                 parents=parents, inputs=(file,), ours=_ours)
+                 parents=parents, inputs=(file,), ours=is_trace)
     reader = Reader(file, trace_format, step_ms=step_ms, columns=columns_of(columns, time_unit),
                     block_tokens=block_tokens)
     count = [0, 0]  # requests, last arrival
