@@ -3,7 +3,7 @@ Mixtral, Phi-3, GLM-4.5, MiniMax-M2."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvspec.integrations import rules
@@ -94,20 +94,26 @@ def _qwen3_moe(ctx: Ctx) -> list[LayerFacts]:
     return uniform_window(cfg, n, window, layer_types(cfg, n))
 
 
-def _gemma2(ctx: Ctx) -> list[LayerFacts]:
-    """Gemma 2 (vLLM ``gemma2.py``): even layers use the sliding window.
+def _even_layers_slide(default_window: int) -> Callable[[Ctx], list[LayerFacts]]:
+    """A family whose ``layer_types`` say which layers slide, and without them its
+    even layers do, over ``sliding_window`` (``default_window`` when absent)."""
+    def layers(ctx: Ctx) -> list[LayerFacts]:
+        cfg = ctx.text
+        n = num_layers(cfg)
+        types = layer_types(cfg, n)
+        if types is not None:
+            return from_layer_types(cfg, types)
+        window = cfg_int(cfg, "sliding_window", default_window)
+        return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
+                for i in range(n)]
+    return layers
 
-    ``Gemma2Config`` derives ``layer_types`` as sliding for even ``i``;
-    ``sliding_window`` defaults to 4096 there.
-    """
-    cfg = ctx.text
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    window = cfg_int(cfg, "sliding_window", 4096)
-    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
-            for i in range(n)]
+
+#: Gemma 2 (vLLM ``gemma2.py``): ``Gemma2Config`` derives ``layer_types`` as sliding
+#: for even ``i``; ``sliding_window`` defaults to 4096 there.
+_gemma2 = _even_layers_slide(4096)
+#: gpt-oss (vLLM ``gpt_oss.py``): ``layer_types``; without it, even layers slide.
+_gpt_oss = _even_layers_slide(128)
 
 
 # transformers ``Gemma3TextConfig`` defaults used when ``text_config`` omits a
@@ -143,18 +149,6 @@ def _gemma3(ctx: Ctx) -> list[LayerFacts]:
         attention_layer(i, cfg, sliding_window=None if (i + 1) % pattern == 0 else window)
         for i in range(n)
     ]
-
-
-def _gpt_oss(ctx: Ctx) -> list[LayerFacts]:
-    """gpt-oss (vLLM ``gpt_oss.py``): ``layer_types``; without it, even layers slide."""
-    cfg = ctx.text
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    window = cfg_int(cfg, "sliding_window", 128)
-    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
-            for i in range(n)]
 
 
 def _llama4(ctx: Ctx) -> list[LayerFacts]:
