@@ -205,6 +205,10 @@ class LayerSpec:
     #: Inside its :meth:`merge_family`, this kind merges only with kinds that also
     #: merge apart (MLA inside full attention's family).
     merges_apart: ClassVar[bool] = False
+    #: The reference's uniform-type test (``UniformTypeKVCacheSpecs.is_uniform_type``):
+    #: a layer buckets with instances of the class that sets this, agreeing on
+    #: these fields (:meth:`same_type_as_all`; no class sets it: no bucketing rule).
+    bucket_by: ClassVar[tuple[str, ...]]
 
     block_size: int
     #: Decode-context parallelism shards this cache's tokens across ranks.
@@ -318,6 +322,17 @@ class LayerSpec:
         """Reject a merged spec that no group may have (hook for kinds)."""
 
     def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        """Whether every spec needs the same token slots as this one (the
-        reference's uniform-type base spec test)."""
-        raise MergeConflict(f"no bucketing rule for {type(self).__name__}")
+        """Whether every spec needs the same token slots as this one: each is an
+        instance of the class that sets :attr:`bucket_by`, agreeing on its fields."""
+        owner = _bucket_owner(type(self))
+        return all(isinstance(s, owner) and all(getattr(s, f) == getattr(self, f)
+                                                for f in owner.bucket_by) for s in specs)
+
+
+@per_class
+def _bucket_owner(cls: type) -> Any:
+    """The class whose :attr:`LayerSpec.bucket_by` ``cls`` buckets by."""
+    owner = next((c for c in cls.__mro__ if "bucket_by" in vars(c)), None)
+    if owner is None:
+        raise MergeConflict(f"no bucketing rule for {cls.__name__}")
+    return owner

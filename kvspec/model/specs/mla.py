@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -69,6 +68,7 @@ class SlidingWindowMLA(SlidingWindow):
 
     kind: ClassVar[str] = "sliding_window_mla"
     ref_class: ClassVar[str] = "SlidingWindowMLASpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ("sliding_window", "bounded_replay")
 
     head_size_v: int | None = 0
     cache_dtype_str: str | None = None
@@ -93,11 +93,6 @@ class SlidingWindowMLA(SlidingWindow):
     @classmethod
     def merge_family(cls) -> type | None:
         return SlidingWindowMLA
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, SlidingWindowMLA)
-                   and s.sliding_window == self.sliding_window
-                   and s.bounded_replay == self.bounded_replay for s in specs)
 
 
 #: Kinds that store one latent per token: their heads are not split across
