@@ -92,6 +92,7 @@ class FullAttention(Attention):
 
     kind: ClassVar[str] = "full_attention"
     ref_class: ClassVar[str] = "FullAttentionSpec"
+    family: ClassVar[bool] = True
     bucket_by: ClassVar[tuple[str, ...]] = ()
 
     sliding_window: int | None = merged("window")
@@ -105,10 +106,6 @@ class FullAttention(Attention):
             max_len = cdiv(max_len, dcp)
         return cdiv(max_len, self.block_size) * self.page_size_bytes
 
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return FullAttention
-
     def check_merged(self) -> None:
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise MergeConflict("sliding-window and chunked-local layers cannot share a group")
@@ -120,12 +117,9 @@ class RSWA(FullAttention):
 
     kind: ClassVar[str] = "rswa"
     ref_class: ClassVar[str] = "RSWASpec"
+    family: ClassVar[bool] = True
 
     rswa_window: int
-
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return RSWA
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

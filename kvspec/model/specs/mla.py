@@ -34,6 +34,7 @@ class MLA(FullAttention):
 
     kind: ClassVar[str] = "mla"
     ref_class: ClassVar[str] = "MLAAttentionSpec"
+    family: ClassVar[bool] = True
     merges_apart: ClassVar[bool] = True
 
     head_size_v: int | None = 0
@@ -48,10 +49,6 @@ class MLA(FullAttention):
     def __post_init__(self) -> None:
         FullAttention.__post_init__(self)
         _apply_alignment(self)
-
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return MLA
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +65,7 @@ class SlidingWindowMLA(SlidingWindow):
 
     kind: ClassVar[str] = "sliding_window_mla"
     ref_class: ClassVar[str] = "SlidingWindowMLASpec"
+    family: ClassVar[bool] = True
     bucket_by: ClassVar[tuple[str, ...]] = ("sliding_window", "bounded_replay")
 
     head_size_v: int | None = 0
@@ -89,10 +87,6 @@ class SlidingWindowMLA(SlidingWindow):
     @property
     def prefix_replay_tokens(self) -> int:
         return self.sliding_window if self.bounded_replay else 0
-
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return SlidingWindowMLA
 
 
 #: Kinds that store one latent per token: their heads are not split across
