@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from kvspec.model.dtypes import dtype_size
 from kvspec.model.engine import Engine
@@ -258,8 +258,3 @@ class CrossAttention(Attention):
 
     def max_memory_usage_bytes(self, engine: Engine) -> int:
         return cdiv(engine.encoder_tokens, self.block_size) * self.page_size_bytes
-
-
-def windows_of(spec: Any) -> tuple[int | None, int | None]:
-    """``(sliding_window, attention_chunk_size)`` of any spec (None where it has none)."""
-    return getattr(spec, "sliding_window", None), getattr(spec, "attention_chunk_size", None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kvspec.model.specs.attention import FullAttention, SlidingWindow
-from kvspec.model.specs.base import LayerSpec, MergeInvalid, merged, round_up
+from kvspec.model.specs.base import MergeInvalid, merged, round_up
 
 
 def _apply_alignment(spec: MLA | SlidingWindowMLA) -> None:
@@ -87,8 +87,3 @@ class SlidingWindowMLA(SlidingWindow):
     @property
     def prefix_replay_tokens(self) -> int:
         return self.sliding_window if self.bounded_replay else 0
-
-
-#: Kinds that store one latent per token: their heads are not split across
-#: tensor-parallel ranks, and their quantization formats are the MLA ones.
-LATENT_KINDS: tuple[type[LayerSpec], ...] = (MLA, SlidingWindowMLA)
