@@ -21,6 +21,17 @@ from kvspec.integrations.hf.families.facts import (
 )
 
 
+def _typed_or(cfg: Mapping[str, Any], window: Callable[[int], int | None]
+              ) -> list[LayerFacts]:
+    """The layers ``layer_types`` gives, when the config has it; else layer ``i``
+    slides over ``window(i)`` (None: full attention)."""
+    n = num_layers(cfg)
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    return [attention_layer(i, cfg, sliding_window=window(i)) for i in range(n)]
+
+
 def _llama_like(ctx: Ctx) -> list[LayerFacts]:
     """Llama and Mistral (vLLM ``llama.py``).
 
@@ -28,13 +39,7 @@ def _llama_like(ctx: Ctx) -> list[LayerFacts]:
     (Mistral 7B v0.1: 4096) slides on every layer -- vLLM passes the model-level
     window to every ``Attention`` layer -- and a null one means full attention.
     """
-    cfg = ctx.text
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    window = cfg_opt_int(cfg, "sliding_window")
-    return [attention_layer(i, cfg, sliding_window=window) for i in range(n)]
+    return _typed_or(ctx.text, lambda i: cfg_opt_int(ctx.text, "sliding_window"))
 
 
 def _qwen(ctx: Ctx) -> list[LayerFacts]:
@@ -98,14 +103,8 @@ def _even_layers_slide(default_window: int) -> Callable[[Ctx], list[LayerFacts]]
     """A family whose ``layer_types`` say which layers slide, and without them its
     even layers do, over ``sliding_window`` (``default_window`` when absent)."""
     def layers(ctx: Ctx) -> list[LayerFacts]:
-        cfg = ctx.text
-        n = num_layers(cfg)
-        types = layer_types(cfg, n)
-        if types is not None:
-            return from_layer_types(cfg, types)
-        window = cfg_int(cfg, "sliding_window", default_window)
-        return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
-                for i in range(n)]
+        return _typed_or(ctx.text, lambda i: cfg_int(ctx.text, "sliding_window", default_window)
+                         if i % 2 == 0 else None)
     return layers
 
 
@@ -137,18 +136,14 @@ def _gemma3(ctx: Ctx) -> list[LayerFacts]:
     ``Gemma3TextConfig`` defaults in ``GEMMA3_TEXT_DEFAULTS``.
     """
     cfg = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in ctx.text.items() if v is not None}}
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    pattern = cfg_int(cfg, "sliding_window_pattern")
-    if "_sliding_window_pattern" in cfg:
-        pattern = cfg_int(cfg, "_sliding_window_pattern")
-    window = cfg_int(cfg, "sliding_window")
-    return [
-        attention_layer(i, cfg, sliding_window=None if (i + 1) % pattern == 0 else window)
-        for i in range(n)
-    ]
+
+    def window(i: int) -> int | None:
+        pattern = cfg_int(cfg, "sliding_window_pattern")
+        if "_sliding_window_pattern" in cfg:
+            pattern = cfg_int(cfg, "_sliding_window_pattern")
+        sliding = cfg_int(cfg, "sliding_window")
+        return None if (i + 1) % pattern == 0 else sliding
+    return _typed_or(cfg, window)
 
 
 def _llama4(ctx: Ctx) -> list[LayerFacts]:
