@@ -45,7 +45,8 @@ from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
 __all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
-           "parse_trace", "prefix_codes", "read_trace", "token_id", "trace_text", "write_trace"]
+           "key_column", "parse_trace", "prefix_codes", "read_trace", "token_id", "trace_text",
+           "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
@@ -117,7 +118,7 @@ def parse_trace(text: str, file: str = "<trace>") -> tuple[TraceRequest, ...]:
         if request.arrival < last:
             raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
                              f"step {last}", file=file, line=number,
-                             column=_column(line, "arrival"),
+                             column=key_column(line, "arrival"),
                              hint="sort the trace by arrival")
         last = request.arrival
         out.append(request)
@@ -145,7 +146,7 @@ def _request(line: str, file: str, number: int) -> TraceRequest:
     try:
         return _checked(obj)
     except _Bad as bad:
-        raise TraceError(bad.message, file=file, line=number, column=_column(line, bad.key),
+        raise TraceError(bad.message, file=file, line=number, column=key_column(line, bad.key),
                          **bad.kw) from None
 
 
@@ -256,7 +257,7 @@ def _quotes(obj: dict[str, Any]) -> int:
     return count
 
 
-def _column(line: str, key: str | None) -> int:
+def key_column(line: str, key: str | None) -> int:
     """1-based column of ``key`` on ``line`` (1 when not found)."""
     if key is None:
         return 1
