@@ -55,8 +55,7 @@ from kvspec.files import is_stdin
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 from kvspec.model.pooling import TimeUnit
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
-from kvspec.sim.trace import TraceError, TraceRequest, key_column, read_trace
-from kvspec.sim.trace import _request as trace_line
+from kvspec.sim.trace import TraceError, TraceRequest, key_column, read_trace, requests_of
 
 #: msgspec's JSON decoder (a core dependency; integers of any length read exactly).
 _decode = msgspec.json.Decoder().decode
@@ -216,16 +215,8 @@ class Reader:
 
     def _kvspec(self, fh: IO[bytes]) -> Iterator[TraceRequest]:
         """kvspec's own lines, checked as :func:`~kvspec.sim.trace.read_trace` does."""
-        last = 0
-        for number, line in self._lines(fh):
+        for request in requests_of(self._lines(fh), self.file):
             self.rows += 1
-            request = trace_line(line, self.file, number)
-            if request.arrival < last:
-                raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
-                                 f"step {last}", file=self.file, line=number,
-                                 column=key_column(line, "arrival"),
-                                 hint="sort the trace by arrival")
-            last = request.arrival
             yield request
 
     def empty(self) -> TraceError:
