@@ -18,6 +18,7 @@ from kvspec.model.specs import (
     EncoderOnly,
     FullAttention,
     KpoolTail,
+    LayerSpec,
     MambaState,
     MergeConflict,
     SinkFullAttention,
@@ -166,3 +167,39 @@ def test_mtp_drafter_group_is_annotated() -> None:
     # 2 sliding + 3 full -> groups of 2: (l0, l2), (l1, mtp), (l3,) + a padding slot
     assert [g.is_eagle for g in groups] == [False, True, False]
     assert not any(g.is_eagle for g in group_layers(Engine(), specs))
+
+
+#: Each kind's merge family and the class it buckets with (the reference's
+#: ``is_uniform_type``), as the kinds declare them (``family``, ``bucket_by``).
+FAMILIES = [
+    (FullAttention, FullAttention, FullAttention, ()),
+    (SinkFullAttention, FullAttention, FullAttention, ()),
+    (RSWA, RSWA, FullAttention, ()),
+    (MLA, MLA, FullAttention, ()),
+    (SlidingWindowMLA, SlidingWindowMLA, SlidingWindowMLA, ("sliding_window",
+                                                           "bounded_replay")),
+    (SlidingWindow, None, SlidingWindow, ("sliding_window",)),
+    (ChunkedLocal, None, ChunkedLocal, ("attention_chunk_size",)),
+    (KpoolTail, None, KpoolTail, ()),
+    (CircularBuffer, None, CircularBuffer, ()),
+    (EncoderOnly, None, EncoderOnly, ()),
+    (CrossAttention, None, CrossAttention, ()),
+    (MambaState, None, MambaState, ("num_speculative_blocks", "num_prefill_checkpoint_blocks",
+                                    "prefill_checkpoint_alignment", "page_size_bytes",
+                                    "tp_replicated")),
+]
+
+
+@pytest.mark.parametrize(("kind", "family", "buckets_with", "fields"), FAMILIES,
+                         ids=[k.__name__ for k, *_ in FAMILIES])
+def test_merge_family_and_bucket_are_declared(kind: type[LayerSpec], family: type | None,
+                                              buckets_with: type, fields: tuple[str, ...]
+                                              ) -> None:
+    assert kind.merge_family() is family
+    assert kind.bucket_by == fields
+    assert next(c for c in kind.__mro__ if "bucket_by" in vars(c)) is buckets_with
+
+
+def test_a_kind_without_a_bucketing_rule_says_so() -> None:
+    with pytest.raises(MergeConflict, match="no bucketing rule for UniformType"):
+        UniformType(block_size=16, members=()).same_type_as_all([])

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from kvspec.artifact.format import Layout, Pool, Stage, Tensor, View, at
 from kvspec.artifact.structure import LIMIT, Path, Problem, tensor_path
+from kvspec.model.geometry import page_runs
 
 __all__ = ["allocation_blocks", "memory_problems", "pool_blocks", "stage_counts",
            "tensor_runs"]
@@ -56,21 +57,11 @@ def allocation_blocks(st: Stage, counts: Mapping[str, int]) -> dict[str, int]:
 def tensor_runs(t: Tensor, num_blocks: int) -> tuple[list[int], int, int, int]:
     """``(run offsets, run length, layer stride, block stride)`` in bytes of
     ``t``'s pages at ``num_blocks``: a page of layer ``l``, block ``b`` is the
-    runs at ``offset + l * layer_stride + b * block_stride + run offset``.
-
-    C is innermost and contiguous in every axis order; N and H merge into the run
-    when their stride continues it, otherwise each of their positions starts a
-    run of its own (heads outside blocks: one run per head slot)."""
+    runs at ``offset + l * layer_stride + b * block_stride + run offset``
+    (:func:`kvspec.model.geometry.page_runs`)."""
     v: View = t.view
     sh, sn = at(v.head_stride, num_blocks), at(v.state_stride, num_blocks)
-    run, offsets = v.cell_bytes, [0]
-    for stride, count in sorted([(sn, v.states), (sh, v.heads)]):
-        if count == 1:
-            continue
-        if stride == run and offsets == [0]:
-            run *= count
-        else:
-            offsets = [o + i * stride for o in offsets for i in range(count)]
+    offsets, run = page_runs(v.cell_bytes, ((sn, v.states), (sh, v.heads)))
     return offsets, run, at(t.layer_stride, num_blocks), at(t.block_stride, num_blocks)
 
 

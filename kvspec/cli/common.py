@@ -255,6 +255,27 @@ def write_result(text: str, output: Path | None, fmt: str, *, quiet: bool) -> No
     emit(text, output, quiet=quiet)
 
 
+def source_output_options(command: str) -> Callable[[Callable[..., Any]], Any]:
+    """``-o``, ``--force``, ``--parents``, ``--format`` and ``--quiet`` of a command
+    that writes a source (``init``, ``import``: :func:`write_result`)."""
+    options = (
+        click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+                     callback=dash_is_stdout, help="Where to write the source, a .yaml file "
+                     "(default, or -: stdout)."),
+        click.option("--force", is_flag=True, help=f"Overwrite an existing file that "
+                     f"`kvspec {command}` did not write."),
+        parents_option,
+        format_option("text", "json", help="json: the source and where it went, as one "
+                      "object (docs/cli.md)."),
+        quiet_option)
+
+    def decorate(f: Callable[..., Any]) -> Any:
+        for option in reversed(options):  # the first listed is the outermost, as stacked
+            f = option(f)
+        return f
+    return decorate
+
+
 class FiniteRange(click.FloatRange):
     """``click.FloatRange`` that refuses ``inf`` and ``nan`` (which compare to nothing,
     so a range alone lets ``nan`` through), naming the option."""

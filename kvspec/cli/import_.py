@@ -9,10 +9,7 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    dash_is_stdout,
-    format_option,
-    parents_option,
-    quiet_option,
+    source_output_options,
     write_result,
     written_by,
 )
@@ -28,15 +25,7 @@ from kvspec.errors import (
 
 @cli_command("import", short_help="Turn a per-layer spec dump (JSON) into a source.")
 @click.argument("dump", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              callback=dash_is_stdout, help="Where to write the source, a .yaml file "
-              "(default, or -: stdout).")
-@click.option("--force", is_flag=True, help="Overwrite an existing file that `kvspec "
-              "import` did not write.")
-@parents_option
-@format_option("text", "json", help="json: the source and where it went, as one object "
-               "(docs/cli.md).")
-@quiet_option
+@source_output_options("import")
 def command(dump: Path, output: Path | None, force: bool, parents: bool, fmt: str,
             quiet: bool) -> None:
     """Turn a per-layer spec dump (JSON) into a kvspec source."""

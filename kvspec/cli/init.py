@@ -10,11 +10,8 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
-    dash_is_stdout,
-    format_option,
-    parents_option,
-    quiet_option,
     single_memory,
+    source_output_options,
     write_result,
     written_by,
 )
@@ -114,15 +111,7 @@ def _model_id(source: Path, config: dict, *, directory: bool) -> str | None:
 @click.option("--name", help="The layout's name (default: from -o or the config file).")
 @click.option("--model", "model_id", help="The model's id, e.g. meta-llama/Llama-3.1-8B "
               "(default: the config's _name_or_path, else the directory it came from).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              callback=dash_is_stdout, help="Where to write the source, a .yaml file "
-              "(default, or -: stdout).")
-@click.option("--force", is_flag=True, help="Overwrite an existing file that `kvspec init` "
-              "did not write.")
-@parents_option
-@format_option("text", "json", help="json: the source and where it went, as one object "
-               "(docs/cli.md).")
-@quiet_option
+@source_output_options("init")
 def command(config_path: Path | None, vllm_model: Path | None, target: str | None, tp: int,
             pp: int, dcp: int, max_model_len: str | None, memory: str | None,
             kv_cache_dtype: str, dtype: str | None, block_size: int | None,

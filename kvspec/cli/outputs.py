@@ -21,6 +21,7 @@ kvspec.errors.UsageError: kvspec: error: report.pdf: this command writes .html o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,28 @@ import click
 from kvspec.errors import UsageError
 from kvspec.files import _kind, is_stdout, refuse_overwrite, same_file
 
-__all__ = ["check_output", "parents_option"]
+__all__ = ["check_output", "jsonl_with", "parents_option"]
 
 
 def parents_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--parents``: create the output's missing directories (a command option)."""
     return click.option("--parents", is_flag=True,
                         help="Create the output's missing directories.")(f)
+
+
+def jsonl_with(*keys: str) -> Callable[[str], bool]:
+    """``ours`` for a JSONL output: its first line is an object with these ``keys``.
+
+    >>> jsonl_with("id", "ok")('{"id": 1, "ok": true}\\n')
+    True
+    """
+    def ours(text: str) -> bool:
+        try:
+            row = json.loads(text.split("\n", 1)[0])
+        except ValueError:
+            return False
+        return isinstance(row, dict) and set(keys) <= set(row)
+    return ours
 
 
 def _suffix(path: Path, suffixes: Sequence[str]) -> str | None:

@@ -3,7 +3,6 @@ simulated, one row each, locally or on Ray (docs/sweep.md)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -23,21 +22,17 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
+from kvspec.cli.outputs import jsonl_with
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import emit
+
+_rows = jsonl_with("id", "point", "ok")
 
 
 def _ours(text: str) -> bool:
     """A sweep's results file (appended to, never replaced): its rows have ids and
     points; empty, or its first row cut short, when a sweep was stopped that early."""
-    if not text or ("\n" not in text and text.startswith("{")):
-        return True
-    first = text.split("\n", 1)[0]
-    try:
-        row = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(row, dict) and {"id", "point", "ok"} <= set(row)
+    return not text or ("\n" not in text and text.startswith("{")) or _rows(text)
 
 
 def _our_report(text: str) -> bool:

@@ -22,22 +22,14 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.trace_import import command as import_command
+from kvspec.cli.trace_import import is_trace
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import emit
+from kvspec.model.pooling import Workload, declared
 from kvspec.sim import generate_trace
 from kvspec.sim.formats import DEFAULT_STEP_MS
 from kvspec.sim.presets import PRESETS, preset_trace
 from kvspec.sim.trace import MAX_TOKENS, MIN_RATE, trace_text
-
-
-def _ours(text: str) -> bool:
-    """Whether a file is a trace (replaced without --force): its first line is one."""
-    first = text.split("\n", 1)[0]
-    try:
-        row = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(row, dict) and {"arrival", "prompt_tokens", "output_tokens"} <= set(row)
 
 
 class _Group(click.Group):
@@ -91,7 +83,8 @@ _PRESET_DECIDES = ("prompt_mean", "prompt_spread", "output_mean", "output_spread
 @click.option("--prefix-groups", type=click.IntRange(min=1, max=1_000_000), default=1,
               show_default=True,
               help="Distinct shared prefixes (with --prefix-share).")
-@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS), default=512,
+@click.option("--prefix-tokens", type=click.IntRange(min=1, max=MAX_TOKENS),
+              default=declared(Workload, "prefix_tokens").default,
               show_default=True,
               help="Tokens of each shared prefix.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**64 - 1), default=0, show_default=True,
@@ -134,7 +127,7 @@ def command(ctx: click.Context, requests: int, prompt_mean: float, prompt_spread
         raise UsageError("--arrival-cv goes with --rate",
                          hint="without --rate every request arrives at step 0")
     check_output(output, suffixes=(".jsonl", ".json"), force=force, parents=parents,
-                 ours=_ours)
+                 ours=is_trace)
     try:
         if preset is not None:
             trace = preset_trace(preset, requests, seed=seed, step_ms=step_ms,

@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import get_args
 
 import click
 
@@ -20,8 +21,10 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
+from kvspec.cli.outputs import jsonl_with
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import is_stdout, write_atomic
+from kvspec.model.pooling import TimeUnit
 from kvspec.reports.format import count as plural
 from kvspec.sim.formats import (
     DEFAULT_STEP_MS,
@@ -32,15 +35,8 @@ from kvspec.sim.formats import (
 )
 from kvspec.sim.trace import TraceRequest
 
-
-def _ours(text: str) -> bool:
-    """Whether a file is a trace (replaced without --force): its first line is one."""
-    first = text.split("\n", 1)[0]
-    try:
-        row = json.loads(first)
-    except ValueError:
-        return False
-    return isinstance(row, dict) and {"arrival", "prompt_tokens", "output_tokens"} <= set(row)
+#: Whether a file is a trace (replaced without --force): its first line is one.
+is_trace = jsonl_with("arrival", "prompt_tokens", "output_tokens")
 
 
 def _trace_at(output: Path | None) -> bool:
@@ -49,7 +45,7 @@ def _trace_at(output: Path | None) -> bool:
         return False
     try:
         with open(output, encoding="utf-8", errors="replace") as fh:
-            return _ours(fh.readline(1 << 16))
+            return is_trace(fh.readline(1 << 16))
     except OSError:
         return False
 
@@ -60,7 +56,7 @@ def step_options(f: click.decorators.FC) -> click.decorators.FC:
     f = click.option("--block-tokens", type=click.IntRange(min=1),
                      default=MOONCAKE_BLOCK_TOKENS, show_default=True,
                      help="mooncake: tokens per hash_ids block.")(f)
-    f = click.option("--time-unit", type=click.Choice(["s", "ms"]), default="s",
+    f = click.option("--time-unit", type=click.Choice(get_args(TimeUnit)), default="s",
                      show_default=True, help="lengths: the unit of the time column.")(f)
     f = click.option("--columns", metavar="MAP",
                      help="lengths: the columns (or JSON keys) holding each figure, "
@@ -104,7 +100,7 @@ def command(trace_format: str, file: Path, step_ms: float, columns: str | None,
     # a trace there is replaced: told from its first line (never read whole: it may
     # be as long as the file being converted)
     check_output(output, suffixes=(".jsonl", ".json"), force=force or _trace_at(output),
-                 parents=parents, inputs=(file,), ours=_ours)
+                 parents=parents, inputs=(file,), ours=is_trace)
     reader = Reader(file, trace_format, step_ms=step_ms, columns=columns_of(columns, time_unit),
                     block_tokens=block_tokens)
     count = [0, 0]  # requests, last arrival

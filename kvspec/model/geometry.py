@@ -53,6 +53,28 @@ def page_shape(spec: LayerSpec, num_blocks: int | Affine,
             spec.state_content_size_bytes)
 
 
+def page_runs(cell_bytes: int, axes: Sequence[tuple[int, int]]) -> tuple[list[int], int]:
+    """A page's contiguous byte runs within one block, ``(run offsets, run length)``:
+    its cells ``cell_bytes`` long, its N and H axes at ``(stride, count)``.
+
+    C is innermost and contiguous in every axis order; N and H merge into the run
+    when their stride continues it, otherwise each of their positions starts a
+    run of its own (e.g. LHBNC interleaves heads and blocks).
+
+    >>> page_runs(256, [(256, 16), (65536, 2)])      # heads outside blocks: a run each
+    ([0, 65536], 4096)
+    """
+    run, offsets = cell_bytes, [0]
+    for stride, count in sorted(axes):
+        if count == 1:
+            continue
+        if stride == run and offsets == [0]:
+            run *= count
+        else:
+            offsets = [o + i * stride for o in offsets for i in range(count)]
+    return offsets, run
+
+
 def _check_padded_grid(order: tuple[int, ...], shape: tuple[int | Affine, ...], grid_end: int,
                        axis_order: AxisOrder) -> None:
     extra = [shape[d] for d in order[:grid_end] if d not in (DIM_L, DIM_B)]
@@ -131,25 +153,10 @@ class ViewGeometry:
     byte_offset: int
 
     def runs(self) -> tuple[list[int], int]:
-        """The page's contiguous byte runs within one block: (run offsets, length).
-
-        C is innermost and contiguous in every axis order; N and H merge into
-        the run when their stride continues it, otherwise each of their
-        positions starts a run of its own (e.g. LHBNC interleaves heads and
-        blocks).
-        """
+        """The page's contiguous byte runs within one block (:func:`page_runs`)."""
         _, h, n, c = self.shape
         _, sh, sn, _ = self.byte_stride
-        run = c * dtype_size(self.dtype)
-        offsets = [0]
-        for stride, count in sorted([(sn, n), (sh, h)]):
-            if count == 1:
-                continue
-            if stride == run and offsets == [0]:
-                run *= count
-            else:
-                offsets = [o + i * stride for o in offsets for i in range(count)]
-        return offsets, run
+        return page_runs(c * dtype_size(self.dtype), ((sn, n), (sh, h)))
 
     def page_extent(self) -> int:
         """Bytes from a page's first byte to one past its last, within one block."""

@@ -32,11 +32,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from kvspec.model.workloads import DEFAULT_STEP_MS, TraceFormat
 
-__all__ = ["ONE_SHARED_POOL", "POLICIES", "SERVE_SEPARATE", "Lengths", "PlanPolicy", "Policy",
+__all__ = ["ONE_SHARED_POOL", "SERVE_SEPARATE", "Lengths", "PlanPolicy", "Policy",
            "Pooling", "PoolingRef", "Runtime", "TimeUnit", "Workload", "declared"]
 
 #: The pooling policy a source asks for, in documentation order.
@@ -48,7 +48,6 @@ PlanPolicy = Literal["unified", "separate"]
 Runtime = Literal["vllm", "kvspec"]
 #: The unit of a ``lengths`` trace's times.
 TimeUnit = Literal["s", "ms"]
-POLICIES: tuple[Policy, ...] = get_args(Policy)
 #: Why vLLM 0.33 cannot hold a plan of several pools (``engine-args``, the plugin's
 #: guard and the exporters of caches vLLM holds all say it in these words).
 ONE_SHARED_POOL = ("vLLM 0.33 keeps every group in one shared pool with one page size, so "

@@ -47,15 +47,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, get_args
 
 import msgspec
 
 from kvspec.files import is_stdin
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
+from kvspec.model.pooling import TimeUnit
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
-from kvspec.sim.trace import TraceError, TraceRequest, read_trace
-from kvspec.sim.trace import _request as trace_line
+from kvspec.sim.trace import TraceError, TraceRequest, key_column, read_trace, requests_of
 
 #: msgspec's JSON decoder (a core dependency; integers of any length read exactly).
 _decode = msgspec.json.Decoder().decode
@@ -104,7 +104,7 @@ class Columns:
             raise TraceError(f"the column map {text!r} has no {' and no '.join(missing)}",
                              expected="prompt=NAME,output=NAME[,time=NAME]",
                              hint="both lengths are needed; the time is optional")
-        if time_unit not in ("s", "ms"):
+        if time_unit not in get_args(TimeUnit):
             raise TraceError(f"unknown time unit {time_unit!r}", expected="s or ms",
                              hint="the unit of the time column's numbers")
         return cls(given["prompt"], given["output"], given.get("time"), time_unit)
@@ -215,16 +215,8 @@ class Reader:
 
     def _kvspec(self, fh: IO[bytes]) -> Iterator[TraceRequest]:
         """kvspec's own lines, checked as :func:`~kvspec.sim.trace.read_trace` does."""
-        last = 0
-        for number, line in self._lines(fh):
+        for request in requests_of(self._lines(fh), self.file):
             self.rows += 1
-            request = trace_line(line, self.file, number)
-            if request.arrival < last:
-                raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
-                                 f"step {last}", file=self.file, line=number,
-                                 column=_column(line, "arrival"),
-                                 hint="sort the trace by arrival")
-            last = request.arrival
             yield request
 
     def empty(self) -> TraceError:
@@ -348,7 +340,7 @@ class Reader:
                 if key not in obj:
                     close = difflib.get_close_matches(key, [str(k) for k in obj], n=1)
                     raise TraceError(f"missing key {key!r}", file=self.file, line=number,
-                                     column=_column(line, close[0]) if close else 1,
+                                     column=key_column(line, close[0]) if close else 1,
                                      expected=", ".join(k for k in keys if k),
                                      hint=f"the line has {close[0]!r}: is that the one?"
                                      if close else
@@ -361,7 +353,7 @@ class Reader:
                 if t.__class__ not in (int, float) or not math.isfinite(t) or t < 0:
                     raise TraceError(f"{time_key} must be a number, 0 or more",
                                      file=self.file, line=number,
-                                     column=_column(line, time_key), found=_shown(t),
+                                     column=key_column(line, time_key), found=_shown(t),
                                      hint="the time the request arrived at"
                                           + (" (ms)" if to_s != 1 else ""))
                 arrival = self._step(t * to_s, number, line, time_key)
@@ -371,7 +363,7 @@ class Reader:
                         b.__class__ is not int or b < 0 for b in blocks):
                     raise TraceError("hash_ids must be an array of integers, 0 or more",
                                      file=self.file, line=number,
-                                     column=_column(line, "hash_ids"), found=_shown(blocks),
+                                     column=key_column(line, "hash_ids"), found=_shown(blocks),
                                      hint="one id per 512-token block of the prompt")
                 if blocks:
                     yield TraceRequest(arrival, prompt, output, None, 0, tuple(blocks),
@@ -404,7 +396,7 @@ class Reader:
         value = obj[key]
         if value.__class__ is not int or value < least:
             raise TraceError(f"{key} must be a whole number of tokens, {least} or more",
-                             file=self.file, line=number, column=_column(line, key),
+                             file=self.file, line=number, column=key_column(line, key),
                              found=_shown(value), hint=_COUNT_HINT[least])
         return value
 
@@ -413,7 +405,7 @@ class Reader:
         """The step of time ``t`` (s); ``column``: the time's, or the JSON line (its
         ``key``'s column is found only for an error)."""
         if t < self._last:
-            at = column if isinstance(column, int) else _column(column, key)
+            at = column if isinstance(column, int) else key_column(column, key)
             raise TraceError("times must not decrease: this request arrives before the "
                              "one above it", file=self.file, line=number, column=at,
                              hint="sort the file by its time column")
@@ -423,7 +415,7 @@ class Reader:
         # (a billionth of a step's slack: 0.3 s over 0.1 s steps is step 3, not 2.999...)
         steps = (t - self._t0) / self.step_s + 1e-9
         if not steps < _MAX_STEPS:
-            at = column if isinstance(column, int) else _column(column, key)
+            at = column if isinstance(column, int) else key_column(column, key)
             raise TraceError(f"the request arrives {t - self._t0:.3g} s after the first: "
                              f"past step {_MAX_STEPS:.0e}", file=self.file, line=number,
                              column=at, hint="check the time's unit (Mooncake's are ms, "
@@ -496,15 +488,6 @@ def _first_line(path: Path) -> str:
         raise TraceError(f"cannot read the trace: {exc.strerror or exc}", file=str(path),
                          hint="give a readable file") from None
     return ""
-
-
-def _column(line: str, key: str) -> int:
-    """1-based column of ``key`` on a JSON line (1 when not found)."""
-    try:
-        _, _, keys = scan(line, lenient=True, max_depth=MAX_DEPTH)
-    except (Located, ValueError, RecursionError):
-        return 1
-    return keys.get((key,), (1, 1))[1]
 
 
 def _shown(value: Any) -> str:

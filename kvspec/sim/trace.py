@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,8 @@ from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
 __all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
-           "parse_trace", "prefix_codes", "read_trace", "token_id", "trace_text", "write_trace"]
+           "key_column", "parse_trace", "prefix_codes", "read_trace", "requests_of",
+           "token_id", "trace_text", "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
@@ -107,24 +108,28 @@ def read_trace(path: str | Path) -> tuple[TraceRequest, ...]:
 
 def parse_trace(text: str, file: str = "<trace>") -> tuple[TraceRequest, ...]:
     """The requests of a trace's text; ``file`` names it in errors."""
-    out: list[TraceRequest] = []
+    # (a byte-order mark: editors on Windows write one)
+    lines = enumerate(text.removeprefix("\ufeff").split("\n"), start=1)
+    out = tuple(requests_of(((n, line) for n, line in lines if line.strip()), file))
+    if not out:
+        raise TraceError("the trace has no requests", file=file,
+                         hint=f"write one JSON object per line, e.g. {_EXAMPLE}")
+    return out
+
+
+def requests_of(lines: Iterable[tuple[int, str]], file: str) -> Iterator[TraceRequest]:
+    """The requests of a trace's numbered lines (none blank), their arrivals checked
+    never to decrease; ``file`` names the trace in errors."""
     last = 0
-    text = text.removeprefix("\ufeff")  # a byte-order mark: editors on Windows write one
-    for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
+    for number, line in lines:
         request = _request(line, file, number)
         if request.arrival < last:
             raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
                              f"step {last}", file=file, line=number,
-                             column=_column(line, "arrival"),
+                             column=key_column(line, "arrival"),
                              hint="sort the trace by arrival")
         last = request.arrival
-        out.append(request)
-    if not out:
-        raise TraceError("the trace has no requests", file=file,
-                         hint=f"write one JSON object per line, e.g. {_EXAMPLE}")
-    return tuple(out)
+        yield request
 
 
 #: msgspec's JSON decoder: integers of any length read exactly, NaN is an error.
@@ -145,7 +150,7 @@ def _request(line: str, file: str, number: int) -> TraceRequest:
     try:
         return _checked(obj)
     except _Bad as bad:
-        raise TraceError(bad.message, file=file, line=number, column=_column(line, bad.key),
+        raise TraceError(bad.message, file=file, line=number, column=key_column(line, bad.key),
                          **bad.kw) from None
 
 
@@ -256,7 +261,7 @@ def _quotes(obj: dict[str, Any]) -> int:
     return count
 
 
-def _column(line: str, key: str | None) -> int:
+def key_column(line: str, key: str | None) -> int:
     """1-based column of ``key`` on ``line`` (1 when not found)."""
     if key is None:
         return 1

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from kvspec.errors import ErrorList, KvspecError, SourceError
 from kvspec.files import read_text
-from kvspec.model.pooling import POLICIES
+from kvspec.model.pooling import Policy, Workload, declared
 from kvspec.source.document import Document, parse_yaml
 from kvspec.source.parse import clean_loc, schema_error, yaml_repr
 from kvspec.source.schema import MaxLen, PositiveInt, Ranks, Size, Tokens
@@ -75,6 +75,11 @@ class HfBase(_Strict):
 Base = Annotated[str, Field(min_length=1)] | SourceBase | HfBase
 
 
+def _default(name: str) -> Any:
+    """A workload field's default, declared once in :class:`kvspec.model.pooling.Workload`."""
+    return declared(Workload, name).default
+
+
 class WorkloadEntry(_Strict):
     """One workload: a JSONL trace, a preset, or a summary a seeded trace is drawn
     from (every request arriving at step 0 unless ``rate`` is given)."""
@@ -84,12 +89,12 @@ class WorkloadEntry(_Strict):
     preset: str | None = Field(None, min_length=1)
     context_tokens: Tokens | None = None
     output_tokens: Tokens | None = None
-    requests: Annotated[int, Field(gt=0, le=1_000_000)] = 500
+    requests: Annotated[int, Field(gt=0, le=1_000_000)] = _default("requests")
     seed: int = Field(0, ge=0)
     rate: float | None = Field(None, gt=0, description="Arrivals per engine step "
                                "(Poisson); default: all at step 0.")
     prefix_sharing: Annotated[float, Field(ge=0, le=1)] = 0.0
-    prefix_tokens: PositiveInt = 512
+    prefix_tokens: PositiveInt = _default("prefix_tokens")
 
 
 class Axes(_Strict):
@@ -104,7 +109,7 @@ class Axes(_Strict):
     pipeline: list[Ranks] | None = Field(None, min_length=1)
     kv_cache_dtype: list[str] | None = Field(None, min_length=1)
     block_size: list[PositiveInt] | None = Field(None, min_length=1)
-    pooling_policy: list[Literal[POLICIES]] | None = Field(  # type: ignore[valid-type]
+    pooling_policy: list[Policy] | None = Field(
         None, min_length=1, alias="pooling.policy")
     max_num_seqs: list[PositiveInt] | None = Field(None, min_length=1)
     workload: list[WorkloadEntry] = Field(min_length=1)

@@ -16,10 +16,9 @@ sliding-window MLA layer *is* a sliding-window layer, and so on.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from kvspec.model.dtypes import dtype_size
 from kvspec.model.engine import Engine
@@ -93,6 +92,8 @@ class FullAttention(Attention):
 
     kind: ClassVar[str] = "full_attention"
     ref_class: ClassVar[str] = "FullAttentionSpec"
+    family: ClassVar[bool] = True
+    bucket_by: ClassVar[tuple[str, ...]] = ()
 
     sliding_window: int | None = merged("window")
     attention_chunk_size: int | None = merged("window")
@@ -105,16 +106,9 @@ class FullAttention(Attention):
             max_len = cdiv(max_len, dcp)
         return cdiv(max_len, self.block_size) * self.page_size_bytes
 
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return FullAttention
-
     def check_merged(self) -> None:
         if self.sliding_window is not None and self.attention_chunk_size is not None:
             raise MergeConflict("sliding-window and chunked-local layers cannot share a group")
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, FullAttention) for s in specs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,12 +117,9 @@ class RSWA(FullAttention):
 
     kind: ClassVar[str] = "rswa"
     ref_class: ClassVar[str] = "RSWASpec"
+    family: ClassVar[bool] = True
 
     rswa_window: int
-
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return RSWA
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +138,7 @@ class ChunkedLocal(Attention):
 
     kind: ClassVar[str] = "chunked_local"
     ref_class: ClassVar[str] = "ChunkedLocalAttentionSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ("attention_chunk_size",)
 
     attention_chunk_size: int
 
@@ -159,10 +151,6 @@ class ChunkedLocal(Attention):
         blocks = self.max_admission_blocks(engine.max_in_flight_tokens, engine.max_model_len)
         return blocks * self.page_size_bytes
 
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, ChunkedLocal)
-                   and s.attention_chunk_size == self.attention_chunk_size for s in specs)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SlidingWindow(Attention):
@@ -170,6 +158,7 @@ class SlidingWindow(Attention):
 
     kind: ClassVar[str] = "sliding_window"
     ref_class: ClassVar[str] = "SlidingWindowSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ("sliding_window",)
 
     sliding_window: int
     #: Trailing tokens kept below the window for multi-module speculation.
@@ -188,10 +177,6 @@ class SlidingWindow(Attention):
             raise MergeInvalid("decode context parallelism does not support sliding window")
         blocks = self.max_admission_blocks(engine.max_in_flight_tokens, engine.max_model_len)
         return blocks * self.page_size_bytes
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, SlidingWindow)
-                   and s.sliding_window == self.sliding_window for s in specs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,6 +214,7 @@ class CircularBuffer(_OneBlockRing, Attention):
 
     kind: ClassVar[str] = "circular_buffer"
     ref_class: ClassVar[str] = "CircularBufferSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ()
 
     @property
     def block_table_token_alignment(self) -> int | None:
@@ -237,9 +223,6 @@ class CircularBuffer(_OneBlockRing, Attention):
     def max_memory_usage_bytes(self, engine: Engine) -> int:
         return self.page_size_bytes
 
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, CircularBuffer) for s in specs)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KpoolTail(_OneBlockRing, SlidingWindow):
@@ -247,12 +230,10 @@ class KpoolTail(_OneBlockRing, SlidingWindow):
 
     kind: ClassVar[str] = "kpool_tail"
     ref_class: ClassVar[str] = "KpoolTailSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ()
 
     def max_admission_blocks(self, in_flight: int, max_model_len: int) -> int:
         return 1
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, KpoolTail) for s in specs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,12 +242,10 @@ class EncoderOnly(Attention):
 
     kind: ClassVar[str] = "encoder_only"
     ref_class: ClassVar[str] = "EncoderOnlyAttentionSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ()
 
     def max_memory_usage_bytes(self, engine: Engine) -> int:
         return 0
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, EncoderOnly) for s in specs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,14 +254,7 @@ class CrossAttention(Attention):
 
     kind: ClassVar[str] = "cross_attention"
     ref_class: ClassVar[str] = "CrossAttentionSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = ()
 
     def max_memory_usage_bytes(self, engine: Engine) -> int:
         return cdiv(engine.encoder_tokens, self.block_size) * self.page_size_bytes
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, CrossAttention) for s in specs)
-
-
-def windows_of(spec: Any) -> tuple[int | None, int | None]:
-    """``(sliding_window, attention_chunk_size)`` of any spec (None where it has none)."""
-    return getattr(spec, "sliding_window", None), getattr(spec, "attention_chunk_size", None)

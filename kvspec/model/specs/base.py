@@ -205,6 +205,13 @@ class LayerSpec:
     #: Inside its :meth:`merge_family`, this kind merges only with kinds that also
     #: merge apart (MLA inside full attention's family).
     merges_apart: ClassVar[bool] = False
+    #: The reference's uniform-type test (``UniformTypeKVCacheSpecs.is_uniform_type``):
+    #: a layer buckets with instances of the class that sets this, agreeing on
+    #: these fields (:meth:`same_type_as_all`; no class sets it: no bucketing rule).
+    bucket_by: ClassVar[tuple[str, ...]]
+    #: Set by a kind whose layers merge with instances of it and of its subclasses
+    #: (its merge family: :meth:`merge_family`).
+    family: ClassVar[bool]
 
     block_size: int
     #: Decode-context parallelism shards this cache's tokens across ranks.
@@ -310,14 +317,24 @@ class LayerSpec:
 
     @classmethod
     def merge_family(cls) -> type | None:
-        """Layers merge only with instances of this class (None: only with
-        layers of exactly their own kind)."""
-        return None
+        """Layers merge only with instances of this class, the nearest that sets
+        :attr:`family` (None: only with layers of exactly their own kind)."""
+        return _setter(cls, "family")
 
     def check_merged(self) -> None:
         """Reject a merged spec that no group may have (hook for kinds)."""
 
     def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        """Whether every spec needs the same token slots as this one (the
-        reference's uniform-type base spec test)."""
-        raise MergeConflict(f"no bucketing rule for {type(self).__name__}")
+        """Whether every spec needs the same token slots as this one: each is an
+        instance of the class that sets :attr:`bucket_by`, agreeing on its fields."""
+        owner = _setter(type(self), "bucket_by")
+        if owner is None:
+            raise MergeConflict(f"no bucketing rule for {type(self).__name__}")
+        return all(isinstance(s, owner) and all(getattr(s, f) == getattr(self, f)
+                                                for f in self.bucket_by) for s in specs)
+
+
+def _setter(cls: type, name: str) -> type | None:
+    """The nearest class of ``cls``'s MRO that sets the class variable ``name``
+    (None: none does)."""
+    return next((c for c in cls.__mro__ if name in vars(c)), None)

@@ -11,12 +11,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from kvspec.model.specs.attention import FullAttention, SlidingWindow
-from kvspec.model.specs.base import LayerSpec, MergeInvalid, merged, round_up
+from kvspec.model.specs.base import MergeInvalid, merged, round_up
 
 
 def _apply_alignment(spec: MLA | SlidingWindowMLA) -> None:
@@ -35,6 +34,7 @@ class MLA(FullAttention):
 
     kind: ClassVar[str] = "mla"
     ref_class: ClassVar[str] = "MLAAttentionSpec"
+    family: ClassVar[bool] = True
     merges_apart: ClassVar[bool] = True
 
     head_size_v: int | None = 0
@@ -49,10 +49,6 @@ class MLA(FullAttention):
     def __post_init__(self) -> None:
         FullAttention.__post_init__(self)
         _apply_alignment(self)
-
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return MLA
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +65,8 @@ class SlidingWindowMLA(SlidingWindow):
 
     kind: ClassVar[str] = "sliding_window_mla"
     ref_class: ClassVar[str] = "SlidingWindowMLASpec"
+    family: ClassVar[bool] = True
+    bucket_by: ClassVar[tuple[str, ...]] = ("sliding_window", "bounded_replay")
 
     head_size_v: int | None = 0
     cache_dtype_str: str | None = None
@@ -89,17 +87,3 @@ class SlidingWindowMLA(SlidingWindow):
     @property
     def prefix_replay_tokens(self) -> int:
         return self.sliding_window if self.bounded_replay else 0
-
-    @classmethod
-    def merge_family(cls) -> type | None:
-        return SlidingWindowMLA
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(isinstance(s, SlidingWindowMLA)
-                   and s.sliding_window == self.sliding_window
-                   and s.bounded_replay == self.bounded_replay for s in specs)
-
-
-#: Kinds that store one latent per token: their heads are not split across
-#: tensor-parallel ranks, and their quantization formats are the MLA ones.
-LATENT_KINDS: tuple[type[LayerSpec], ...] = (MLA, SlidingWindowMLA)

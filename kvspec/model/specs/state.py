@@ -12,7 +12,6 @@ A state layer's page holds whole states, one tensor per entry of ``shapes``::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from math import prod
 from typing import ClassVar
@@ -37,6 +36,9 @@ class MambaState(PaddedPage, LayerSpec):
 
     kind: ClassVar[str] = "mamba"
     ref_class: ClassVar[str] = "MambaSpec"
+    bucket_by: ClassVar[tuple[str, ...]] = (
+        "num_speculative_blocks", "num_prefill_checkpoint_blocks",
+        "prefill_checkpoint_alignment", "page_size_bytes", "tp_replicated")
 
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
@@ -84,16 +86,6 @@ class MambaState(PaddedPage, LayerSpec):
             # a few state blocks are resident at once.
             return cdiv(max_len, self.block_size) + self.num_speculative_blocks
         return cdiv(self.max_memory_usage_bytes(engine), self.page_size_bytes)
-
-    def same_type_as_all(self, specs: Sequence[LayerSpec]) -> bool:
-        return all(
-            isinstance(s, MambaState)
-            and s.num_speculative_blocks == self.num_speculative_blocks
-            and s.num_prefill_checkpoint_blocks == self.num_prefill_checkpoint_blocks
-            and s.prefill_checkpoint_alignment == self.prefill_checkpoint_alignment
-            and s.page_size_bytes == self.page_size_bytes
-            and s.tp_replicated == self.tp_replicated
-            for s in specs)
 
 
 def mamba_prefill_checkpoint_position(num_tokens: int, hash_block_size: int,

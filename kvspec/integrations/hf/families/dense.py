@@ -3,7 +3,7 @@ Mixtral, Phi-3, GLM-4.5, MiniMax-M2."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kvspec.integrations import rules
@@ -21,6 +21,17 @@ from kvspec.integrations.hf.families.facts import (
 )
 
 
+def _typed_or(cfg: Mapping[str, Any], window: Callable[[int], int | None]
+              ) -> list[LayerFacts]:
+    """The layers ``layer_types`` gives, when the config has it; else layer ``i``
+    slides over ``window(i)`` (None: full attention)."""
+    n = num_layers(cfg)
+    types = layer_types(cfg, n)
+    if types is not None:
+        return from_layer_types(cfg, types)
+    return [attention_layer(i, cfg, sliding_window=window(i)) for i in range(n)]
+
+
 def _llama_like(ctx: Ctx) -> list[LayerFacts]:
     """Llama and Mistral (vLLM ``llama.py``).
 
@@ -28,13 +39,7 @@ def _llama_like(ctx: Ctx) -> list[LayerFacts]:
     (Mistral 7B v0.1: 4096) slides on every layer -- vLLM passes the model-level
     window to every ``Attention`` layer -- and a null one means full attention.
     """
-    cfg = ctx.text
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    window = cfg_opt_int(cfg, "sliding_window")
-    return [attention_layer(i, cfg, sliding_window=window) for i in range(n)]
+    return _typed_or(ctx.text, lambda i: cfg_opt_int(ctx.text, "sliding_window"))
 
 
 def _qwen(ctx: Ctx) -> list[LayerFacts]:
@@ -94,20 +99,20 @@ def _qwen3_moe(ctx: Ctx) -> list[LayerFacts]:
     return uniform_window(cfg, n, window, layer_types(cfg, n))
 
 
-def _gemma2(ctx: Ctx) -> list[LayerFacts]:
-    """Gemma 2 (vLLM ``gemma2.py``): even layers use the sliding window.
+def _even_layers_slide(default_window: int) -> Callable[[Ctx], list[LayerFacts]]:
+    """A family whose ``layer_types`` say which layers slide, and without them its
+    even layers do, over ``sliding_window`` (``default_window`` when absent)."""
+    def layers(ctx: Ctx) -> list[LayerFacts]:
+        return _typed_or(ctx.text, lambda i: cfg_int(ctx.text, "sliding_window", default_window)
+                         if i % 2 == 0 else None)
+    return layers
 
-    ``Gemma2Config`` derives ``layer_types`` as sliding for even ``i``;
-    ``sliding_window`` defaults to 4096 there.
-    """
-    cfg = ctx.text
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    window = cfg_int(cfg, "sliding_window", 4096)
-    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
-            for i in range(n)]
+
+#: Gemma 2 (vLLM ``gemma2.py``): ``Gemma2Config`` derives ``layer_types`` as sliding
+#: for even ``i``; ``sliding_window`` defaults to 4096 there.
+_gemma2 = _even_layers_slide(4096)
+#: gpt-oss (vLLM ``gpt_oss.py``): ``layer_types``; without it, even layers slide.
+_gpt_oss = _even_layers_slide(128)
 
 
 # transformers ``Gemma3TextConfig`` defaults used when ``text_config`` omits a
@@ -131,30 +136,14 @@ def _gemma3(ctx: Ctx) -> list[LayerFacts]:
     ``Gemma3TextConfig`` defaults in ``GEMMA3_TEXT_DEFAULTS``.
     """
     cfg = {**GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in ctx.text.items() if v is not None}}
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    pattern = cfg_int(cfg, "sliding_window_pattern")
-    if "_sliding_window_pattern" in cfg:
-        pattern = cfg_int(cfg, "_sliding_window_pattern")
-    window = cfg_int(cfg, "sliding_window")
-    return [
-        attention_layer(i, cfg, sliding_window=None if (i + 1) % pattern == 0 else window)
-        for i in range(n)
-    ]
 
-
-def _gpt_oss(ctx: Ctx) -> list[LayerFacts]:
-    """gpt-oss (vLLM ``gpt_oss.py``): ``layer_types``; without it, even layers slide."""
-    cfg = ctx.text
-    n = num_layers(cfg)
-    types = layer_types(cfg, n)
-    if types is not None:
-        return from_layer_types(cfg, types)
-    window = cfg_int(cfg, "sliding_window", 128)
-    return [attention_layer(i, cfg, sliding_window=window if i % 2 == 0 else None)
-            for i in range(n)]
+    def window(i: int) -> int | None:
+        pattern = cfg_int(cfg, "sliding_window_pattern")
+        if "_sliding_window_pattern" in cfg:
+            pattern = cfg_int(cfg, "_sliding_window_pattern")
+        sliding = cfg_int(cfg, "sliding_window")
+        return None if (i + 1) % pattern == 0 else sliding
+    return _typed_or(cfg, window)
 
 
 def _llama4(ctx: Ctx) -> list[LayerFacts]:

@@ -122,12 +122,6 @@ class ModelFacts:
 # --------------------------------------------------------------------------
 
 
-def cfg_get(cfg: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    """``cfg[key]`` treating an explicit JSON ``null`` like a missing key."""
-    value = cfg.get(key)
-    return default if value is None else value
-
-
 def _missing(cfg: Mapping[str, Any], key: str, what: str) -> ConfigError:
     return ConfigError(f"config.json has no {key!r}, which this model family needs", cfg,
                        (key,), expected=f"{key}: {what}")
