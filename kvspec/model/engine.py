@@ -183,12 +183,8 @@ class Engine:
     @property
     def concurrent_batches(self) -> int:
         """The batches in flight the plan reserves for: vLLM's count
-        (:meth:`batches_in_flight`), but two per stage with async scheduling over
-        several stages (by design: rule ``async-pipeline``, docs/vllm.md)."""
-        stages, overlap = self.pipeline_parallel_size, self.async_scheduling_resolved
-        if overlap and stages > 1:
-            return stages * 2
-        return self.batches_in_flight(overlap, stages)
+        (:meth:`batches_in_flight`)."""
+        return self.batches_in_flight(self.async_scheduling_resolved, self.pipeline_parallel_size)
 
     @property
     def max_in_flight_tokens(self) -> int:

@@ -264,12 +264,12 @@ RULES: tuple[Rule, ...] = (
          "places tensors for those other stages' layers", ("stage[*].tensor*",),
          _stage_without_uniform_group),
     Rule("async-pipeline", "async scheduling with more than one pipeline stage",
-         "counts pipeline stages x 2 batches in flight (docs/concepts.md; no conformance "
-         "case has async scheduling with pipeline stages), so sliding-window and "
-         "chunked-local groups keep more blocks per request",
-         "counts pipeline stages + 1 (Model Runner V2, the default on GPUs) or pipeline "
-         "stages (V1, which does not overlap steps under PP) (VllmConfig."
-         "max_concurrent_batches)", ("group[*].max_memory_usage_bytes",
+         "counts pipeline stages + 1 batches in flight, as vLLM's Model Runner V2 (its "
+         "default on GPUs) does, so sliding-window and chunked-local groups keep blocks "
+         "for one more batch",
+         "with the V1 model runner (the CPU platform, or a model V2 does not support "
+         "yet) counts pipeline stages: V1 does not overlap steps under PP "
+         "(VllmConfig.max_concurrent_batches)", ("group[*].max_memory_usage_bytes",
                                      "group[*].max_num_blocks_per_req", "max_concurrency",
                                      "kv_cache_size_tokens", "estimated_max_model_len",
                                      "max_model_len"), _async_pipeline),
