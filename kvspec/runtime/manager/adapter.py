@@ -237,12 +237,12 @@ def from_artifact(artifact: Artifact, num_blocks: int | Mapping[str, int] | None
     separate plan's pools: each its own count for the budget where not given)."""
     body = artifact.body
     reads = _reads(body)
-    counts = num_blocks if isinstance(num_blocks, Mapping) else None
+    counts, given = ((num_blocks, num_blocks.get("device")) if isinstance(num_blocks, Mapping)
+                     else (None, num_blocks))
     if artifact.pooled:
         parts = _separate(artifact, reads, counts)
     else:
         stages = body.stages
-        given = counts.get("device") if counts is not None else num_blocks
         count = _count(body.name, given, body.budget, body.engine.num_blocks)
         parts = [_Part("device", reads, count, body.hash_block_size,
                        sum(st.bytes_per_block for st in stages),
