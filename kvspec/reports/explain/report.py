@@ -12,11 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.model.checks import early_checks
 from kvspec.model.engine import Engine
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Layout
 from kvspec.model.specs import MambaState
-from kvspec.planner.checks import early_checks
 from kvspec.reports.explain.blockmap import (
     BlockMap,
     Waste,
@@ -248,7 +248,7 @@ def _warnings(subject: Subject, groups: tuple[GroupRow, ...], cap: Capacity | No
               share: float) -> tuple[Warning_, ...]:
     """The planner's warnings, the early checks for the report's budget, and kvspec's own.
 
-    The early checks (:func:`kvspec.planner.checks.early_checks`) are made here
+    The early checks (:func:`kvspec.model.checks.early_checks`) are made here
     for the report's capacity, so the budget-dependent one (state slots) is for
     this budget, not the one an artifact was compiled with.
     """
