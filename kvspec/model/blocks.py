@@ -2,7 +2,8 @@
 and prefix-cache hit aligns to) and the prefix hash's (the GCD of the
 prefix-cacheable groups, or ``prefix_match_unit``), as the reference's
 ``resolve_kv_cache_block_sizes``. A rule of the engine over the groups' specs,
-read alike by the planner's plan and an artifact's frozen groups.
+read alike by the planner's plan and an artifact's frozen groups; and the engine
+one pool of a separate plan plans with (:func:`pool_engine`).
 
 >>> from kvspec.model.engine import Engine
 >>> from kvspec.model.specs import FullAttention
@@ -15,6 +16,7 @@ read alike by the planner's plan and an artifact's frozen groups.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Protocol
@@ -23,7 +25,7 @@ from kvspec.errors import PlanError
 from kvspec.model.engine import Engine, SettingRef
 from kvspec.model.specs import Attention, LayerSpec, MambaState, layer_specs
 
-__all__ = ["Specced", "block_sizes"]
+__all__ = ["Specced", "block_sizes", "pool_engine"]
 
 
 class Specced(Protocol):
@@ -92,3 +94,14 @@ def block_sizes(engine: Engine, groups: Sequence[Specced]) -> tuple[int, int]:
             hint="set engine.prefix_match_unit to such a multiple (block sizes, "
                  "mamba_block_size included, set the default), or turn prefix caching off")
     return scheduler, hash_size
+
+
+def pool_engine(engine: Engine, block_size: int, state_block_size: int | None,
+                state: bool) -> Engine:
+    """The engine one pool of a separate plan plans with: the pool's block size for
+    every layer (``block_size`` tokens per attention block; a state pool's block
+    as the engine sizes a state layer's for ``state_block_size``)."""
+    if not state:
+        return dataclasses.replace(engine, block_size=block_size)
+    size = engine.layer_block_size(state_block_size, state=True)
+    return dataclasses.replace(engine, block_size=size, mamba_block_size=size)
