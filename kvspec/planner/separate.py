@@ -9,8 +9,7 @@ state block size, and placed in a pool of its own. The budget is split between
 the pools by their demand at the workload (:func:`demand_shares`), or by the
 source's ``split``.
 
->>> from kvspec.model.blocks import pool_engine
-from kvspec.model.engine import Engine
+>>> from kvspec.model.engine import Engine
 >>> from kvspec.model.specs import FullAttention, SlidingWindow
 >>> f = FullAttention(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16")
 >>> w = SlidingWindow(block_size=16, num_kv_heads=8, head_size=128, dtype="bfloat16",
