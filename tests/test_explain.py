@@ -11,6 +11,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -351,6 +352,25 @@ def test_errors_exit_codes() -> None:
     assert code == 2 and "invalid value for --format: 'pdf' is not a choice" in err
     code, out, err = invoke(["explain", LLAMA])
     assert (code, err) == (0, "") and "GROUPS (1" in out
+
+
+#: What ``explain ARTIFACT`` never loads: it reads the frozen body (issue 37).
+_NOT_LOADED = ("kvspec.planner", "kvspec.passes", "kvspec.compiled", "kvspec.compiler",
+               "kvspec.model.plan", "yaml", "pydantic")
+
+
+@pytest.mark.parametrize("art", [LLAMA_ART, "layouts/pooling-auto.kvlayout.json"])
+def test_an_artifact_is_explained_from_its_frozen_body(art) -> None:
+    """No re-planning: the report's modules and the early checks read the body."""
+    code = ("import sys; from kvspec.cli import main\n"
+            f"sys.argv = ['kvspec', 'explain', {art!r}, '--memory', '80GiB', '--format', 'html']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({_NOT_LOADED!r})), "
+            "file=sys.stderr)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert run.stderr.strip().splitlines()[-1] == "[]", run.stderr
+    assert "KV-cache layout report</title>" in run.stdout
 
 
 def test_corrupt_artifact(tmp_path) -> None:
