@@ -11,6 +11,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -217,7 +218,7 @@ def test_block_accounting(cases, case) -> None:
     group; the per-layer pages agree with the compiler's useful bytes."""
     from kvspec.reports.explain import block_map, read_subject
 
-    layout = read_subject(cases[case]).layout
+    layout = read_subject(cases[case]).view
     bm = block_map(layout, 0)
     assert bm.used <= bm.bytes_per_block
     single_stage = len(layout.stages) == 1
@@ -231,7 +232,7 @@ def test_block_accounting(cases, case) -> None:
         assert useful + w.total == bm.bytes_per_block
         assert min(w.padding_slots, w.padded_pages, w.alignment) >= 0
         if single_stage:
-            assert useful == layout.group_figures[gid].useful_bytes_per_block
+            assert useful == layout.body.groups[gid].useful_bytes_per_block
         # no two layers of one group share bytes
         spans = sorted((s.start, s.end) for s in segs)
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
@@ -243,7 +244,7 @@ def test_artifact_capacity_matches_the_planner(cases, case) -> None:
     from kvspec.reports.explain import capacity, read_subject
 
     src = read_subject(cases[case])
-    art = read_subject(_art(cases[case]))
+    art = read_subject(_art(cases[case]), replanned=False)
     for memory in (src.memory, 3 * src.memory, src.memory // 3):
         a, b = capacity(src, memory), capacity(art, memory)
         assert (a.fits, a.num_blocks, a.kv_tokens, a.max_model_len) == \
@@ -353,8 +354,31 @@ def test_errors_exit_codes() -> None:
     assert (code, err) == (0, "") and "GROUPS (1" in out
 
 
+#: What ``explain ARTIFACT`` never loads: it reads the frozen body (issue 37).
+_NOT_LOADED = ("kvspec.planner", "kvspec.passes", "kvspec.compiled", "kvspec.compiler",
+               "kvspec.model.plan", "yaml", "pydantic")
+
+
+@pytest.mark.parametrize("art", [LLAMA_ART, "layouts/pooling-auto.kvlayout.json"])
+def test_an_artifact_is_explained_from_its_frozen_body(art) -> None:
+    """No re-planning: the report's modules and the early checks read the body."""
+    code = ("import sys; from kvspec.cli import main\n"
+            f"sys.argv = ['kvspec', 'explain', {art!r}, '--memory', '80GiB', '--format', 'html']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(m for m in sys.modules if m.startswith({_NOT_LOADED!r})), "
+            "file=sys.stderr)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+    assert run.stderr.strip().splitlines()[-1] == "[]", run.stderr
+    assert "KV-cache layout report</title>" in run.stdout
+
+
 def test_corrupt_artifact(tmp_path) -> None:
-    """An edited artifact fails verification when it is read: a clean error, exit 1."""
+    """An edited artifact fails the checks ``load`` makes when it is read: a clean
+    error, exit 1. Proving the body by re-planning it is ``check``'s (explain reads
+    the frozen body, as every consumer downstream of the compiler does)."""
+    from kvspec.compiled import read
+    from kvspec.errors import ArtifactError
     from tests.conftest import signature_of as envelope_hash
 
     data = json.loads((ROOT / LLAMA_ART).read_text())
@@ -364,14 +388,13 @@ def test_corrupt_artifact(tmp_path) -> None:
     code, out, err = invoke(["explain", str(bad)])
     assert (code, out) == (1, "")
     assert err.startswith(f"{bad}: error: ") and "does not match its sha256" in err
+    assert "Traceback" not in err
     # the hash recomputed: the body is not what its own layers plan to
     data["body"]["groups"][0]["padding_slots"] = 1
     data["sha256"] = envelope_hash(data)
     bad.write_text(json.dumps(data))
-    code, out, err = invoke(["explain", str(bad)])
-    assert (code, out) == (1, "")
-    assert "not what kvspec plans from its own layers" in err
-    assert "Traceback" not in err
+    with pytest.raises(ArtifactError, match="not what kvspec plans from its own layers"):
+        read(bad)
 
 
 # ---------------------------------------------------------------------------

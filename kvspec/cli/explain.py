@@ -60,7 +60,7 @@ def command(layout: Path, memory: str | None, fmt: str | None, output: Path | No
     budget = single_memory(memory)
     with progress(4, label="explain", quiet=quiet) as bar:
         bar.advance("plan", 0)
-        subject = read_subject(layout, budget)
+        subject = read_subject(layout, budget, replanned=False)
         bar.advance("report")
         report = build_report(subject)
         bar.advance(f"render {fmt}")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvspec.artifact.format import Budget
+from kvspec.model.blocks import block_sizes
+from kvspec.model.checks import early_checks
 from kvspec.model.engine import Engine
 from kvspec.model.plan import (
     Group,
@@ -23,8 +25,7 @@ from kvspec.model.plan import (
 )
 from kvspec.model.quant.cells import Quantized
 from kvspec.model.specs import Attention, MambaState, UniformType, layer_specs
-from kvspec.planner.checks import early_checks
-from kvspec.planner.size import Sizing, block_sizes, finite, memory_usage, min_blocks_to_serve
+from kvspec.planner.size import Sizing, finite, memory_usage, min_blocks_to_serve
 
 
 def _group_figures(gid: int, group: Group, engine: Engine, plan: Plan) -> GroupFigures:

@@ -28,6 +28,7 @@ from fractions import Fraction
 
 from kvspec.errors import LayerRef, PlanError
 from kvspec.model import kinds
+from kvspec.model.blocks import pool_engine
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Plan
 from kvspec.model.pooling import Pooling, PoolingRef
@@ -90,14 +91,6 @@ def classes(stage_specs: Sequence[Mapping[str, LayerSpec]]) -> list[LayerClass]:
     return [LayerClass(k, tuple(v), state[k]) for k, v in found.items()]
 
 
-def _class_engine(engine: Engine, pooling: Pooling, state: bool) -> Engine:
-    """The engine a class plans with: its pool's block size for every layer."""
-    if not state:
-        return dataclasses.replace(engine, block_size=pooling.block_size)
-    size = engine.layer_block_size(pooling.state_block_size, state=True)
-    return dataclasses.replace(engine, block_size=size, mamba_block_size=size)
-
-
 def _respec(spec: LayerSpec, engine: Engine) -> LayerSpec:
     """A layer's spec at its pool's block size (attention: the pool's; state
     layers: the state block size)."""
@@ -115,7 +108,7 @@ def class_plans(engine: Engine, stage_specs: Sequence[Mapping[str, LayerSpec]],
     out = []
     for cls in classes(stage_specs):
         member = set(cls.layers)
-        e = _class_engine(engine, pooling, cls.state)
+        e = pool_engine(engine, pooling.block_size, pooling.state_block_size, cls.state)
         memo: dict[int, LayerSpec] = {}
         stages = [{n: memo.setdefault(id(s), _respec(s, e)) for n, s in st.items()
                    if n in member} for st in stage_specs]

@@ -26,7 +26,6 @@ size a compiled layout for another budget (its ``max_model_len`` as compiled).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +33,9 @@ from typing import Any
 from kvspec.artifact.format import Budget
 from kvspec.artifact.sizing import blocks_for as sized_blocks
 from kvspec.errors import NotEnoughMemoryError, PlanError
+from kvspec.model.blocks import block_sizes
 from kvspec.model.engine import BudgetRef, Engine, SettingRef
 from kvspec.model.plan import Group, Layout, Plan, Stage
-from kvspec.model.specs import Attention, MambaState, layer_specs
 from kvspec.planner.place import bytes_per_block
 from kvspec.planner.strategies import state_slots_pool as slots
 
@@ -175,67 +174,6 @@ def blocks_per_request(engine: Engine, groups: Sequence[Group]) -> int:
     none of its layers, where the reference counts them (docs/deviations.md).
     """
     return sum(g.blocks_per_request(engine) for g in groups if not g.own_pool)
-
-
-def _dcp_block(group: Group, dcp: int) -> int:
-    specs = layer_specs(group.spec)
-    if specs and all(isinstance(s, Attention) for s in specs):
-        return group.spec.block_size * dcp
-    return group.spec.block_size
-
-
-def _hash_block_size(engine: Engine, groups: Sequence[Group], sizes: list[int]) -> int:
-    hashing = [b for g, b in zip(groups, sizes) if g.spec.prefix_cacheable] or sizes
-    unit = engine.prefix_match_unit
-    hash_size = unit if unit is not None else math.gcd(*hashing)
-    if any(b % hash_size for b in hashing):
-        raise PlanError(
-            f"prefix_match_unit {hash_size} must divide every prefix-cacheable group's "
-            f"block size; group block sizes {sizes}, prefix-cacheable {hashing}",
-            ref=SettingRef("prefix_match_unit"), found=str(hash_size),
-            expected=f"a divisor of {math.gcd(*hashing)}",
-            hint="leave prefix_match_unit out to take the groups' common divisor")
-    return hash_size
-
-
-def block_sizes(engine: Engine, groups: Sequence[Group]) -> tuple[int, int]:
-    """``(scheduler_block_size, hash_block_size)``.
-
-    The scheduler aligns to the LCM of the groups' block sizes (attention
-    groups span ``dcp`` times their tokens); prefix hashes use the GCD of the
-    prefix-cacheable groups, or ``prefix_match_unit``.
-    """
-    dcp = engine.decode_context_parallel_size
-    if len(groups) <= 1:
-        size = engine.block_size * dcp
-        return size, size
-    sizes = [_dcp_block(g, dcp) for g in groups]
-    scheduler = math.lcm(*sizes)
-    if not engine.enable_prefix_caching:
-        return scheduler, scheduler
-    specs = [(s, b) for g, b in zip(groups, sizes) for s in layer_specs(g.spec)]
-    if any(isinstance(s, MambaState) and s.mamba_cache_mode != "align" for s, _ in specs):
-        return scheduler, scheduler
-    hash_size = _hash_block_size(engine, groups, sizes)
-    per_state = ((s, getattr(s, "tokens_per_state", None)) for s, _ in specs)
-    alignments = {n for s, n in per_state
-                  if s.prefix_cacheable and isinstance(n, int) and n > 1}
-    partial_state = any(
-        isinstance(s, MambaState) and s.mamba_cache_mode == "align"
-        and ((dcp == 1 and b > hash_size) or (dcp > 1 and b >= hash_size)) for s, b in specs)
-    hit_alignment = hash_size if partial_state else scheduler
-    if any(hit_alignment % a for a in alignments):
-        raise PlanError(
-            f"prefix-cache unit {hash_size} ("
-            + ("engine.prefix_match_unit" if engine.prefix_match_unit is not None else
-               f"the GCD of the groups' block sizes {sorted(set(sizes))}")
-            + f"): prefix-cache boundaries must align with each layer's per-state "
-            f"compression {sorted(alignments)}",
-            ref=SettingRef("prefix_match_unit"),
-            expected=f"a prefix-cache unit that is a multiple of {math.lcm(*alignments)}",
-            hint="set engine.prefix_match_unit to such a multiple (block sizes, "
-                 "mamba_block_size included, set the default), or turn prefix caching off")
-    return scheduler, hash_size
 
 
 # ---------------------------------------------------------------------------

@@ -24,11 +24,11 @@ from kvspec.compiled import read
 from kvspec.compiler import Planned, Pooled, compile_until
 from kvspec.errors import KvspecError
 from kvspec.files import shown
+from kvspec.model.checks import early_checks
 from kvspec.model.kinds import ref_kind_name
 from kvspec.model.plan import Group, Layout, Plan
 from kvspec.passes.size import budget_of
 from kvspec.planner import Sizing, size_plan
-from kvspec.planner.checks import early_checks
 from kvspec.planner.size import blocks_per_request
 from kvspec.reports.explain.subject import declares_pooling, is_artifact_path
 from kvspec.reports.format import human_bytes, table

@@ -1,13 +1,15 @@
 """``kvspec explain``: what a layout does with memory, for a terminal, a pull
 request (Markdown) or a browser (HTML with pictures).
 
-The report is plain frozen data (:class:`Report`) computed from the Layout IR
-(:mod:`kvspec.model.plan`); Jinja2 templates shipped in
-``kvspec/reports/templates`` render it. A source is compiled first (and
-re-planned for ``--memory``); an artifact is read and verified, and its capacity
-for ``--memory`` read from its frozen body (:func:`kvspec.artifact.sizing.capacity_for`).
+The report is plain frozen data (:class:`Report`) computed from the artifact's
+frozen body (:mod:`kvspec.artifact.format`); Jinja2 templates shipped in
+``kvspec/reports/templates`` render it. A source is compiled and frozen first (and
+re-planned for ``--memory``); an artifact is read as ``load`` reads it, and its
+capacity for ``--memory`` read from its body (:func:`kvspec.artifact.sizing.capacity_for`).
 
 * :mod:`.subject` -- loading a source or an artifact for a budget;
+* :mod:`.frozen` -- the body as the report reads it (a separate plan's pools each
+  on their own);
 * :mod:`.capacity` -- what a budget holds, and the sweep over budgets;
 * :mod:`.blockmap` -- where each layer sits inside one block, waste by cause;
 * :mod:`.report` -- the report's rows and warnings;

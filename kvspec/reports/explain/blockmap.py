@@ -1,8 +1,9 @@
 """One block of the main pool: where each layer's page sits, and the bytes
 no layer of a group uses, by cause.
 
->>> from kvspec.compiler import compile
->>> bm = block_map(compile("layouts/llama-3.1-8b.yaml").layout)
+>>> from kvspec.artifact import Artifact
+>>> from kvspec.reports.explain.frozen import frozen
+>>> bm = block_map(frozen(Artifact.read("layouts/llama-3.1-8b.kvlayout.json").body))
 >>> bm.bytes_per_block, len(bm.slots), bm.used, bm.waste(0).total
 (2097152, 32, 2097152, 0)
 """
@@ -12,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from kvspec.model.plan import Layout, Stage, Tensor
+from kvspec.artifact import format as fmt
 from kvspec.model.specs.base import LayerSpec
+from kvspec.reports.explain.frozen import FrozenLayout
 
 __all__ = ["BlockMap", "Segment", "Waste", "block_map", "pages_of", "tensor_spec"]
 
@@ -95,12 +97,17 @@ def pages_of(spec: LayerSpec) -> tuple[int, int]:
     return page, min(spec.unpadded_page_size_bytes, page)
 
 
-def tensor_spec(stage: Stage, tensor: Tensor) -> LayerSpec:
+def tensor_spec(layout: FrozenLayout, tensor: fmt.Tensor) -> LayerSpec:
     """The spec of a tensor's layers (they share one shape)."""
-    return stage.groups[tensor.group].layer_spec(tensor.layers[0])
+    return layout.groups[tensor.group].layer_spec(tensor.layers[0])
 
 
-def _starts(tensor: Tensor, per_block: int, page: int) -> list[int]:
+def _form(value: fmt.Bytes) -> tuple[int, int]:
+    """``(a, b)`` of ``a * N + b`` bytes."""
+    return (value.per_block, value.fixed) if isinstance(value, fmt.Affine) else (0, value)
+
+
+def _starts(tensor: fmt.Tensor, per_block: int, page: int) -> list[int]:
     """Where each layer of ``tensor`` starts inside a block.
 
     A layer ``l`` starts at ``offset + l * layer_stride + b * block_stride`` in
@@ -108,26 +115,26 @@ def _starts(tensor: Tensor, per_block: int, page: int) -> list[int]:
     keep the position inside a block in the constant part; layer-outermost
     ones (``layer_stride = page * N``) in the coefficient of ``N``.
     """
-    bs = tensor.block_stride
-    outer = bs.is_constant and bs.b == per_block and per_block != page
+    outer = tensor.block_stride == per_block and per_block != page
+    (off_a, off_b), (step_a, step_b) = _form(tensor.offset), _form(tensor.layer_stride)
     out = []
     for i in range(len(tensor.layers)):
-        at = tensor.offset + tensor.layer_stride * i
-        out.append(at.b if outer else (at.a or at.b))
+        a, b = off_a + step_a * i, off_b + step_b * i
+        out.append(b if outer else (a or b))
     return out
 
 
-def block_map(layout: Layout, stage: int = 0) -> BlockMap:
+def block_map(layout: FrozenLayout, stage: int = 0) -> BlockMap:
     """The main-pool block of ``stage``, from the layout's tensors (a drafter's
     own pool and host-resident tensors are not in it)."""
-    st = layout.stage(stage)
+    st = layout.stages[stage]
     per_block = st.bytes_per_block
     own = {i for i, g in enumerate(layout.groups) if g.own_pool}
     segments = []
-    for t in st.tensors:
-        if t.group in own or t.host_resident:
+    for t in st.record.tensors:
+        if t.group in own or t.pool == "host":
             continue
-        page, useful = pages_of(tensor_spec(st, t))
+        page, useful = pages_of(tensor_spec(layout, t))
         for name, start in zip(t.layers, _starts(t, per_block, page)):
             segments.append(Segment(t.group, name, start, page, useful))
     segments.sort(key=lambda s: (s.start, s.group))

@@ -1,9 +1,9 @@
-"""What a budget holds: a source is re-planned (:func:`kvspec.planner.size_plan`,
-so ``max_model_len: auto`` refits); an artifact is re-sized from its frozen body
+"""What a budget holds: a source is re-planned (its subject's ``resize``, so
+``max_model_len: auto`` refits); an artifact is re-sized from its frozen body
 (:func:`kvspec.artifact.sizing.capacity_for`, its ``max_model_len`` as compiled).
 
 >>> from kvspec.reports.explain.subject import read_subject
->>> art = read_subject("layouts/llama-3.1-8b.kvlayout.json")
+>>> art = read_subject("layouts/llama-3.1-8b.kvlayout.json", replanned=False)
 >>> c = capacity(art, 80 * 2**30)
 >>> c.fits, c.num_blocks, c.kv_tokens, f"{c.max_concurrency:.2f}"
 (True, 40960, 655360, '5.00')
@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 from kvspec.artifact.sizing import capacity_for
 from kvspec.errors import KvspecError
-from kvspec.model.plan import Layout
-from kvspec.planner import size_plan
+from kvspec.reports.explain.frozen import FrozenLayout
 from kvspec.reports.explain.subject import Subject
 
 __all__ = ["SWEEP_POINTS", "Capacity", "capacity", "min_memory", "sweep"]
@@ -47,30 +46,27 @@ def capacity(subject: Subject, memory: int) -> Capacity:
     its compiled ``max_model_len`` and is re-sized.
     """
     try:
-        if subject.artifact is None:
-            assert subject.plan is not None, "a source's subject has its plan"
-            r = size_plan(subject.plan, memory=memory)
-            return Capacity(memory, True, r.num_blocks, r.kv_cache_size_tokens,
-                            r.max_concurrency, r.engine.max_model_len)
-        n, requests = capacity_for(subject.artifact.body, memory, subject.pool)
+        if subject.resize is not None:
+            return Capacity(memory, True, *subject.resize(memory))
+        n, requests = capacity_for(subject.body, memory, subject.pool)
     except KvspecError as err:
         return Capacity(memory, False, reason=err.message)
-    length = subject.artifact.body.engine.max_model_len
+    length = subject.body.engine.max_model_len
     return Capacity(memory, True, n, int(requests * length) if requests != float("inf") else 0,
                     requests, length)
 
 
-def min_memory(layout: Layout) -> int:
+def min_memory(layout: FrozenLayout) -> int:
     """The smallest per-rank budget that serves one request at ``max_model_len``:
     the planner's fewest blocks, and a drafter's fixed pool, on the costliest stage."""
-    return layout.min_memory()
+    return layout.min_memory
 
 
 def sweep(subject: Subject, budget: int | None, points: int = SWEEP_POINTS
           ) -> tuple[Capacity, ...]:
     """Capacity at ``points`` budgets from the least that serves one request to
     4x the budget (16x the least when there is no budget)."""
-    lo = min_memory(subject.layout)
+    lo = min_memory(subject.view)
     hi = 4 * budget if budget else 16 * lo
     if hi <= lo:
         hi = 2 * lo

@@ -1,5 +1,5 @@
-"""The report: plain frozen data computed from a :class:`Subject`'s Layout IR,
-for the templates to render.
+"""The report: plain frozen data computed from a :class:`Subject`'s frozen body
+(:mod:`.frozen`), for the templates to render.
 
 >>> rep = explain("layouts/llama-3.1-8b.yaml", memory=80 * 2**30)
 >>> rep.capacity.num_blocks, rep.min_num_blocks, rep.groups[0].blocks_per_request
@@ -12,11 +12,10 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.model.checks import early_checks
 from kvspec.model.engine import Engine
 from kvspec.model.kinds import ref_kind_name
-from kvspec.model.plan import Layout
 from kvspec.model.specs import MambaState
-from kvspec.planner.checks import early_checks
 from kvspec.reports.explain.blockmap import (
     BlockMap,
     Waste,
@@ -25,6 +24,7 @@ from kvspec.reports.explain.blockmap import (
     tensor_spec,
 )
 from kvspec.reports.explain.capacity import Capacity, capacity, min_memory, sweep
+from kvspec.reports.explain.frozen import FrozenLayout
 from kvspec.reports.explain.pooling import PoolingView, pooling_view
 from kvspec.reports.explain.subject import Subject, read_subject
 from kvspec.reports.format import compact_layers, human_bytes
@@ -133,7 +133,7 @@ class Report:
     state_pool: bool = False
 
 
-def _settings(layout: Layout) -> tuple[tuple[str, str], ...]:
+def _settings(layout: FrozenLayout) -> tuple[tuple[str, str], ...]:
     eng = layout.engine
     par = f"tensor {eng.tensor_parallel_size}, pipeline {eng.pipeline_parallel_size}"
     if eng.decode_context_parallel_size > 1:
@@ -171,13 +171,13 @@ def _slot_summary(bm: BlockMap) -> str:
     return shape + (f" + {human_bytes(tail)} alignment" if tail else "")
 
 
-def _group_rows(layout: Layout, bm: BlockMap) -> tuple[GroupRow, ...]:
+def _group_rows(layout: FrozenLayout, bm: BlockMap) -> tuple[GroupRow, ...]:
     rows = []
     for gid, g in enumerate(layout.groups):
         segs = bm.of(gid)
         if g.own_pool or not segs:  # not in the main block: its pages, as placed
-            pages = tuple(sorted({pages_of(tensor_spec(st, t)) for st in layout.stages
-                                  for t in st.tensors if t.group == gid}))
+            pages = tuple(sorted({pages_of(tensor_spec(layout, t)) for st in layout.stages
+                                  for t in st.record.tensors if t.group == gid}))
             waste = Waste(padded_pages=sum(p - u for p, u in pages))
             useful = sum(u for _, u in pages)
         else:
@@ -188,22 +188,22 @@ def _group_rows(layout: Layout, bm: BlockMap) -> tuple[GroupRow, ...]:
             id=gid, kind=ref_kind_name(g.spec), color=PALETTE[gid % len(PALETTE)],
             layers=compact_layers(g.layer_names), num_layers=len(g.layer_names),
             block_size=g.spec.block_size, pages=pages, padding_slots=g.padding_slots,
-            blocks_per_request=layout.group_figures[gid].blocks_per_request,
+            blocks_per_request=g.blocks,
             own_pool=g.own_pool, useful_bytes=useful, waste=waste))
     return tuple(rows)
 
 
-def _pools(layout: Layout, cap: Capacity | None) -> tuple[PoolRow, ...]:
-    st = layout.stage(0)
+def _pools(layout: FrozenLayout, cap: Capacity | None) -> tuple[PoolRow, ...]:
+    st = layout.stages[0].record
     n = cap.num_blocks if cap is not None and cap.fits else None
     own = {i for i, g in enumerate(layout.groups) if g.own_pool}
     by_pool: dict[str, set[str]] = {}
     for t in st.tensors:
-        name = t.pool + (" (host)" if t.host_resident else "")
+        name = "device (host)" if t.pool == "host" else t.pool
         by_pool.setdefault(name, set()).update(t.layers)
     rows = []
     for name, layers in by_pool.items():
-        draft = any(t.group in own for t in st.tensors if t.pool == name.split()[0])
+        draft = any(t.group in own for t in st.tensors if t.pool == name)
         if draft and st.draft_num_blocks:
             per = st.fixed_bytes // st.draft_num_blocks
             rows.append(PoolRow(name, len(layers), per, st.draft_num_blocks,
@@ -248,13 +248,13 @@ def _warnings(subject: Subject, groups: tuple[GroupRow, ...], cap: Capacity | No
               share: float) -> tuple[Warning_, ...]:
     """The planner's warnings, the early checks for the report's budget, and kvspec's own.
 
-    The early checks (:func:`kvspec.planner.checks.early_checks`) are made here
-    for the report's capacity, so the budget-dependent one (state slots) is for
-    this budget, not the one an artifact was compiled with.
+    The early checks (:func:`kvspec.model.checks.early_checks`) are made here,
+    from the body, for the report's capacity, so the budget-dependent one (state
+    slots) is for this budget, not the one an artifact was compiled with.
     """
-    layout = subject.layout
-    out = [Warning_("planner", m) for lv, m in layout.plan.log if lv == "WARNING"]
-    early = early_checks(layout.plan, layout.engine,
+    layout = subject.view
+    out = [Warning_("planner", ln.message) for ln in layout.body.log if ln.level == "WARNING"]
+    early = early_checks(layout, layout.engine,
                          cap.num_blocks if cap is not None and cap.fits else None)
     out += [Warning_("kvspec", w) for w in early]
     if subject.misfit is not None and subject.memory is not None:
@@ -270,14 +270,14 @@ def _warnings(subject: Subject, groups: tuple[GroupRow, ...], cap: Capacity | No
     return tuple(out)
 
 
-def _stage_rows(layout: Layout) -> tuple[StageRow, ...]:
-    return tuple(StageRow(st.index, len(st.layer_names), st.bytes_per_block, st.fixed_bytes,
-                          fig.memory_per_request, fig.min_num_blocks)
-                 for st, fig in zip(layout.stages, layout.stage_figures))
+def _stage_rows(layout: FrozenLayout) -> tuple[StageRow, ...]:
+    return tuple(StageRow(st.record.index, len(st.record.layers), st.bytes_per_block,
+                          st.record.fixed_bytes, st.memory_per_request, st.min_num_blocks)
+                 for st in layout.stages)
 
 
-def _notes(layout: Layout) -> tuple[str, ...]:
-    notes = [m for lv, m in layout.plan.log if lv != "WARNING"]
+def _notes(layout: FrozenLayout) -> tuple[str, ...]:
+    notes = [ln.message for ln in layout.body.log if ln.level != "WARNING"]
     if len(layout.stages) > 1:
         notes.append(f"{len(layout.stages)} pipeline stages: the block picture and the "
                      "waste are stage 0's; the capacity is the smallest stage's")
@@ -293,7 +293,7 @@ def build_report(subject: Subject) -> Report:
         for name, share, layout in subject.pools:
             memory = (round(subject.memory * share) if subject.memory is not None else
                       layout.budget.memory if layout.budget is not None else None)
-            one = dataclasses.replace(subject, layout=layout, memory=memory, pools=(),
+            one = dataclasses.replace(subject, view=layout, memory=memory, pools=(),
                                       pooling=None, pool=name)
             built = _build(one)
             state = bool(layout.groups) and all(
@@ -308,7 +308,7 @@ def build_report(subject: Subject) -> Report:
 
 
 def _build(subject: Subject) -> Report:
-    layout = subject.layout
+    layout = subject.view
     bm = block_map(layout, 0)
     groups = _group_rows(layout, bm)
     cap = capacity(subject, subject.memory) if subject.memory is not None else None
@@ -316,12 +316,12 @@ def _build(subject: Subject) -> Report:
         cap = dataclasses.replace(cap, reason=subject.misfit.message)
     rows, share = _weighted_waste(groups, bm.bytes_per_block)
     return Report(
-        name=layout.name, model=layout.model, path=subject.path, kind=subject.kind,
+        name=layout.body.name, model=layout.body.model, path=subject.path, kind=subject.kind,
         engine=layout.engine, settings=_settings(layout), groups=groups,
         stages=_stage_rows(layout), pools=_pools(layout, cap), block=bm,
         slot_summary=_slot_summary(bm), memory=subject.memory, capacity=cap,
-        memory_per_request=max(f.memory_per_request for f in layout.stage_figures),
-        min_num_blocks=layout.min_num_blocks(), min_memory=min_memory(layout),
+        memory_per_request=max(st.memory_per_request for st in layout.stages),
+        min_num_blocks=layout.min_num_blocks, min_memory=min_memory(layout),
         scheduler_block_size=layout.scheduler_block_size,
         hash_block_size=layout.hash_block_size,
         waste=Waste(*(int(r.bytes) for r in rows)) if rows else Waste(),
@@ -331,4 +331,4 @@ def _build(subject: Subject) -> Report:
 
 def explain(path: str | Path, *, memory: int | None = None) -> Report:
     """The report for a source or an artifact, for ``memory`` bytes per rank."""
-    return build_report(read_subject(path, memory))
+    return build_report(read_subject(path, memory, replanned=False))

@@ -12,15 +12,21 @@ only find these out after a model load, or never say them at all.
 * a scheduler block (LCM over groups) far above the configured block size
   (vLLM issue 52804);
 * padding that wastes more than :data:`PADDING_WARN` of each block.
+
+The checks read a plan through :class:`Checked` (its groups and stages), which the
+planner's plan and an artifact's frozen body (read back as groups of specs) both
+are: one set of rules, whichever side of ``freeze`` asks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from kvspec.errors import KvspecError
+from kvspec.model.blocks import block_sizes
 from kvspec.model.engine import Engine
-from kvspec.model.plan import Plan, Stage
-from kvspec.model.specs import Attention, MambaState, layer_specs
-from kvspec.planner.size import block_sizes
+from kvspec.model.specs import Attention, LayerSpec, MambaState, layer_specs
 
 #: Share of a request's KV memory spent on one group's padding that is flagged.
 PADDING_WARN = 0.10
@@ -31,7 +37,40 @@ STATE_SLOTS = "state layers hold"
 STATE_BLOCKS = "max_num_seqs"
 
 
-def state_slot_warnings(engine: Engine, stage: Stage, num_blocks: int) -> list[str]:
+class CheckedGroup(Protocol):
+    """A group as the checks read it (on a stage: the layers the stage holds)."""
+
+    @property
+    def layer_names(self) -> tuple[str, ...]: ...
+    @property
+    def spec(self) -> LayerSpec: ...
+    @property
+    def own_pool(self) -> bool: ...
+    @property
+    def padding_slots(self) -> int: ...
+    def layer_spec(self, name: str) -> LayerSpec: ...
+    def blocks_per_request(self, engine: Engine) -> int: ...
+
+
+class CheckedStage(Protocol):
+    """A pipeline stage as the checks read it: its groups and one block's bytes."""
+
+    @property
+    def groups(self) -> Sequence[CheckedGroup]: ...
+    @property
+    def bytes_per_block(self) -> int: ...
+
+
+class Checked(Protocol):
+    """A plan as the checks read it: its groups and its stages."""
+
+    @property
+    def groups(self) -> Sequence[CheckedGroup]: ...
+    @property
+    def stages(self) -> Sequence[CheckedStage]: ...
+
+
+def state_slot_warnings(engine: Engine, stage: CheckedStage, num_blocks: int) -> list[str]:
     """What the pool's block count means for a model with state layers:
 
     * vLLM 0.33.0 refuses to start when ``max_num_seqs`` exceeds the pool's
@@ -60,7 +99,7 @@ def state_slot_warnings(engine: Engine, stage: Stage, num_blocks: int) -> list[s
              "match, or give the KV cache more memory")]
 
 
-def _inflated_blocks(engine: Engine, plan: Plan) -> list[str]:
+def _inflated_blocks(engine: Engine, plan: Checked) -> list[str]:
     out = []
     for i, g in enumerate(plan.groups):
         specs = layer_specs(g.spec)
@@ -73,7 +112,7 @@ def _inflated_blocks(engine: Engine, plan: Plan) -> list[str]:
     return out
 
 
-def _scheduler_block(engine: Engine, stage: Stage) -> list[str]:
+def _scheduler_block(engine: Engine, stage: CheckedStage) -> list[str]:
     # With mamba_cache_mode "none" a state group's block is the whole request
     # (max_model_len): no prefill aligns to it, so leave it out of this check.
     considered = [g for g in stage.groups if not (
@@ -90,7 +129,7 @@ def _scheduler_block(engine: Engine, stage: Stage) -> list[str]:
              "chunked prefill and prefix-cache hits align to it")]
 
 
-def _padding(engine: Engine, stage: Stage) -> list[str]:
+def _padding(engine: Engine, stage: CheckedStage) -> list[str]:
     """A group's unused bytes in every block it holds, weighed by how many
     blocks a request holds in that group."""
     per_block = stage.bytes_per_block
@@ -113,7 +152,7 @@ def _padding(engine: Engine, stage: Stage) -> list[str]:
     return out
 
 
-def early_checks(plan: Plan, engine: Engine, num_blocks: int | None = None) -> list[str]:
+def early_checks(plan: Checked, engine: Engine, num_blocks: int | None = None) -> list[str]:
     """Every early-check warning for ``plan`` (sized for ``engine``; the state-slot
     check needs the budget's ``num_blocks``)."""
     if not plan.groups:
