@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvspec.artifact.sizing import share_of
 from kvspec.model.checks import early_checks
 from kvspec.model.engine import Engine
 from kvspec.model.kinds import ref_kind_name
@@ -290,9 +291,10 @@ def build_report(subject: Subject) -> Report:
     view = pooling_view(subject.pooling) if subject.pooling is not None else None
     if subject.pools:
         subs = []
-        for name, share, layout in subject.pools:
-            memory = (round(subject.memory * share) if subject.memory is not None else
-                      layout.budget.memory if layout.budget is not None else None)
+        assert subject.pooling is not None, "a separate plan's pools come with its record"
+        for (name, share, layout), record in zip(subject.pools, subject.pooling.pools):
+            memory = (share_of(subject.memory, record.share) if subject.memory is not None
+                      else layout.budget.memory if layout.budget is not None else None)
             one = dataclasses.replace(subject, view=layout, memory=memory, pools=(),
                                       pooling=None, pool=name)
             built = _build(one)
