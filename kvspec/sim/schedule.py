@@ -183,7 +183,7 @@ class Scheduler:
         caught_up = not manager.caches_while_growing
         if caught_up:
             self._catch_up(r)
-        if manager.allocate_slots(r, 1):
+        if manager.grow_one(r):
             c = r.num_computed_tokens
             lazy.plan(r, step + self.quiet.next_event(c + 1) - c)  # type: ignore[union-attr]
             return True

@@ -30,6 +30,7 @@ needs. No torch here.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from kvspec.runtime.block_pool import Block, BlockPool
@@ -98,6 +99,10 @@ class KVCacheManager:
         self._cache_grown = None if self._full is None else (
             self._full._cache_full if self._full.bs == self._full.hbs and self._full.cacheable
             else self._full.cache)
+        #: ``allocate_slots(r, 1)`` of a running request (its next token), the call made
+        #: once per decode block: straight to :meth:`_grow_full` where there is one.
+        self.grow_one = self._grow_full if self._full is not None else partial(
+            self.allocate_slots, num_new_tokens=1)
 
     def _spec_groups(self) -> list[tuple[GroupManager, list[int], bool]]:
         """Groups looked up together (same kind, spec key and pool), full attention
@@ -222,7 +227,7 @@ class KVCacheManager:
             self.cache_blocks(r, min(total + num_new_tokens, r.num_tokens))
         return True
 
-    def _grow_full(self, r: RequestState, num_new_tokens: int) -> bool:
+    def _grow_full(self, r: RequestState, num_new_tokens: int = 1) -> bool:
         """:meth:`allocate_slots` of a request with no hits in a one-group full-attention
         layout: nothing to drop or adopt, the table grows to the tokens' blocks."""
         m = self._full
