@@ -245,6 +245,8 @@ class Scheduler:
             if r.stale:  # its output is still in flight: resume it later
                 skipped.append(waiting.popleft())
                 continue
+            if manager.cannot_admit(r):
+                break
             # a request never scheduled has had none of its own keys cached
             hits, hit, r.shared_prefix_boundary = manager.get_computed_blocks(
                 r, unseen=r.seq == 0)

@@ -160,6 +160,15 @@ class KVCacheManager:
         boundary = length + uncached if uncached else 0
         return (hits if any(hits) else None), length, boundary
 
+    def cannot_admit(self, r: RequestState) -> bool:
+        """Whether admitting waiting ``r`` surely fails, told before its lookup: in a
+        one-group full-attention layout a request sharing no keys needs a block for each
+        block of its tokens (a hit is a block only it cached, free now, so it counts as
+        taken), more than are free."""
+        m = self._full
+        return m is not None and not r.shares_keys and -(-min(
+            r.num_tokens, self.max_model_len) // m.bs) > m.pool.free_block_queue.num_free_blocks
+
     def _hybrid_hit(self, r: RequestState, max_length: int) -> tuple[Hits, int, int]:
         """The longest hit every group agrees on: each kind in turn shortens the
         candidate until none does (full attention, found once, is trimmed)."""
