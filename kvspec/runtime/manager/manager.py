@@ -99,6 +99,10 @@ class KVCacheManager:
         self._cache_grown = None if self._full is None else (
             self._full._cache_full if self._full.bs == self._full.hbs and self._full.cacheable
             else self._full.cache)
+        #: Whether the one full group's blocks may be taken cached under a request's
+        #: own keys (:meth:`_take_full`): its hash blocks are its blocks, all cached.
+        self._own_keys = self._cache_grown is not None and self._full.bs == self._full.hbs \
+            and self._full.cacheable and self._full.pool.private_keys and not self._full.masks
         #: ``allocate_slots(r, 1)`` of a running request (its next token), the call made
         #: once per decode block: straight to :meth:`_grow_full` where there is one.
         self.grow_one = self._grow_full if self._full is not None else partial(
@@ -230,8 +234,13 @@ class KVCacheManager:
         if hits is not None and max(r.num_cached) < 0:
             for m in self.managers:
                 m.adopt_hits(r, hits[m.gid], local)
-        for m in self.managers:
-            m.grow(r, need, main)
+        if self._full is not None:  # its new blocks taken cached where they can be
+            new = -(-need // self._full.bs) - len(r.tables[0])
+            if new > 0:
+                self._take_full(r, new, min(total + num_new_tokens, r.num_tokens))
+        else:
+            for m in self.managers:
+                m.grow(r, need, main)
         if self.caching:
             self.cache_blocks(r, min(total + num_new_tokens, r.num_tokens))
         return True
@@ -242,17 +251,34 @@ class KVCacheManager:
         m = self._full
         mml = self.max_model_len
         main = min(r.num_computed_tokens, mml) + num_new_tokens
-        need = min(main, mml)
         table = r.tables[0]
-        new = -(-need // m.bs) - len(table)
+        new = -(-min(main, mml) // m.bs) - len(table)
         if new > 0:
             pool = m.pool
             if new > pool.free_block_queue.num_free_blocks:
                 return False
-            table += pool.allocate(new, 0)
+            if new == 1:  # a decode block
+                table += pool.allocate(1, 0)
+            else:
+                self._take_full(r, new, min(r.num_tokens, main))
         if self.caching:
             self._cache_grown(r, min(r.num_tokens, main))
         return True
+
+    def _take_full(self, r: RequestState, new: int, cache_to: int) -> None:
+        """``new`` blocks for the one full-attention group's table, the request's full
+        blocks up to ``cache_to`` tokens among them taken cached at once when they are
+        its own keys' (``BlockPool.allocate``'s ``num_own``)."""
+        m = self._full
+        table = r.tables[0]
+        done = len(table)
+        own = min(r.num_tokens, cache_to) // m.bs - done if self._own_keys else 0
+        key = r.key(done, m.bs) if 0 < own <= new and max(r.num_cached[0], 0) == done else 0
+        if key < 0:
+            table += m.pool.allocate(new, 0, own, key, (done + 1) * m.bs, m.bs)
+            r.num_cached[0] = done + own
+        else:
+            table += m.pool.allocate(new, 0)
 
     def _fits(self, r: RequestState, num_tokens: int, hits: Hits, total: int, main: int,
               admission: bool) -> bool:
