@@ -326,7 +326,7 @@ class BlockPool:
         block._hash = block_hash
         block._group = group_id
         block._block_hash_num_tokens = num_tokens
-        if self.private_keys and block_hash.__class__ is int and block_hash < 0:  # type: ignore
+        if self.private_keys and block_hash.__class__ is int and block_hash < 0:
             return  # a private key stays on its block alone
         group_map = self._cached.get(group_id)
         if group_map is None:

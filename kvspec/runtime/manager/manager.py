@@ -101,8 +101,9 @@ class KVCacheManager:
             else self._full.cache)
         #: Whether the one full group's blocks may be taken cached under a request's
         #: own keys (:meth:`_take_full`): its hash blocks are its blocks, all cached.
-        self._own_keys = self._cache_grown is not None and self._full.bs == self._full.hbs \
-            and self._full.cacheable and self._full.pool.private_keys and not self._full.masks
+        full = self._full
+        self._own_keys = full is not None and full.bs == full.hbs and full.cacheable \
+            and full.pool.private_keys and not full.masks
         #: ``allocate_slots(r, 1)`` of a running request (its next token), the call made
         #: once per decode block: straight to :meth:`_grow_full` where there is one.
         self.grow_one = self._grow_full if self._full is not None else partial(
@@ -269,7 +270,7 @@ class KVCacheManager:
         """``new`` blocks for the one full-attention group's table, the request's full
         blocks up to ``cache_to`` tokens among them taken cached at once when they are
         its own keys' (``BlockPool.allocate``'s ``num_own``)."""
-        m = self._full
+        m: GroupManager = self._full  # type: ignore[assignment]  # called where there is one
         table = r.tables[0]
         done = len(table)
         own = min(r.num_tokens, cache_to) // m.bs - done if self._own_keys else 0
