@@ -825,3 +825,29 @@ def test_resolve_block_hashes() -> None:
     )
     with pytest.raises(HashingError):
         resolve_block_hashes(hashes, 16, 40)
+
+
+@pytest.mark.parametrize("num_own", [1, 3, 5])
+def test_allocate_with_own_keys_is_allocate_then_cache_run(num_own: int) -> None:
+    """Blocks taken cached under private keys end as taking them, then caching them,
+    would leave them: the same blocks, hashes, prefixes, groups and evictions."""
+    def pool_after_a_round() -> BlockPool:
+        pool = BlockPool(9, private_keys=True)
+        blocks = pool.allocate(6)
+        pool.cache_run(blocks[:2], [b"a", b"b"], 0, 16, 16)
+        pool.cache_run(blocks[2:5], [-30, -29, -28], 0, 48, 16)
+        pool.free_request(blocks)
+        return pool
+
+    def state(pool: BlockPool, taken: list) -> Any:
+        return ([(b.block_id, b._hash, b.block_hash_num_tokens, b.group_id, b.ref_count)
+                 for b in pool.blocks], [b.block_id for b in taken],
+                [b.block_id for b in pool.free_block_queue],
+                {g: {k: v.block_id for k, v in m.items()} for g, m in pool._cached.items()})
+
+    fused = pool_after_a_round()
+    taken = fused.allocate(7, 0, num_own, -10, 32, 16)  # evicts b"b" too
+    plain = pool_after_a_round()
+    blocks = plain.allocate(7)
+    plain.cache_run(blocks[:num_own], list(range(-10, -10 + num_own)), 0, 32, 16)
+    assert state(fused, taken) == state(plain, blocks)

@@ -82,7 +82,22 @@ def test_an_admission_must_fit_the_whole_prompt() -> None:
     assert m.allocate_slots(r, 8) and len(ids(m, r)[0]) == 2
 
 
-def test_state_align_keeps_the_last_state_and_frees_the_one_before() -> None:
+@pytest.mark.parametrize("taken", range(8))
+def test_cannot_admit_says_no_exactly_when_the_admission_fails(taken: int) -> None:
+    """A preempted request sharing no keys, its blocks cached and free: told no before
+    its lookup exactly when admitting it fails (its own hits count as taken)."""
+    m = KVCacheManager(layout(full(), blocks=8))  # 7 free
+    r = m.new_request(0, 20)  # 5 blocks
+    assert m.allocate_slots(r, 12)
+    m.free(r, resumes=True)
+    if taken:
+        assert m.allocate_slots(m.new_request(1, 4 * taken), 4 * taken)
+    told_no = m.cannot_admit(r)
+    hits, hit, _ = m.get_computed_blocks(r)
+    assert hit == 4 * min(3, 7 - taken)  # its cached blocks left in the free queue
+    assert told_no is not m.allocate_slots(r, 20 - hit, hit, hits, full_sequence_must_fit=True)
+    assert told_no is (taken > 2)  # 5 blocks, 7 - taken free
+
     state = ManagedGroup("mamba", kind="state", block_size=8, pool="p", state_mode="align",
                          spec_key="m", useful_bytes_per_block=64)
     lay = ManagedLayout("t", (full(block_size=8), state),

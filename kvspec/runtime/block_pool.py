@@ -326,8 +326,8 @@ class BlockPool:
         block._hash = block_hash
         block._group = group_id
         block._block_hash_num_tokens = num_tokens
-        if self._is_private(block_hash):
-            return
+        if self.private_keys and block_hash.__class__ is int and block_hash < 0:
+            return  # a private key stays on its block alone
         group_map = self._cached.get(group_id)
         if group_map is None:
             group_map = self._cached[group_id] = {}
@@ -404,11 +404,15 @@ class BlockPool:
 
     # -- allocation -------------------------------------------------------
 
-    def allocate(self, num_blocks: int, group_id: int = 0) -> list[Block]:
+    def allocate(self, num_blocks: int, group_id: int = 0, num_own: int = 0, key: int = -1,
+                 num_tokens: int = 0, block_size: int = 0) -> list[Block]:
         """Take ``num_blocks`` blocks from the head of the free queue for ``group_id``.
 
         A taken block that was still cached loses its hash (it is evicted).
-        Each comes back with ``ref_count == 1``.
+        Each comes back with ``ref_count == 1``. The first ``num_own`` come back
+        cached under the private keys ``key, key + 1, ...`` (a pool with
+        ``private_keys``; ``key + num_own <= 0``), the prefixes of ``num_tokens``,
+        ``num_tokens + block_size``, ... tokens: :meth:`cache_run` at once.
 
         >>> pool = BlockPool(4)
         >>> [(b.block_id, b.ref_count, b.group_id) for b in pool.allocate(2, group_id=1)]
@@ -425,18 +429,21 @@ class BlockPool:
         head = queue._head
         block: Any = head.next_free  # Any: a queued block's links are never None
         taken: list[Block] = []
-        for _ in range(num_blocks):  # popleft_n, evicting and handing out as it goes
+        for i in range(num_blocks):  # popleft_n, evicting and handing out as it goes
             taken.append(block)
             following = block.next_free
             block.prev_free = block.next_free = None
-            key = block._hash
-            if key is not None:  # a cached block is reused: evict its hash
-                if not (private and key.__class__ is int and key < 0):  # in the map
-                    group_map = cached.get(block._group)
-                    entry = None if group_map is None else group_map.pop(key, None)
-                    if entry is not block and entry is not None:
-                        group_map[key] = entry  # one of several blocks of the same content
-                        self._uncache(block)
+            old = block._hash
+            if old is not None and not (private and old.__class__ is int and old < 0):
+                group_map = cached.get(block._group)  # in the map: evict it
+                entry = None if group_map is None else group_map.pop(old, None)
+                if entry is not block and entry is not None:
+                    group_map[old] = entry  # one of several blocks of the same content
+                    self._uncache(block)
+            if i < num_own:
+                block._hash = key + i
+                block._block_hash_num_tokens = num_tokens + i * block_size
+            elif old is not None:
                 block._hash = block._block_hash_num_tokens = None
             block.ref_count = 1
             block._group = group_id

@@ -183,7 +183,7 @@ class Scheduler:
         caught_up = not manager.caches_while_growing
         if caught_up:
             self._catch_up(r)
-        if manager.allocate_slots(r, 1):
+        if manager.grow_one(r):
             c = r.num_computed_tokens
             lazy.plan(r, step + self.quiet.next_event(c + 1) - c)  # type: ignore[union-attr]
             return True
@@ -245,6 +245,8 @@ class Scheduler:
             if r.stale:  # its output is still in flight: resume it later
                 skipped.append(waiting.popleft())
                 continue
+            if manager.cannot_admit(r):
+                break
             # a request never scheduled has had none of its own keys cached
             hits, hit, r.shared_prefix_boundary = manager.get_computed_blocks(
                 r, unseen=r.seq == 0)

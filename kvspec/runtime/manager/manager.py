@@ -30,6 +30,7 @@ needs. No torch here.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from kvspec.runtime.block_pool import Block, BlockPool
@@ -98,6 +99,15 @@ class KVCacheManager:
         self._cache_grown = None if self._full is None else (
             self._full._cache_full if self._full.bs == self._full.hbs and self._full.cacheable
             else self._full.cache)
+        #: Whether the one full group's blocks may be taken cached under a request's
+        #: own keys (:meth:`_take_full`): its hash blocks are its blocks, all cached.
+        full = self._full
+        self._own_keys = full is not None and full.bs == full.hbs and full.cacheable \
+            and full.pool.private_keys and not full.masks
+        #: ``allocate_slots(r, 1)`` of a running request (its next token), the call made
+        #: once per decode block: straight to :meth:`_grow_full` where there is one.
+        self.grow_one = self._grow_full if self._full is not None else partial(
+            self.allocate_slots, num_new_tokens=1)
 
     def _spec_groups(self) -> list[tuple[GroupManager, list[int], bool]]:
         """Groups looked up together (same kind, spec key and pool), full attention
@@ -154,6 +164,15 @@ class KVCacheManager:
             hits, length, uncached = self._hybrid_hit(r, max_length)
         boundary = length + uncached if uncached else 0
         return (hits if any(hits) else None), length, boundary
+
+    def cannot_admit(self, r: RequestState) -> bool:
+        """Whether admitting waiting ``r`` surely fails, told before its lookup: in a
+        one-group full-attention layout a request sharing no keys needs a block for each
+        block of its tokens (a hit is a block only it cached, free now, so it counts as
+        taken), more than are free."""
+        m = self._full
+        return m is not None and not r.shares_keys and -(-min(
+            r.num_tokens, self.max_model_len) // m.bs) > m.pool.free_block_queue.num_free_blocks
 
     def _hybrid_hit(self, r: RequestState, max_length: int) -> tuple[Hits, int, int]:
         """The longest hit every group agrees on: each kind in turn shortens the
@@ -216,29 +235,51 @@ class KVCacheManager:
         if hits is not None and max(r.num_cached) < 0:
             for m in self.managers:
                 m.adopt_hits(r, hits[m.gid], local)
-        for m in self.managers:
-            m.grow(r, need, main)
+        if self._full is not None:  # its new blocks taken cached where they can be
+            new = -(-need // self._full.bs) - len(r.tables[0])
+            if new > 0:
+                self._take_full(r, new, min(total + num_new_tokens, r.num_tokens))
+        else:
+            for m in self.managers:
+                m.grow(r, need, main)
         if self.caching:
             self.cache_blocks(r, min(total + num_new_tokens, r.num_tokens))
         return True
 
-    def _grow_full(self, r: RequestState, num_new_tokens: int) -> bool:
+    def _grow_full(self, r: RequestState, num_new_tokens: int = 1) -> bool:
         """:meth:`allocate_slots` of a request with no hits in a one-group full-attention
         layout: nothing to drop or adopt, the table grows to the tokens' blocks."""
         m = self._full
         mml = self.max_model_len
         main = min(r.num_computed_tokens, mml) + num_new_tokens
-        need = min(main, mml)
         table = r.tables[0]
-        new = -(-need // m.bs) - len(table)
+        new = -(-min(main, mml) // m.bs) - len(table)
         if new > 0:
             pool = m.pool
             if new > pool.free_block_queue.num_free_blocks:
                 return False
-            table += pool.allocate(new, 0)
+            if new == 1:  # a decode block
+                table += pool.allocate(1, 0)
+            else:
+                self._take_full(r, new, min(r.num_tokens, main))
         if self.caching:
             self._cache_grown(r, min(r.num_tokens, main))
         return True
+
+    def _take_full(self, r: RequestState, new: int, cache_to: int) -> None:
+        """``new`` blocks for the one full-attention group's table, the request's full
+        blocks up to ``cache_to`` tokens among them taken cached at once when they are
+        its own keys' (``BlockPool.allocate``'s ``num_own``)."""
+        m: GroupManager = self._full  # type: ignore[assignment]  # called where there is one
+        table = r.tables[0]
+        done = len(table)
+        own = min(r.num_tokens, cache_to) // m.bs - done if self._own_keys else 0
+        key = r.key(done, m.bs) if 0 < own <= new and max(r.num_cached[0], 0) == done else 0
+        if key < 0:
+            table += m.pool.allocate(new, 0, own, key, (done + 1) * m.bs, m.bs)
+            r.num_cached[0] = done + own
+        else:
+            table += m.pool.allocate(new, 0)
 
     def _fits(self, r: RequestState, num_tokens: int, hits: Hits, total: int, main: int,
               admission: bool) -> bool:

@@ -58,6 +58,8 @@ class GroupManager:
         self.scale = max(self.bs // self.hbs, 1)
         self.caching = caching
         self.cacheable = caching and group.prefix_cacheable
+        #: Whether the kind caches some full blocks only (:meth:`mask` is overridden).
+        self.masks = type(self).mask is not GroupManager.mask
         #: Tokens a prefix-cache hit is a multiple of (the coordinator sets it).
         self.align = layout.scheduler_block_size
         self.retention = layout.retention_interval
@@ -149,7 +151,7 @@ class GroupManager:
         full = min(hashed, num_tokens) // self.bs
         if done >= full:
             return
-        mask = self.mask(r, done, full)
+        mask = self.mask(r, done, full) if self.masks else None
         table = r.tables[gid]
         bs = self.bs
         if full - done == 1 and mask is None:  # a decode block: one key, no list
