@@ -436,10 +436,11 @@ class BlockPool:
             old = block._hash
             if old is not None and not (private and old.__class__ is int and old < 0):
                 group_map = cached.get(block._group)  # in the map: evict it
-                entry = None if group_map is None else group_map.pop(old, None)
-                if entry is not block and entry is not None:
-                    group_map[old] = entry  # one of several blocks of the same content
-                    self._uncache(block)
+                if group_map is not None:
+                    entry = group_map.pop(old, None)
+                    if entry is not block and entry is not None:
+                        group_map[old] = entry  # one of several blocks of the same content
+                        self._uncache(block)
             if i < num_own:
                 block._hash = key + i
                 block._block_hash_num_tokens = num_tokens + i * block_size
@@ -662,7 +663,7 @@ class BlockPool:
 
     def _is_private(self, key: CacheKey | None) -> bool:
         """Whether ``key`` stays on its block, out of the map."""
-        return self.private_keys and key.__class__ is int and key < 0  # type: ignore[operator]
+        return self.private_keys and key.__class__ is int and key < 0
 
     def _no_group_map(self, group_id: int) -> None:
         """No map for ``group_id`` (nothing cached in it yet): check that the id

@@ -76,11 +76,12 @@ def longest_prefix(m: GroupManager, r: RequestState, max_length: int, gids: list
             block = held[i] if i < len(held) else None
             if block is None or block._hash != key or block._group != gids[0]:
                 break
-            found: list[Block] | None = [block]
+            found: list[Block] = [block]
         else:
-            found = get(key)
-            if found is None:
+            got = get(key)
+            if got is None:
                 break
+            found = got
         for blocks, block in zip(hits, found):
             blocks.append(block)
     length = len(hits[0]) * bs

@@ -249,7 +249,8 @@ class KVCacheManager:
     def _grow_full(self, r: RequestState, num_new_tokens: int = 1) -> bool:
         """:meth:`allocate_slots` of a request with no hits in a one-group full-attention
         layout: nothing to drop or adopt, the table grows to the tokens' blocks."""
-        m = self._full
+        m, cache_grown = self._full, self._cache_grown
+        assert m is not None and cache_grown is not None, "one full-attention group"
         mml = self.max_model_len
         main = min(r.num_computed_tokens, mml) + num_new_tokens
         table = r.tables[0]
@@ -263,7 +264,7 @@ class KVCacheManager:
             else:
                 self._take_full(r, new, min(r.num_tokens, main))
         if self.caching:
-            self._cache_grown(r, min(r.num_tokens, main))
+            cache_grown(r, min(r.num_tokens, main))
         return True
 
     def _take_full(self, r: RequestState, new: int, cache_to: int) -> None:
