@@ -35,6 +35,7 @@ from kvspec.artifact.sizing import blocks_for as sized_blocks
 from kvspec.errors import NotEnoughMemoryError, PlanError
 from kvspec.model.blocks import block_sizes
 from kvspec.model.engine import BudgetRef, Engine, SettingRef
+from kvspec.model.fit import longest_fitting, longest_request
 from kvspec.model.plan import Group, Layout, Plan, Stage
 from kvspec.planner.place import bytes_per_block
 from kvspec.planner.strategies import state_slots_pool as slots
@@ -84,35 +85,18 @@ def estimate_max_model_len(engine: Engine, groups: Sequence[Group], available: i
     Outside the state-slot layout a request costs whole blocks of one size, so
     the search compares block counts, with each group's figures taken once."""
     if slots.arrangement_of(groups) is None:
-        per_block = bytes_per_block(groups)
-        limit = available // per_block
+        limit = available // bytes_per_block(groups)
+        try:
+            return longest_request(engine, groups, limit)
+        except ValueError as exc:
+            raise _unsizable(exc) from exc
 
-        def fits(length: int) -> bool:
-            at = engine if length == engine.max_model_len else \
-                dataclasses.replace(engine, max_model_len=length)
-            try:
-                return sum(g.blocks_per_request(at) for g in groups) <= limit
-            except ValueError as exc:
-                raise _unsizable(exc) from exc
-    else:
-        def fits(length: int) -> bool:
-            at = engine if length == engine.max_model_len else \
-                dataclasses.replace(engine, max_model_len=length)
-            return memory_usage(at, groups) <= available
+    def fits(length: int) -> bool:
+        at = engine if length == engine.max_model_len else \
+            dataclasses.replace(engine, max_model_len=length)
+        return memory_usage(at, groups) <= available
 
-    lo, hi = 1, engine.max_model_len
-    if fits(hi):  # the common case: the configured length fits
-        return hi
-    if not fits(lo):
-        return 0
-    best = 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            best, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    return best
+    return longest_fitting(engine.max_model_len, fits)
 
 
 def _gib(n: int) -> str:
