@@ -23,6 +23,7 @@ from kvspec.artifact import format as fmt
 from kvspec.errors import PlanError
 from kvspec.model import kinds
 from kvspec.model.engine import Engine, engine_from_artifact
+from kvspec.model.fit import longest_request
 from kvspec.model.specs import LayerSpec, UniformType
 
 __all__ = ["GroupFacts", "PlanFacts", "fitted", "groups_of", "plan_facts", "read_facts",
@@ -138,13 +139,7 @@ def fitted(engine: Engine, body: fmt.Layout, groups: tuple[GroupFacts, ...], mem
             continue
         avail = override * st.bytes_per_block if override is not None else memory
         limit = (avail - st.bytes_per_block) // st.bytes_per_block
-        lo, hi, best = 1, fit, 0
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if blocks(mid, of) <= limit:
-                best, lo = mid, mid + 1
-            else:
-                hi = mid - 1
+        best = longest_request(dataclasses.replace(engine, max_model_len=fit), of, limit)
         if best <= 0:
             raise PlanError("cannot fit max_model_len: not even one token fits the memory",
                             hint="give the KV cache more memory")
