@@ -16,7 +16,8 @@ Two measurements, one run:
    ``KVCacheManager`` (:mod:`kvspec.integrations.vllm.replay`, vLLM's default
    ``sha256`` prefix hashes), the same engine loop and the same block count. vLLM's
    planning and start-up are timed apart from the run. The two must agree on every
-   step; the ratio is vLLM's run time over kvspec's. Goal: >= 5.
+   step; the ratio is vLLM's run time over kvspec's. Goal: >= 60 (issue 39:
+   what its 10 s for 100,000 requests implies).
 2. *A big trace*: ``--requests`` requests (100,000 by default) through kvspec's
    simulator alone, and the same loop stepping every decode (``lazy=False``) on the
    first tenth of it, for the gain of counting quiet decode steps. Goal (issue 39):
@@ -55,7 +56,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-GOAL_RATIO = 5.0
+GOAL_RATIO = 60.0
 GOAL_SECONDS = 10.0
 GOAL_GROWTH = 11.0
 
