@@ -164,4 +164,7 @@ if __name__ == "__main__":
         root = Path(__file__).resolve().parents[2] / "build" / "serve" / "checkpoints"
         result = probe(names[0], root)
         result.pop("traceback", None) if result["served"] else None
-        print("FAMILY", json.dumps(result), flush=True)
+        # one write: print() writes its arguments one by one, and the engine's workers,
+        # which share this stdout, have been seen to log between them
+        sys.stdout.write(f"FAMILY {json.dumps(result)}\n")
+        sys.stdout.flush()
