@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from kvspec.artifact import format as fmt
+from kvspec.artifact.sizing import share_of
 from kvspec.errors import KvspecError
 from kvspec.model.engine import Engine
 from kvspec.model.plan import Layout
@@ -145,7 +146,7 @@ def pool_layouts(name: str, model: str | None, engine: Engine,
     for p in plans:
         sizing = None
         if budget is not None:
-            memory = int(budget * p.share)
+            memory = share_of(budget, p.share)
             try:
                 sizing = size_plan(p.plan, memory=memory)
             except KvspecError as err:

@@ -31,7 +31,7 @@ from fractions import Fraction
 import msgspec
 
 from kvspec.artifact import format as fmt
-from kvspec.artifact.sizing import counts_for
+from kvspec.artifact.sizing import counts_for, share_of
 from kvspec.model.engine import Engine, engine_from_artifact
 from kvspec.model.kinds import spec_from_dict
 from kvspec.model.specs import LayerSpec, MambaState
@@ -128,7 +128,7 @@ class Figures:
             return None
         if not self._shares:
             return self.budget.memory
-        return sum(int(self.budget.memory * s) for s in self._shares)
+        return sum(share_of(self.budget.memory, s) for s in self._shares)
 
     def static_requests(self) -> float | None:
         """Requests at ``max_model_len`` the budget's blocks hold (None: no budget;
