@@ -1,5 +1,8 @@
 """Collection for ``pytest --doctest-modules``: every docstring example in kvspec/
-runs, except in the modules whose optional dependency is not installed."""
+runs, except in the modules whose optional dependency is not installed. The modules
+compiled with mypyc (``kvspec/_native.py``), when the compiled build is in use, run
+theirs from source in ``tests/test_native.py``: a compiled module has no Python
+functions for doctest to find."""
 
 from __future__ import annotations
 
@@ -19,4 +22,15 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
             return True
     if rel in ("kvspec/__main__.py", "kvspec/cli/__main__.py"):
         return True
+    if rel in _compiled():
+        return True
     return None
+
+
+def _compiled() -> frozenset[str]:
+    """The compiled modules' source files, when the compiled build is in use."""
+    from kvspec import _native
+
+    if _native.install() != "compiled":
+        return frozenset()
+    return frozenset(m.replace(".", "/") + ".py" for m in _native.MODULES)

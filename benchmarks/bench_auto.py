@@ -14,9 +14,11 @@ seconds, user and system, since on a shared machine the wall clock counts other
 people's work too). Goal: <= 5 s for every family.
 
 With ``--baseline DIR`` (a checkout of another revision, e.g. main's at
-``/work/main``) each compile also runs with that revision's kvspec, in the same run,
-alternating with this one: its time, the ratio, and whether both kept the same
-candidate. Goals are reported, never asserted.
+``/work/main``; or ``source``: this checkout with its simulator imported from the Python
+source rather than its compiled build, ``KVSPEC_PURE_PYTHON=1``) each compile also runs
+with that kvspec, in the same run, alternating with this one: its time, the ratio,
+whether both kept the same candidate and whether they wrote the same artifact, byte for
+byte. Goals are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -51,9 +53,13 @@ def _cpu() -> float:
 
 
 def _run(args: list[str], code: Path, cwd: Path) -> tuple[float, subprocess.CompletedProcess]:
-    """``kvspec ARGS`` with the kvspec at ``code``, and its CPU seconds (user and system:
-    on a shared machine the wall clock counts other people's work too)."""
+    """``kvspec ARGS`` with the kvspec at ``code`` (``source``: this checkout's, its
+    simulator from the Python source), and its CPU seconds (user and system: on a
+    shared machine the wall clock counts other people's work too)."""
     env = {**os.environ, "PYTHONPATH": str(code)}
+    env.pop("KVSPEC_PURE_PYTHON", None)
+    if str(code) == "source":
+        env.update(PYTHONPATH=str(REPO), KVSPEC_PURE_PYTHON="1")
     start = _cpu()
     out = subprocess.run([sys.executable, "-m", "kvspec", *args], check=False,
                          capture_output=True, text=True, env=env, cwd=cwd)
@@ -98,6 +104,8 @@ def measure(config: Path, where: Path, args: argparse.Namespace) -> dict[str, An
     if "seconds" in row.get("after", {}) and "seconds" in row.get("before", {}):
         row["speedup"] = round(row["before"]["seconds"] / row["after"]["seconds"], 2)
         row["same_choice"] = row["before"]["kept"] == row["after"]["kept"]
+        row["same_artifact"] = (where / f"{config.stem}-before.kvlayout.json").read_bytes() == \
+            (where / f"{config.stem}-after.kvlayout.json").read_bytes()
     return row
 
 
@@ -105,11 +113,13 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     with_base = bool(meta["baseline"])
     head = ["family", "compile (s)", "kept"]
     if with_base:
-        head += [f"before: {meta['baseline']} (s)", "speed-up", "same choice"]
+        head += [f"before: {meta['baseline']} (s)", "speed-up", "same choice",
+                 "same artifact"]
     lines = [f"# `compile` with `policy: auto` ({meta['date']})", "",
              (f"`python benchmarks/bench_auto.py` -- {meta['requests']:,}-request trace per "
               f"family, every init'ed family (`tests/data/hf`), 40 GiB, max_model_len 32,768; "
-              f"each compile a fresh process, CPU seconds to exit; {meta['seconds']:.0f} s in all. "
+              f"each compile a fresh process, CPU seconds to exit; {meta['seconds']:.0f} s in all; "
+              f"simulator: {meta['simulator']}. "
               f"Goal: <= {GOAL_SECONDS:g} s per family."), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -120,7 +130,7 @@ def report(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             b = r.get("before", {})
             cells += [b.get("error") or (f"{b['seconds']:.2f}" if "seconds" in b else "-"),
                       f"{r['speedup']:.2f}x" if "speedup" in r else "-",
-                      str(r.get("same_choice", "-"))]
+                      str(r.get("same_choice", "-")), str(r.get("same_artifact", "-"))]
         lines.append("| " + " | ".join(cells) + " |")
     timed = [r["after"]["seconds"] for r in rows if "seconds" in r.get("after", {})]
     met = sum(1 for t in timed if t <= GOAL_SECONDS)
@@ -133,7 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", help="only families whose name holds it")
     parser.add_argument("--requests", type=int, default=1500)
-    parser.add_argument("--baseline", help="a checkout of another revision (e.g. /work/main)")
+    parser.add_argument("--baseline", help="a checkout of another revision (e.g. /work/main), "
+                        "or 'source' (this checkout, KVSPEC_PURE_PYTHON=1)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     start = time.perf_counter()
@@ -145,7 +156,10 @@ def main(argv: list[str] | None = None) -> None:
             row = measure(config, where, args)
             print(json.dumps(row), flush=True)
             rows.append(row)
+    from kvspec import _native
+
     meta = {"date": time.strftime("%Y-%m-%d"), "requests": args.requests,
+            "simulator": _native.install(),
             "baseline": args.baseline, "seconds": time.perf_counter() - start}
     text = report(rows, meta)
     print(text)

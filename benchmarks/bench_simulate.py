@@ -24,7 +24,9 @@ Two measurements, one run:
    <= 10 s. With ``--baseline DIR`` (a checkout of another revision, e.g. main's at
    ``/work/main``) the same trace also runs through *that* revision's simulator, in a
    subprocess importing kvspec from DIR, in the same run: its time, the ratio, and
-   whether every step record is the same (a digest of them).
+   whether every step record is the same (a digest of them). ``--baseline source``
+   runs this checkout's simulator from its Python source instead of its compiled
+   build (``KVSPEC_PURE_PYTHON=1``, :mod:`kvspec._native`).
 3. *Growth with the queue*: ``--growth`` requests (1,000,000 by default; 0 skips it)
    of the same kind; goal: t(growth) / t(requests) <= 11 for ten times the requests
    (time linear in the trace, not in the queue). Section 2 reports the same ratio one
@@ -125,13 +127,18 @@ def digest(result: Any) -> str:
 
 
 def baseline(directory: str, layout: str, requests: list) -> dict[str, Any]:
-    """The same trace through the simulator of the checkout at ``directory``."""
+    """The same trace through the simulator of the checkout at ``directory`` (``source``:
+    this checkout's Python source, not its compiled build)."""
     from kvspec.sim import write_trace
 
+    pure = directory == "source"
+    directory = str(REPO) if pure else directory
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.jsonl"
         write_trace(requests, path)
         env = {**os.environ, "PYTHONPATH": directory}
+        if pure:
+            env["KVSPEC_PURE_PYTHON"] = "1"
         out = subprocess.run([sys.executable, "-c", BASELINE, directory, layout, str(path)],
                              check=True, capture_output=True, text=True, env=env, cwd=directory)
     return json.loads(out.stdout.splitlines()[-1])
@@ -175,7 +182,10 @@ def growth(art: Any, args: argparse.Namespace, small: dict[str, Any]) -> dict[st
 
 def report(vs: dict[str, Any], whole: dict[str, Any], grown: dict[str, Any] | None,
            layout: str) -> None:
+    from kvspec import _native
+
     print(f"layout: {layout}")
+    print(f"simulator: {_native.install()}")
     print(f"\n1. the same {vs['requests']:,}-request trace")
     print(f"   kvspec simulator           {vs['kvspec_s']:9.2f} s")
     if vs.get("vllm_s") is None:
@@ -214,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--vllm", choices=("auto", "off"), default="auto")
     parser.add_argument("--baseline", help="a checkout of another revision to time on the "
-                        "same big trace (e.g. /work/main)")
+                        "same big trace (e.g. /work/main), or 'source': this checkout's "
+                        "simulator from its Python source (KVSPEC_PURE_PYTHON=1)")
     parser.add_argument("--growth", type=int, default=1_000_000,
                         help="requests of the growth run (0: skip it)")
     parser.add_argument("--json", action="store_true")

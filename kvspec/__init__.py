@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvspec import _native
 from kvspec._version import __version__
 from kvspec.errors import KvspecError
+
+_native.install()  # the compiled simulator, or its source (kvspec/_native.py says when)
 
 __all__ = ["Artifact", "KvspecError", "compile", "load", "__version__"]
 

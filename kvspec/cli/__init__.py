@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from kvspec import _native
 from kvspec._version import __version__
 from kvspec.cli.commands import COMMANDS
 
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     ``kvspec --version`` answers before anything else is imported."""
     args = sys.argv[1:] if argv is None else argv
     if args == ["--version"]:
-        print(f"kvspec, version {__version__}")
+        print(f"kvspec, version {__version__}\nsimulator: {_native.install()}")
         sys.exit(0)
     from kvspec.cli.app import run  # deferred: click and the command modules
     run(argv)

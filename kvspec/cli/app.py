@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from kvspec import _native
 from kvspec._version import __version__
 from kvspec.cli import common
 from kvspec.cli.commands import COMMANDS
@@ -36,7 +37,8 @@ class _Commands(click.Group):
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"],
                                               "max_content_width": 100})
-@click.version_option(__version__, prog_name="kvspec")
+@click.version_option(__version__, prog_name="kvspec",
+                      message="%(prog)s, version %(version)s\nsimulator: " + _native.install())
 @click.option("--no-color", is_flag=True,
               help="No colour in messages (also: the NO_COLOR environment variable).")
 def cli(no_color: bool) -> None:

@@ -559,7 +559,7 @@ class BlockPool:
         [4, 3, 2, 1]
         """
         cls = blocks.__class__
-        ordered = blocks[::-1] if cls is list or cls is tuple else list(reversed(blocks))
+        ordered = blocks[::-1] if cls is list else list(reversed(blocks))
         self._release(ordered)  # type: ignore[arg-type]
 
     # -- internals --------------------------------------------------------

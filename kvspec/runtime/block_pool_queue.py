@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvspec.errors import KvspecError
 from kvspec.runtime.hashing import GROUP_ID_BYTES, split_block_hash_with_group_id
+from kvspec.runtime.pool_errors import BlockPoolError, BlockStateError, NotEnoughFreeBlocksError
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvspec.runtime.hashing import BlockHashKey, CacheKey
@@ -43,18 +43,6 @@ __all__ = [
     "KVCacheBlock",
     "NotEnoughFreeBlocksError",
 ]
-
-
-class BlockPoolError(KvspecError):
-    """A block pool was asked for something it cannot do."""
-
-
-class NotEnoughFreeBlocksError(BlockPoolError, ValueError):
-    """More blocks were asked for than the pool (or queue) has free."""
-
-
-class BlockStateError(BlockPoolError, RuntimeError):
-    """A block was used against its state: freed twice, not queued, another group's."""
 
 
 class Block:

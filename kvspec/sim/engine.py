@@ -22,18 +22,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from kvspec.errors import KvspecError
 from kvspec.sim.chains import ChainRequest, Chains
+from kvspec.sim.errors import SimulationError
 from kvspec.sim.metrics import Limits, LiveBytes, StepRecord, waiting_reason
 from kvspec.sim.request import Batch, SimRequest
 from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceRequest, prefix_codes
 
 __all__ = ["KvspecEngine", "Progress", "SimulationError", "StepEngine", "drive"]
-
-class SimulationError(KvspecError):
-    """A trace the pools cannot serve."""
-
 
 #: ``progress(finished_requests, total_requests)``, called every few hundred steps.
 Progress = Callable[[int, int], None]
