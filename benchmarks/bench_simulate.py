@@ -176,7 +176,8 @@ def growth(art: Any, args: argparse.Namespace, small: dict[str, Any]) -> dict[st
     requests = trace(args.growth, args, art.layout.engine.max_model_len)
     result, seconds = timed(lambda: run_artifact(art, requests)[0])
     return {"requests": args.growth, "seconds": round(seconds, 2), "steps": result.num_steps,
-            "ratio": round(seconds / small["seconds"], 2),
+            # None: the small run was too quick to time (it rounds to 0.00 s)
+            "ratio": round(seconds / small["seconds"], 2) if small["seconds"] else None,
             "requests_ratio": round(args.growth / small["requests"], 2)}
 
 
@@ -208,8 +209,9 @@ def report(vs: dict[str, Any], whole: dict[str, Any], grown: dict[str, Any] | No
           f"{whole['tenth_stepped_s']:.2f} s stepping each ({whole['lazy_gain']:.1f}x); "
           f"t(all) / t(first tenth) = {whole['tenfold']:.2f}   goal <= {GOAL_GROWTH:g}")
     if grown:
+        ratio = "—" if grown["ratio"] is None else f"{grown['ratio']:.2f}"
         print(f"\n3. {grown['requests']:,} requests: {grown['seconds']:.2f} s for "
-              f"{grown['steps']:,} steps; t / t({whole['requests']:,}) = {grown['ratio']:.2f} "
+              f"{grown['steps']:,} steps; t / t({whole['requests']:,}) = {ratio} "
               f"for {grown['requests_ratio']:g}x the requests   goal <= {GOAL_GROWTH:g}")
 
 

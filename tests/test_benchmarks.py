@@ -66,7 +66,8 @@ def test_the_descriptor_benchmark_runs() -> None:
 
 def test_the_simulation_benchmark_runs_without_vllm() -> None:
     out = _run("benchmarks/bench_simulate.py", "--requests", "60", "--vs-vllm", "20",
-               "--prompt-mean", "300", "--output-mean", "20", "--vllm", "off")
+               "--prompt-mean", "300", "--output-mean", "20", "--vllm", "off",
+               "--growth", "600")
     assert "the comparison was skipped" in out
     assert "60 requests through kvspec's simulator" in out
     assert out.count("summary {") == 2

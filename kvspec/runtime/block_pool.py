@@ -57,7 +57,7 @@ place, with the checks that fail folded into one branch (see
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from operator import length_hint
 from typing import Any
 
@@ -427,15 +427,17 @@ class BlockPool:
         cached = self._cached
         private = self.private_keys
         head = queue._head
-        block: Any = head.next_free  # Any: a queued block's links are never None
+        # a queued block's links are never None (typed Block: compiled code reads its
+        # fields natively)
+        block: Block = head.next_free  # type: ignore[assignment]
         taken: list[Block] = []
         for i in range(num_blocks):  # popleft_n, evicting and handing out as it goes
             taken.append(block)
-            following = block.next_free
+            following: Block = block.next_free  # type: ignore[assignment]
             block.prev_free = block.next_free = None
             old = block._hash
             if old is not None and not (private and old.__class__ is int and old < 0):
-                group_map = cached.get(block._group)  # in the map: evict it
+                group_map = cached.get(block._group)  # type: ignore[arg-type]  # cached: a group
                 if group_map is not None:
                     entry = group_map.pop(old, None)
                     if entry is not block and entry is not None:
@@ -471,7 +473,7 @@ class BlockPool:
         (2, 1)
         """
         if blocks.__class__ is list and len(blocks) == 1:  # one hit: check and take at once
-            block = blocks[0]
+            block: Block = blocks[0]  # (typed: read natively when compiled)
             if block.pool is self and (group_id is None or block._group == group_id):
                 ref = block.ref_count
                 if ref > 0:  # held: one more holder
@@ -522,13 +524,14 @@ class BlockPool:
         """
         first: list[Block] = []  # released and not cached: for the head
         caching = self.enable_caching
-        blocks = ordered if ordered.__class__ is list else list(ordered)
+        # typed (``__class__ is list`` would make it list[Any]): read natively when compiled
+        blocks: list[Block] = ordered if ordered.__class__ is list else list(ordered)
         queue = self.free_block_queue
         tail = queue._tail
-        start: Any = tail.prev_free  # Any: the tail sentinel always has a predecessor
+        start: Block = tail.prev_free  # type: ignore[assignment]  # the tail has one
         last = start  # released cached blocks are linked after it as they come
         linked = 0
-        it = iter(blocks)
+        it: Iterator[Block] = iter(blocks)
         for block in it:
             ref = block.ref_count
             if ref == 1 and block.pool is self:
@@ -568,7 +571,7 @@ class BlockPool:
         """Drop a hold on each of ``ordered``; link the released ones at the tail."""
         queue = self.free_block_queue
         tail = queue._tail
-        start: Any = tail.prev_free  # Any: the tail sentinel always has a predecessor
+        start: Block = tail.prev_free  # type: ignore[assignment]  # the tail has one
         last = start
         kept = 0  # blocks still held (or the null block): not queued
         blocks = iter(ordered)

@@ -26,7 +26,7 @@ This module does not import torch.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvspec.runtime.hashing import GROUP_ID_BYTES, split_block_hash_with_group_id
 from kvspec.runtime.pool_errors import BlockPoolError, BlockStateError, NotEnoughFreeBlocksError
@@ -234,12 +234,12 @@ class FreeBlockQueue:
         if n == 0:
             return []
         head = self._head
-        block: Any = head.next_free  # Any: a queued block's links are never None
+        block: Block = head.next_free  # type: ignore[assignment]  # never None when queued
         taken: list[Block] = []
         append = taken.append
         for _ in range(n):
             append(block)
-            following = block.next_free
+            following: Block = block.next_free  # type: ignore[assignment]
             block.prev_free = block.next_free = None
             block = following
         head.next_free = block

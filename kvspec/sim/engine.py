@@ -194,8 +194,14 @@ class KvspecEngine:
             materialize(r)
             tokens += r.num_computed_tokens
             for g, table in enumerate(r.tables):
-                # blocks compare by identity: list.count walks the table in C
-                held[g] += len(table) - table.count(nulls[g])
+                # identity tests in a loop the compiled build runs natively (list.count
+                # would call each block's rich comparison)
+                null = nulls[g]
+                n = 0
+                for block in table:
+                    if block is not null:
+                        n += 1
+                held[g] += n
         self.samples.append(HeldSample(len(running), live, tuple(held), tokens, free))
         if len(self.samples) > MAX_SAMPLES:
             self.samples = self.samples[1::2]

@@ -20,6 +20,11 @@ True
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvspec.runtime.block_pool import Block
+
 __all__ = ["RequestState"]
 
 #: Keys are ``base + hash block index``; a base leaves room for 2**40 indexes. A
@@ -49,11 +54,11 @@ class RequestState:
         #: Where a shared prefix ends that a sparse group has not cached (vLLM's
         #: Marconi junction), set at admission; 0: none.
         self.shared_prefix_boundary = 0
-        self.tables: list[list] = []
+        self.tables: list[list[Block]] = []
         self.num_cached: list[int] = []
         #: The block table it was preempted with, where a pool with private keys
         #: finds its own keys' blocks (:meth:`KVCacheManager.free`); None: none kept.
-        self.released: list | None = None
+        self.released: list[Block] | None = None
         self._shared_base = prefix * _SPAN
         self._own_base = -(index + 1) * _SPAN
         self._shared_limit = prefix_tokens if prefix > 0 else 0

@@ -181,7 +181,7 @@ class StateManager(GroupManager):
         for i in range(before, after):
             block = table[i]
             if not block.is_null and block._hash is not None:
-                self.cached_this_step.add(block._hash)
+                self.cached_this_step.add(block._hash)  # type: ignore[arg-type]  # int keys
 
     def _cache_prompt_state(self, r: RequestState, num_tokens: int) -> None:
         """The state at the prompt's last hash boundary: in the checkpoint's block
