@@ -74,17 +74,37 @@ ENGINE = {"granitemoehybrid": {"enable_prefix_caching": False},
 LAYOUT = {"deepseek_v2": "LBNHC"}
 
 
+def amx_tiles() -> bool:
+    """Whether this host's CPU has AMX tiles (vLLM's CpuPlatform asks torch the same)."""
+    import torch
+
+    return bool(torch.cpu._is_amx_tile_supported())
+
+
+def mla_engine() -> tuple[tuple[str, ...], int, bool]:
+    """What vLLM 0.32's CpuPlatform makes of an MLA model on this host: ``kvspec init``'s
+    engine flags, the tokens it batches a step, whether it caches prefixes. With AMX
+    tiles, its AMX_MLA backend at the platform's block size with prefix caching; without
+    them (CPU_MLA, platforms/cpu.py ``check_and_update_config``), block 16 whatever was
+    asked, prefix caching and chunked prefill off, and max(max_model_len, 2048) tokens a
+    step. The artifact must say the same, or the plugin refuses the engine."""
+    if amx_tiles():
+        return ("--block-size", str(CPU_BLOCK_SIZE)), 4096, True
+    return ("--block-size", "16", "--no-prefix-caching"), max(MAX_MODEL_LEN, 2048), False
+
+
 def allocate_artifact(family: str) -> Path:
-    """conftest's artifact for the family, at the CPU engine's axis order."""
+    """conftest's artifact for the family, at the CPU engine's axis order (and, for an
+    MLA model, the settings this host's CPU engine chooses: :func:`mla_engine`)."""
     if family not in LAYOUT:
         return artifact(CHECKPOINT.get(family, family), *INIT.get(family, ()))
     out = CACHE / "allocate" / family
     out.mkdir(parents=True, exist_ok=True)
+    flags, batched, _ = mla_engine()
     text = kvspec("init", "--from-vllm", str(checkpoint(family)), "--max-model-len",
-                  str(MAX_MODEL_LEN), "--block-size", str(CPU_BLOCK_SIZE), "-q",
-                  *INIT.get(family, ())).stdout
+                  str(MAX_MODEL_LEN), *flags, "-q", *INIT.get(family, ())).stdout
     source, target = out / f"{family}.yaml", out / f"{family}.kvlayout.json"
-    source.write_text(cpu_engine_source(text).replace(
+    source.write_text(cpu_engine_source(text, batched=batched).replace(
         "\n  layout: LBHNC\n", f"\n  layout: {LAYOUT[family]}\n", 1))
     kvspec("compile", str(source), "--memory", f"{KV_SPACE_GIB}GiB", "-o", str(target), "-q")
     return target
@@ -240,7 +260,10 @@ def test_kvspec_allocates_the_engines_kv_cache(family: str) -> None:
     # CPU engine computes a cached prefix another way, and greedy bf16 tokens diverge)
     assert got["again"] == want["again"]
     assert got["cached"] == want["cached"]
-    if ENGINE.get(family, {}).get("enable_prefix_caching", True):
+    caching = ENGINE.get(family, {}).get("enable_prefix_caching", True)
+    if family in LAYOUT:  # MLA: prefix caching only on AMX_MLA
+        caching = caching and mla_engine()[2]
+    if caching:
         assert got["cached"][1] >= 256
 
 
