@@ -1,5 +1,4 @@
-"""The artifact invariant checker the tests run after every compile (DESIGN.md,
-"Invariants every artifact satisfies").
+"""The artifact invariant checker the tests run after every compile (CONTRIBUTING.md 6).
 
 ``check_layout`` returns every violation it finds (empty: the layout is
 sound); the tests run it after every compile.

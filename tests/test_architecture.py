@@ -47,7 +47,7 @@ ALLOWED = {
                      "runtime.manager"},
     "sim": {"model", "artifact", "runtime.manager", "sim"},
     "connectors": {"model", "artifact", "runtime", "connectors"},
-    # the sweep drives the whole pipeline from above (STYLE.md 17): it compiles each
+    # the sweep drives the whole pipeline from above (CONTRIBUTING.md 17): it compiles each
     # point, simulates it, and renders its report with explain's templates
     "sweep": {"model", "source", "passes", "compiler", "pooling", "runtime.manager", "sim",
               "integrations", "reports", "sweep"},
@@ -532,7 +532,7 @@ def test_the_folder_graph_counts_top_level_and_deferred_imports() -> None:
 
 
 # ---------------------------------------------------------------------------
-# the format boundary: downstream of freeze, read the frozen format (STYLE.md 16)
+# the format boundary: downstream of freeze, read the frozen format (CONTRIBUTING.md 16)
 # ---------------------------------------------------------------------------
 
 #: What only the compiler side may import: the planner, the passes, the planner's

@@ -100,3 +100,29 @@ def test_the_docs_name_the_version_the_tool_prints() -> None:
             if found != __version__:
                 stale.append(f"{path.name}: {m.group(0)}")
     assert not stale, f"the tool prints {__version__}; the docs say {stale}"
+
+
+def _tracked_text_files() -> list[tuple[str, str]]:
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.sh", "*.yaml", "*.toml"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return [(n, (ROOT / n).read_text(encoding="utf-8", errors="replace"))
+            for n in names if (ROOT / n).is_file()]
+
+
+def test_the_conventions_the_code_cites_live_in_the_repository() -> None:
+    # a clone has CONTRIBUTING.md, not the planning notes beside the team's checkout: a
+    # citation of those is a pointer a user cannot follow
+    rules = set(re.findall(r"^(\d+)\. \*\*", (ROOT / "CONTRIBUTING.md").read_text(),
+                           re.MULTILINE))
+    assert rules == {str(n) for n in range(1, len(rules) + 1)} and len(rules) >= 19
+    outside, unknown = [], []
+    for name, text in _tracked_text_files():
+        if name == "tests/test_docs.py":
+            continue
+        outside += [name for _ in re.findall(r"\b(?:STYLE|DESIGN)\.md\b", text)]
+        unknown += [f"{name}: {n}" for n in re.findall(r"CONTRIBUTING\.md (\d+)", text)
+                    if n not in rules]
+    assert not outside, f"cite CONTRIBUTING.md, not a file a clone lacks: {outside}"
+    assert not unknown, f"no such rule in CONTRIBUTING.md: {unknown}"

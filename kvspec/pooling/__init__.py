@@ -1,4 +1,4 @@
-"""The pooling policy's decision: a driver above the compiler (STYLE.md 17).
+"""The pooling policy's decision: a driver above the compiler (CONTRIBUTING.md 17).
 
 :func:`decide` takes the pool pass's place when :mod:`kvspec.compiler` runs the
 pipeline, for a source that asks for a policy other than ``unified`` or declares a

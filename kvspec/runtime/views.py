@@ -1,7 +1,7 @@
 """Per-layer views of a pool: ``[B, H, N, C]`` in the layer's dtype, and the
 K/V, NHD and HND conventions that follow from it without a copy.
 
-Axes (DESIGN.md's glossary): B block, H head slot, N state (one token for
+Axes (docs/concepts.md's words): B block, H head slot, N state (one token for
 token-indexed kinds), C the cell's elements. A tensor of the artifact places
 same-shaped layers; layer ``l`` of tensor ``t`` starts at byte
 ``t.offset + l * t.layer_stride`` of its pool and block ``b`` of it another
