@@ -64,7 +64,7 @@ _SCAN = re.compile(r"(?P<blank>\s+)"
                    r"[A-Za-z_0-9.]*)"
                    r"|(?P<name>[A-Za-z_][A-Za-z_0-9.]*)"
                    r"|(?P<op><=|>=|==|!=|[-+*/%()<>])"
-                   r"|(?P<bad>.)", re.S)
+                   r"|(?P<bad>.)", re.DOTALL)
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt,

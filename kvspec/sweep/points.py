@@ -26,9 +26,8 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -306,7 +305,7 @@ def _check_size(grid: GridFile, axes: list[tuple[str, list[Any]]],
             f"over ({MAX_COMBINATIONS:,})", ("axes",), key=True, found=_product(factors),
             hint=f"sweep fewer values (the most: {largest}), or split the grid into several")
     names = [name for name, _ in axes]
-    sizes = dict((name, len(v)) for name, v in axes)
+    sizes = {name: len(v) for name, v in axes}
     work = [math.prod(sizes[a] for a in c.names) * c.size for c in constraints]
     if sum(work) > MAX_CONSTRAINT_WORK:
         i = max(range(len(work)), key=work.__getitem__)
@@ -325,11 +324,11 @@ def _combinations(grid: GridFile, axes: list[tuple[str, list[Any]]],
     meets the constraints; refuse more than :data:`MAX_POINTS` points' worth. Each
     constraint is evaluated once per combination of the axes it names."""
     names = [name for name, _ in axes]
-    checks = [(c, [names.index(a) for a in sorted(c.names)], {}) for c in constraints]
+    checks: list[tuple[Constraint, list[int], dict[tuple[int, ...], bool]]] = [
+        (c, [names.index(a) for a in sorted(c.names)], {}) for c in constraints]
     per_combo = len(grid.bases) * len(grid.model.axes.workload)
     kept: list[tuple[int, ...]] = []
     count = 0
-    memo: dict[tuple[int, ...], bool]
     for picked in itertools.product(*(range(len(v)) for _, v in axes)):
         for c, where, memo in checks:
             key = tuple(picked[i] for i in where)

@@ -64,7 +64,9 @@ def relative(grid: GridFile, path: str) -> Path:
 
 
 def grid_workloads(grid: GridFile) -> list[Workload]:
-    out, errors, names = [], [], set()
+    out: list[Workload] = []
+    errors: list[KvspecError] = []
+    names: set[str] = set()
     for i, w in enumerate(grid.model.axes.workload):
         at = ("axes", "workload", i)
         try:
@@ -125,7 +127,8 @@ def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[Trac
     return name, requests, hashlib.sha256(trace_text(requests).encode()).hexdigest()
 
 
-def _read(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[tuple[TraceRequest, ...], str]:
+def _read(grid: GridFile, w: WorkloadEntry, at: tuple
+          ) -> tuple[tuple[TraceRequest, ...], str]:
     """A trace file's requests, read as ``kvspec simulate --workload`` reads it (every
     format of docs/traces.md), and its sha256: the file's, for kvspec's own format;
     else the requests', as kvspec writes them (the step time and columns count)."""
@@ -139,9 +142,11 @@ def _read(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[tuple[TraceReque
     try:
         fmt = w.format or detect(path)
     except TraceError as err:
-        raise err.replace(hint="name its format in the grid: {trace: FILE, format: "
-                          "azure-2024} (or burstgpt, mooncake, ...), or format: lengths with "
-                          "columns: {prompt: NAME, output: NAME} (docs/traces.md)") from None
+        raise grid.doc.error(err.message, (*at, "trace"), found=err.found,
+                             hint="name its format in the grid: {trace: FILE, format: "
+                                  "azure-2024} (or burstgpt, mooncake, ...), or format: "
+                                  "lengths with columns: {prompt: NAME, output: NAME} "
+                                  "(docs/traces.md)") from None
     columns = Columns(w.columns.prompt, w.columns.output, w.columns.time,
                       w.columns.time_unit) if w.columns is not None else None
     if fmt == "lengths" and columns is None:
