@@ -27,7 +27,7 @@ from kvspec.reports.schemas import (
 
 def _files() -> dict[str, Any]:
     """Every schema ``kvspec schema`` writes: the compiler's and the sweep grid's."""
-    # deferred: the sweep's grid model, only when the command runs
+    # deferred: pydantic (the sweep grid's model), only when the command runs
     from kvspec.sweep.grid import grid_schema
 
     return {**SCHEMA_FILES, "sweep.schema.json": grid_schema}

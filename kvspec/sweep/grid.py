@@ -17,6 +17,9 @@ reports every problem at once, each at its line and column, with a hint, and
 ([1, 2], 20.0)
 """
 
+# one idea: the grid's model and every check of what a grid file says, each error in
+# the grid's own words at its position (numbers, repeated values, versions, keys)
+
 from __future__ import annotations
 
 import difflib

@@ -34,7 +34,6 @@ import yaml
 
 from kvspec.compiler import PASSES, SourceText, run
 from kvspec.errors import ErrorList, KvspecError, Location, SourceError, format_path
-from kvspec.files import read_text
 from kvspec.model.specs import MambaState
 from kvspec.sim import TraceRequest
 from kvspec.source.document import Document, parse_yaml
@@ -45,7 +44,7 @@ from kvspec.sweep.constraints import (
     parse_constraint,
 )
 from kvspec.sweep.grid import AXES, GridFile, HfBase, SourceBase
-from kvspec.sweep.workloads import PRESETS, Workload, grid_workloads, relative
+from kvspec.sweep.workloads import PRESETS, Workload, file_text, grid_workloads, relative
 
 __all__ = ["PRESETS", "Point", "Sweep", "Workload", "as_error", "locate", "plan_sweep"]
 
@@ -129,25 +128,6 @@ def _base_at(base: str | SourceBase | HfBase, at: tuple) -> tuple:
     if isinstance(base, SourceBase):
         return (*at, "source")
     return (*at, "hf") if isinstance(base, HfBase) else at
-
-
-def file_text(grid: GridFile, written: str, at: tuple, what: str, hint: str) -> str:
-    """The text of a file the grid names at ``at`` (``written``, relative to the grid
-    file); a missing or unreadable one is an error there, naming the path."""
-    path = relative(grid, written)
-    if not path.exists():
-        raise grid.doc.error(f"no such file: {written}", at, found=str(path), expected=what,
-                             hint=hint)
-    if path.is_dir():
-        raise grid.doc.error(f"{written} is a directory, not {what}", at, found=str(path),
-                             hint=hint)
-    try:
-        return read_text(path, what=what, error=SourceError, hint=hint)
-    except KvspecError as err:
-        if err.line is not None:
-            raise  # inside the file: its own line and column
-        raise grid.doc.error(f"{err.message}: {written}", at, found=repr(written),
-                             hint=err.hint) from None
 
 
 def _json_object(text: str) -> dict[str, Any] | None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvspec.errors import ErrorList, KvspecError
+from kvspec.errors import ErrorList, KvspecError, SourceError
+from kvspec.files import read_text
 from kvspec.model.workloads import DEFAULT_STEP_MS
 from kvspec.model.workloads import PRESETS as PRESET_TABLE
 from kvspec.sim import TraceRequest, generate_trace
@@ -26,7 +27,7 @@ from kvspec.sim.trace import TraceError, trace_text
 from kvspec.source.schema import Distribution
 from kvspec.sweep.grid import GridFile, WorkloadEntry
 
-__all__ = ["PRESETS", "Workload", "grid_workloads", "relative"]
+__all__ = ["PRESETS", "Workload", "file_text", "grid_workloads", "relative"]
 
 
 
@@ -61,6 +62,25 @@ class Workload:
 def relative(grid: GridFile, path: str) -> Path:
     base = Path(grid.file).parent if not grid.file.startswith("<") else Path(".")
     return base / path
+
+
+def file_text(grid: GridFile, written: str, at: tuple, what: str, hint: str) -> str:
+    """The text of a file the grid names at ``at`` (``written``, relative to the grid
+    file); a missing or unreadable one is an error there, naming the path."""
+    path = relative(grid, written)
+    if not path.exists():
+        raise grid.doc.error(f"no such file: {written}", at, found=str(path), expected=what,
+                             hint=hint)
+    if path.is_dir():
+        raise grid.doc.error(f"{written} is a directory, not {what}", at, found=str(path),
+                             hint=hint)
+    try:
+        return read_text(path, what=what, error=SourceError, hint=hint)
+    except KvspecError as err:
+        if err.line is not None:
+            raise  # inside the file: its own line and column
+        raise grid.doc.error(f"{err.message}: {written}", at, found=repr(written),
+                             hint=err.hint) from None
 
 
 def grid_workloads(grid: GridFile) -> list[Workload]:
@@ -132,9 +152,6 @@ def _read(grid: GridFile, w: WorkloadEntry, at: tuple
     """A trace file's requests, read as ``kvspec simulate --workload`` reads it (every
     format of docs/traces.md), and its sha256: the file's, for kvspec's own format;
     else the requests', as kvspec writes them (the step time and columns count)."""
-    # deferred: points imports this module
-    from kvspec.sweep.points import file_text
-
     assert w.trace is not None
     hint = "give the trace's path relative to the grid file"
     text = file_text(grid, w.trace, (*at, "trace"), "a request trace", hint)
