@@ -46,7 +46,9 @@ ARTIFACTS = sorted((ROOT / "layouts").glob("*.kvlayout.json")) + \
 
 
 def test_committed_schemas_are_current() -> None:
-    stale = check_schemas(SCHEMAS)
+    from kvspec.cli.schema import _files
+
+    stale = check_schemas(SCHEMAS, _files())
     assert not stale, "\n".join(
         [f"{', '.join(str(f.path) for f in stale)} stale: run `kvspec schema` and commit"]
         + [line for f in stale for line in f.diff()])
@@ -383,8 +385,10 @@ def test_schema_writes_then_checks(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.output == (f"wrote {out}/source.schema.json\n"
                              f"wrote {out}/artifact.schema.json\n"
-                             f"wrote {out}/descriptor.schema.json\n")
-    for name in ("source.schema.json", "artifact.schema.json", "descriptor.schema.json"):
+                             f"wrote {out}/descriptor.schema.json\n"
+                             f"wrote {out}/sweep.schema.json\n")
+    for name in ("source.schema.json", "artifact.schema.json", "descriptor.schema.json",
+                 "sweep.schema.json"):
         assert (out / name).read_text() == (SCHEMAS / name).read_text()
     again = CliRunner().invoke(cli, ["schema", "-o", str(out)])
     assert again.output == f"{out}: schemas are current\n"
@@ -402,15 +406,30 @@ def test_schema_check_reports_stale_and_missing_with_a_diff(tmp_path: Path) -> N
     assert lines[0] == f"{out}/source.schema.json: stale"
     assert f"  --- {out}/source.schema.json (committed)" in lines
     assert '  -      "title": "N",' in lines and '  +      "title": "Name",' in lines
-    assert lines[-2:] == [f"{out}/artifact.schema.json: missing",
-                          f"{out}/descriptor.schema.json: missing"]
+    assert lines[-3:] == [f"{out}/artifact.schema.json: missing",
+                          f"{out}/descriptor.schema.json: missing",
+                          f"{out}/sweep.schema.json: missing"]
     assert "run `kvspec schema -o" in result.exception.render()
     assert not (out / "artifact.schema.json").exists()  # --check writes nothing
+
+
+def test_schema_writes_the_sweep_schema_that_sweep_md_names(tmp_path: Path) -> None:
+    """docs/sweep.md's grid starts with a ``$schema`` line naming
+    schemas/sweep.schema.json: ``kvspec schema`` writes that file, the committed one
+    is what it writes, and ``--check`` sees it go stale."""
+    page = (ROOT / "docs" / "sweep.md").read_text()
+    assert "# yaml-language-server: $schema=schemas/sweep.schema.json" in page
+    out = tmp_path / "schemas"
+    assert CliRunner().invoke(cli, ["schema", "-o", str(out)]).exit_code == 0
+    assert (out / "sweep.schema.json").read_text() == (SCHEMAS / "sweep.schema.json").read_text()
+    (out / "sweep.schema.json").write_text("{}\n")
+    result = CliRunner().invoke(cli, ["schema", "--check", "-o", str(out)])
+    assert result.exit_code == 1 and f"{out}/sweep.schema.json: stale" in result.output
 
 
 def test_schema_check_exit_code_through_main(tmp_path: Path) -> None:
     code, _, stderr = invoke(["schema", "--check", "-o", str(tmp_path)])
     assert code == 1
-    assert stderr.startswith(f"{tmp_path}: error: 3 schema file(s) differ from what kvspec "
+    assert stderr.startswith(f"{tmp_path}: error: 4 schema file(s) differ from what kvspec "
                              "generates")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -24,11 +25,19 @@ from kvspec.reports.schemas import (
 )
 
 
+def _files() -> dict[str, Any]:
+    """Every schema ``kvspec schema`` writes: the compiler's and the sweep grid's."""
+    # deferred: pydantic (the sweep grid's model), only when the command runs
+    from kvspec.sweep.grid import grid_schema
+
+    return {**SCHEMA_FILES, "sweep.schema.json": grid_schema}
+
+
 @cli_command("schema", short_help="Generate (or --check) the JSON Schemas.")
 @click.option("-o", "--output-dir", "directory", default="schemas", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
-              help="Directory of source.schema.json, artifact.schema.json and "
-                   "descriptor.schema.json.")
+              help="Directory of source.schema.json, artifact.schema.json, "
+                   "descriptor.schema.json and sweep.schema.json.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when the schemas there are stale or missing.")
 @parents_option
@@ -36,8 +45,8 @@ from kvspec.reports.schemas import (
                "(docs/cli.md).")
 @quiet_option
 def command(directory: Path, check: bool, parents: bool, fmt: str, quiet: bool) -> int:
-    """Generate the source, artifact and connector descriptor JSON Schemas from
-    kvspec's models.
+    """Generate the source, artifact, connector descriptor and sweep grid JSON
+    Schemas from kvspec's models.
 
     "wrote ..." goes to stderr; with --check, the stale files and their diffs go
     to stdout."""
@@ -47,7 +56,7 @@ def command(directory: Path, check: bool, parents: bool, fmt: str, quiet: bool) 
                          found=str(directory),
                          hint="create it first, or pass --parents to create it")
     if not check:
-        changed = write_schemas(directory)
+        changed = write_schemas(directory, _files())
         if fmt == "json":
             echo_json(_document(directory, [(f.path, "written") for f in changed]))
             return EXIT_OK
@@ -56,7 +65,7 @@ def command(directory: Path, check: bool, parents: bool, fmt: str, quiet: bool) 
         if not changed:
             note(f"{directory}: schemas are current", quiet=quiet)
         return EXIT_OK
-    stale = check_schemas(directory)
+    stale = check_schemas(directory, _files())
     if fmt == "json":
         echo_json(_document(directory, [(f.path, "missing" if f.current is None else "stale")
                                         for f in stale]))
@@ -78,7 +87,7 @@ def command(directory: Path, check: bool, parents: bool, fmt: str, quiet: bool) 
 def _document(directory: Path, files: list[tuple[Path, str]]) -> dict[str, object]:
     """``--format json``: every schema file with its state (``current`` when not listed)."""
     states = {str(p): state for p, state in files}
-    names = [str(directory / n) for n in SCHEMA_FILES]
+    names = [str(directory / n) for n in _files()]
     return {"ok": not any(s in ("stale", "missing") for s in states.values()),
             "directory": str(directory),
             "files": [{"path": n, "status": states.get(n, "current")} for n in names]}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,10 +115,13 @@ class StaleSchemaError(KvspecError):
     """The committed schemas are not what the models generate."""
 
 
-def schema_files(directory: str | Path) -> list[SchemaFile]:
+def schema_files(directory: str | Path,
+                 files: Mapping[str, Callable[[], dict[str, Any]]] | None = None
+                 ) -> list[SchemaFile]:
+    """Each schema file of ``files`` (default :data:`SCHEMA_FILES`) in ``directory``."""
     directory = Path(directory)
     out = []
-    for name, build in SCHEMA_FILES.items():
+    for name, build in (SCHEMA_FILES if files is None else files).items():
         path = directory / name
         try:
             current = path.read_text(encoding="utf-8")
@@ -128,14 +131,18 @@ def schema_files(directory: str | Path) -> list[SchemaFile]:
     return out
 
 
-def write_schemas(directory: str | Path) -> list[SchemaFile]:
+def write_schemas(directory: str | Path,
+                  files: Mapping[str, Callable[[], dict[str, Any]]] | None = None
+                  ) -> list[SchemaFile]:
     """(Re)write the schemas into ``directory``; return what changed."""
-    changed = [f for f in schema_files(directory) if not f.is_current]
+    changed = [f for f in schema_files(directory, files) if not f.is_current]
     for f in changed:
         write_atomic(f.path, f.expected)
     return changed
 
 
-def check_schemas(directory: str | Path) -> list[SchemaFile]:
+def check_schemas(directory: str | Path,
+                  files: Mapping[str, Callable[[], dict[str, Any]]] | None = None
+                  ) -> list[SchemaFile]:
     """The schema files in ``directory`` that are stale or missing."""
-    return [f for f in schema_files(directory) if not f.is_current]
+    return [f for f in schema_files(directory, files) if not f.is_current]

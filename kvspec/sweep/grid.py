@@ -17,18 +17,34 @@ reports every problem at once, each at its line and column, with a hint, and
 ([1, 2], 20.0)
 """
 
+# one idea: the grid's model and every check of what a grid file says, each error in
+# the grid's own words at its position (numbers, repeated values, versions, keys)
+
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
-from kvspec.errors import ErrorList, KvspecError, SourceError
-from kvspec.files import read_text
-from kvspec.model.pooling import Policy, Workload, declared
+from kvspec.errors import ErrorList, KvspecError, SourceError, format_path
+from kvspec.files import MAX_MEMORY, SIZE_EXPECTED, SIZE_PATTERN, read_text, size_bytes
+from kvspec.model.pooling import Policy, TimeUnit, Workload, declared
+from kvspec.model.workloads import TraceFormat
 from kvspec.source.document import Document, parse_yaml
 from kvspec.source.parse import clean_loc, schema_error, yaml_repr
 from kvspec.source.schema import MaxLen, PositiveInt, Ranks, Size, Tokens
@@ -47,8 +63,47 @@ AXIS_SYNONYMS = {"tp": "tensor", "pp": "pipeline", "tensor_parallel_size": "tens
                  "trace": "workload", "workloads": "workload", "seqs": "max_num_seqs"}
 
 
+#: The largest target rate, requests per second (a million GPUs' worth of traffic).
+MAX_RATE = 1e9
+#: An engine step's milliseconds: from a microsecond to a thousand seconds.
+MIN_STEP_MS, MAX_STEP_MS = 1e-3, 1e6
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True)
+    # strict: YAML's types are the values' types ('8' is not 8); no .inf or .nan: no
+    # figure of a grid is infinite, and NaN compares to nothing
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, populate_by_name=True,
+                              allow_inf_nan=False)
+
+
+def _bytes(value: Any) -> int:
+    n = size_bytes(value)
+    if n is None:
+        raise PydanticCustomError("size", SIZE_EXPECTED)
+    if n == 0:
+        raise PydanticCustomError("size_zero", "more than 0 bytes")
+    if n > MAX_MEMORY:
+        raise PydanticCustomError("memory_max", "at most 256TiB per rank")
+    return n
+
+
+#: Bytes, more than none (a memory, a model's weights): an int or a size (``80GB``).
+PositiveSize = Annotated[int, PlainValidator(_bytes), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 1, "maximum": MAX_MEMORY},
+               {"type": "string", "pattern": SIZE_PATTERN}]})]
+StepMs = Annotated[float, Field(ge=MIN_STEP_MS, le=MAX_STEP_MS)]
+
+
+def _as_float(value: Any) -> Any:
+    """An integer as a float (YAML's 30 for 30.0); one too large for a float stays
+    as it is, for its field's bound to refuse."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1000:
+        return float(value)
+    return value
+
+
+def _step_ms_kind(value: Any) -> str:
+    return "per_tensor" if isinstance(value, dict) else "one"
 
 
 class SourceBase(_Strict):
@@ -56,8 +111,8 @@ class SourceBase(_Strict):
 
     source: str = Field(min_length=1)
     name: str | None = Field(None, min_length=1, description="Default: the source's name.")
-    weights: Size | None = Field(None, description="Bytes of the model's weights (for "
-                                 "gpu_memory: what they leave each rank).")
+    weights: PositiveSize | None = Field(None, description="Bytes of the model's weights "
+                                         "(for gpu_memory: what they leave each rank).")
 
 
 class HfBase(_Strict):
@@ -69,10 +124,19 @@ class HfBase(_Strict):
     model: str | None = None
     target: str | None = Field(None, description="kvspec init's --target (hopper, ...).")
     max_model_len: MaxLen | None = None
-    weights: Size | None = None
+    weights: PositiveSize | None = None
 
 
 Base = Annotated[str, Field(min_length=1)] | SourceBase | HfBase
+
+
+class TraceColumns(_Strict):
+    """Where a ``lengths`` trace keeps each figure (docs/traces.md)."""
+
+    prompt: str = Field(min_length=1)
+    output: str = Field(min_length=1)
+    time: str | None = Field(None, min_length=1)
+    time_unit: TimeUnit = "s"
 
 
 def _default(name: str) -> Any:
@@ -81,18 +145,26 @@ def _default(name: str) -> Any:
 
 
 class WorkloadEntry(_Strict):
-    """One workload: a JSONL trace, a preset, or a summary a seeded trace is drawn
-    from (every request arriving at step 0 unless ``rate`` is given)."""
+    """One workload: a trace (any format ``kvspec simulate --workload`` reads), a
+    preset, or a summary a seeded trace is drawn from (every request arriving at
+    step 0 unless ``rate`` is given)."""
 
     name: str | None = Field(None, min_length=1)
     trace: str | None = Field(None, min_length=1)
+    format: TraceFormat | None = Field(None, description="The trace's format "
+                                       "(docs/traces.md); default: from its extension and "
+                                       "first line.")
+    columns: TraceColumns | None = Field(None, description="format lengths: its columns.")
+    step_ms: StepMs | None = Field(None, description="Milliseconds one engine step stands "
+                                   "for when a trace's arrival times become steps (default: "
+                                   "kvspec simulate's).")
     preset: str | None = Field(None, min_length=1)
     context_tokens: Tokens | None = None
     output_tokens: Tokens | None = None
     requests: Annotated[int, Field(gt=0, le=1_000_000)] = _default("requests")
-    seed: int = Field(0, ge=0)
-    rate: float | None = Field(None, gt=0, description="Arrivals per engine step "
-                               "(Poisson); default: all at step 0.")
+    seed: int = Field(0, ge=0, lt=2**64)
+    rate: float | None = Field(None, gt=0, le=MAX_RATE, description="Arrivals per engine "
+                               "step (Poisson); default: all at step 0.")
     prefix_sharing: Annotated[float, Field(ge=0, le=1)] = 0.0
     prefix_tokens: PositiveInt = _default("prefix_tokens")
 
@@ -100,28 +172,40 @@ class WorkloadEntry(_Strict):
 class Axes(_Strict):
     """The values of each axis swept (an axis left out keeps the source's value)."""
 
-    memory: list[Size] | None = Field(None, min_length=1, description="KV cache memory "
-                                      "per rank (the source's engine.memory).")
-    gpu_memory: list[Size] | None = Field(None, min_length=1, description="GPU memory per "
-                                          "rank: the KV cache gets gpu_memory x "
-                                          "gpu_memory_utilization - reserve - weights/ranks.")
+    memory: list[PositiveSize] | None = Field(None, min_length=1, description="KV cache "
+                                              "memory per rank (the source's engine.memory).")
+    gpu_memory: list[PositiveSize] | None = Field(None, min_length=1, description="GPU "
+                                                  "memory per rank: the KV cache gets "
+                                                  "gpu_memory x gpu_memory_utilization - "
+                                                  "reserve - weights/ranks.")
     tensor: list[Ranks] | None = Field(None, min_length=1)
     pipeline: list[Ranks] | None = Field(None, min_length=1)
-    kv_cache_dtype: list[str] | None = Field(None, min_length=1)
+    kv_cache_dtype: list[Annotated[str, Field(min_length=1)]] | None = Field(None,
+                                                                             min_length=1)
     block_size: list[PositiveInt] | None = Field(None, min_length=1)
     pooling_policy: list[Policy] | None = Field(
         None, min_length=1, alias="pooling.policy")
     max_num_seqs: list[PositiveInt] | None = Field(None, min_length=1)
     workload: list[WorkloadEntry] = Field(min_length=1)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _given(cls, value: Any) -> Any:
+        # `tensor:` with nothing after it is YAML's null: an axis with no values, not
+        # "keep the source's" (that is leaving the axis out)
+        if value is None:
+            raise PydanticCustomError("axis_null", "a list of the axis's values")
+        return value
+
 
 class Target(_Strict):
     """The traffic to serve: ``rate`` requests per second, an engine step taking
     ``step_ms`` milliseconds."""
 
-    rate: float = Field(gt=0, description="Requests per second (or '20 requests/s').")
-    step_ms: Annotated[float, Field(gt=0, le=1e6)] | dict[
-        Annotated[int, Field(gt=0)], Annotated[float, Field(gt=0, le=1e6)]] = Field(
+    rate: float = Field(gt=0, le=MAX_RATE, description="Requests per second (or '20 "
+                        "requests/s').")
+    step_ms: Annotated[Annotated[StepMs, Tag("one")] | Annotated[
+        dict[Ranks, StepMs], Tag("per_tensor")], Discriminator(_step_ms_kind)] = Field(
         description="Milliseconds one engine step takes (kvspec simulates steps, not "
         "seconds): one figure, or one per tensor size ({2: 30, 4: 18, 8: 11}).")
 
@@ -135,19 +219,17 @@ class Target(_Strict):
     @classmethod
     def _rate(cls, value: Any) -> Any:
         if isinstance(value, str):
-            m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*(?:requests?\s*/\s*s)?\s*", value)
-            if m:
+            m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*"
+                             r"(?:requests?\s*/\s*s)?\s*", value)
+            if m and math.isfinite(float(m.group(1))):
                 return float(m.group(1))
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
+        return _as_float(value)
 
     @field_validator("step_ms", mode="before")
     @classmethod
     def _ms(cls, value: Any) -> Any:
-        def num(v: Any) -> Any:
-            return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
-        return {k: num(v) for k, v in value.items()} if isinstance(value, dict) else num(value)
+        return {k: _as_float(v) for k, v in value.items()} if isinstance(value, dict) \
+            else _as_float(value)
 
 
 class Grid(_Strict):
@@ -168,8 +250,7 @@ class Grid(_Strict):
     @field_validator("gpu_memory_utilization", mode="before")
     @classmethod
     def _float(cls, value: Any) -> Any:
-        return float(value) if isinstance(value, int) and not isinstance(value, bool) \
-            else value
+        return _as_float(value)
 
 
 #: The models whose fields an unknown key is looked up in.
@@ -205,18 +286,126 @@ def _allowed(parent: tuple) -> list[str]:
     return list(model.model_fields) if model else []
 
 
+#: Union tags pydantic puts in a location (``target.step_ms``'s two shapes).
+_TAGS = ("one", "per_tensor")
+#: The pydantic error types of a number's type or range.
+_NUMBER_ERRORS = ("int_type", "int_parsing", "int_from_float", "float_type", "float_parsing",
+                  "finite_number", "greater_than", "greater_than_equal", "less_than",
+                  "less_than_equal", "size", "size_zero", "memory_max")
+#: A number with an exponent that YAML 1.1 (PyYAML) reads as a string: its floats
+#: need a dot and a signed exponent (1.0e-300, 1.0e+9).
+_YAML_STRING_NUMBER = re.compile(r"\s*[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+\s*")
+
+
+def _clean(loc: tuple) -> tuple[tuple, bool]:
+    """A grid error's location without union tags; whether it is about a key."""
+    loc = clean_loc(loc)
+    key = bool(loc) and loc[-1] == "[key]"
+    loc = loc[:-1] if key else loc
+    return tuple(p for i, p in enumerate(loc)
+                 if not (p in _TAGS and i > 0 and loc[i - 1] == "step_ms")), key
+
+
+def _bound(ctx: dict[str, Any], integer: bool) -> str:
+    """What a number out of range should have been, from its bounds."""
+    def n(v: Any) -> str:
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
+            v = int(v)
+        return f"{v:,}" if isinstance(v, int) else f"{v:g}"
+    low = f"above {n(ctx['gt'])}" if "gt" in ctx else \
+        f"{n(ctx['ge'])} or more" if "ge" in ctx else None
+    high = f"at most {n(ctx['le'])}" if "le" in ctx else \
+        f"below {n(ctx['lt'])}" if "lt" in ctx else None
+    what = "an integer" if integer else "a number"
+    return f"{what} {low or high}"
+
+
+def _yaml_hint(found: str, integer: bool) -> str:
+    """How to write a number that YAML read as a string (``1e-300``)."""
+    text = found.strip()
+    mantissa, _, exponent = text.lower().partition("e")
+    value = float(text)
+    if not math.isfinite(value):
+        return f"{text} is beyond any number a grid takes: check it for a typo"
+    if integer and value.is_integer() and abs(value) < 1e18:
+        written = f"{int(value)}"
+    else:
+        dot = mantissa if "." in mantissa else mantissa + ".0"
+        sign = exponent if exponent[:1] in "+-" else "+" + exponent
+        written = f"{dot}e{sign}"
+    return (f"YAML reads {text} as a string (its numbers with an exponent need a dot and "
+            f"a signed exponent): write {written}")
+
+
+def _digits(n: int) -> str:
+    """A whole number as found, shortened when it is long."""
+    text = str(n)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text):,} digits)"
+
+
+def _number_error(doc: Document, loc: tuple, err: Any) -> SourceError:
+    """A number's type or range error, in the grid's words (no pydantic names)."""
+    kind, found, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    integer = kind.startswith("int_") or (isinstance(found, int) and kind in (
+        "greater_than", "greater_than_equal", "less_than", "less_than_equal"))
+    sized = kind in ("size", "size_zero", "memory_max")
+    if isinstance(found, str) and _YAML_STRING_NUMBER.fullmatch(found):
+        hint = _yaml_hint(found, integer or sized)
+        expected = SIZE_EXPECTED if sized else "an integer" if integer else "a number"
+        return doc.error(f"invalid value for {format_path(loc)}", loc, expected=expected,
+                         found=yaml_repr(found), hint=hint)
+    if kind == "float_type" and isinstance(found, int) and not isinstance(found, bool):
+        return doc.error(f"invalid value for {format_path(loc)}", loc,
+                         expected="a finite number", found=_digits(found),
+                         hint="that is far beyond any deployment: check the number for a "
+                              "typo")
+    if kind == "size_zero":
+        return doc.error(f"invalid value for {format_path(loc)}", loc,
+                         expected="more than 0 bytes", found=yaml_repr(found),
+                         hint="a memory or a model's weights of 0 bytes is no deployment: "
+                              "give the bytes, e.g. 80GB")
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        big = kind.startswith("less")
+        return doc.error(f"invalid value for {format_path(loc)}", loc,
+                         expected=_bound(ctx, integer), found=_digits(found) if isinstance(
+                             found, int) and not isinstance(found, bool) else yaml_repr(found),
+                         hint="that is far beyond any deployment: check the number for a "
+                              "typo" if big else f"write {_bound(ctx, integer)}")
+    found_doc = schema_error(doc, {**err, "loc": loc})
+    return found_doc.replace(  # type: ignore[return-value]
+        hint=(found_doc.hint or "").replace("docs/format.md", "docs/sweep.md"))
+
+
 def _error(doc: Document, err: Any, at: tuple = ()) -> SourceError:
-    loc = at + clean_loc(err["loc"])
-    if err["type"] != "extra_forbidden":
-        found = schema_error(doc, {**err, "loc": loc})
-        hint = (found.hint or "").replace("docs/format.md", "docs/sweep.md")
-        return found.replace(hint=hint)  # type: ignore[return-value]
-    key, parent = loc[-1], tuple(p for p in loc[:-1] if not isinstance(p, int))
+    loc, key = _clean(at + tuple(err["loc"]))
+    kind, found = err["type"], err.get("input")
+    if kind == "axis_null":
+        return doc.error(f"the axis {loc[-1]!r} has no values", loc,
+                         expected=f"{loc[-1]}: [VALUE, ...]", found="null",
+                         hint="give its values, or leave the axis out to keep the source's "
+                              "value")
+    if kind == "literal_error" and loc == ("kvspec_sweep",):
+        return doc.error("invalid value for 'kvspec_sweep'", loc, expected="1",
+                         found=yaml_repr(found),
+                         hint="write 1, not '1': the version is a number, and a quoted "
+                              "value is a string" if found == "1" else
+                              "this kvspec reads grid format 1: write kvspec_sweep: 1")
+    if key:
+        return doc.error(f"invalid key {format_path(loc)}", loc, key=True,
+                         expected="a tensor size: 1 to 4,096", found=yaml_repr(loc[-1]),
+                         hint="give each tensor size's step time, e.g. step_ms: {2: 30, 4: 18}")
+    if kind in _NUMBER_ERRORS:
+        return _number_error(doc, loc, err)
+    if kind != "extra_forbidden":
+        found_doc = schema_error(doc, {**err, "loc": loc})
+        hint = (found_doc.hint or "").replace("docs/format.md", "docs/sweep.md")
+        return found_doc.replace(hint=hint)  # type: ignore[return-value]
+    key_name, parent = loc[-1], tuple(p for p in loc[:-1] if not isinstance(p, int))
     allowed = _allowed(parent)
     what = "axis" if parent == ("axes",) else "field"
-    close = [AXIS_SYNONYMS[key]] if what == "axis" and key in AXIS_SYNONYMS else \
-        difflib.get_close_matches(str(key), allowed, n=1)
-    return doc.error(f"unknown {what} {key!r}", loc, key=True,
+    close = [AXIS_SYNONYMS[key_name]] if what == "axis" and key_name in AXIS_SYNONYMS else \
+        difflib.get_close_matches(str(key_name), allowed, n=1)
+    return doc.error(f"unknown {what} {key_name!r}", loc, key=True,
                      expected="one of " + ", ".join(allowed),
                      hint=f"did you mean {close[0]!r}?" if close else
                      "remove it, or check the indentation (docs/sweep.md)")
@@ -250,6 +439,33 @@ def _base(value: Any, at: tuple, doc: Document, errors: list[KvspecError]) -> An
     return "-"
 
 
+def _duplicates(doc: Document, axes: Axes) -> list[KvspecError]:
+    """Each axis value given again (``tensor: [1, 1]``, ``memory: [1GiB, 1073741824]``):
+    an error at the repeat, naming the first; a value swept twice would be two
+    points of one deployment."""
+    out: list[KvspecError] = []
+    raw = doc.data.get("axes") if isinstance(doc.data, dict) else None
+    for axis in AXES[:-1]:
+        values = getattr(axes, axis.replace(".", "_"))
+        first: dict[Any, int] = {}
+        for j, value in enumerate(values or ()):
+            if value not in first:
+                first[value] = j
+                continue
+            i = first[value]
+            written = raw[axis] if isinstance(raw, dict) else None
+            shown = [yaml_repr(written[k]) if isinstance(written, list) else repr(value)
+                     for k in (i, j)]
+            same = "" if shown[0] == shown[1] else f" ({shown[0]} first)"
+            line, col = doc.position(("axes", axis, i)) or (None, None)
+            out.append(doc.error(
+                f"{axis} {shown[1]} is given twice{same}", ("axes", axis, j),
+                found=shown[1], hint=f"the first is axes.{axis}[{i}]" +
+                (f" (line {line}, column {col})" if line is not None else "") +
+                ": give each value once (a value given twice would be swept as two points)"))
+    return out
+
+
 def parse_grid(text: str, file: str = "<grid>") -> GridFile:
     """The grid in ``text``; raise every problem at once, each at its position."""
     doc = parse_yaml(text, file)
@@ -267,6 +483,8 @@ def parse_grid(text: str, file: str = "<grid>") -> GridFile:
         model = Grid.model_validate(data)
     except ValidationError as exc:
         errors += [_error(doc, e) for e in exc.errors(include_url=False)]
+    else:
+        errors += _duplicates(doc, model.axes)
     if errors:
         errors = _unique(errors)
         raise (errors[0] if len(errors) == 1 else ErrorList(errors))
@@ -285,5 +503,6 @@ def grid_schema() -> dict[str, Any]:
     schema = Grid.model_json_schema(mode="validation", by_alias=True)
     schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema",
                    "$id": "urn:kvspec:schema:sweep:1", "title": "kvspec sweep grid (format 1)",
-                   "$comment": "Generated by kvspec.sweep.grid.grid_schema; do not edit."})
+                   "$comment": "Generated by `kvspec schema` from kvspec.sweep.grid.Grid; do not "
+                   "edit."})
     return schema

@@ -26,7 +26,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,6 @@ import yaml
 
 from kvspec.compiler import PASSES, SourceText, run
 from kvspec.errors import ErrorList, KvspecError, Location, SourceError, format_path
-from kvspec.files import read_text
 from kvspec.model.specs import MambaState
 from kvspec.sim import TraceRequest
 from kvspec.source.document import Document, parse_yaml
@@ -45,7 +44,7 @@ from kvspec.sweep.constraints import (
     parse_constraint,
 )
 from kvspec.sweep.grid import AXES, GridFile, HfBase, SourceBase
-from kvspec.sweep.workloads import PRESETS, Workload, grid_workloads, relative
+from kvspec.sweep.workloads import PRESETS, Workload, file_text, grid_workloads, relative
 
 __all__ = ["PRESETS", "Point", "Sweep", "Workload", "as_error", "locate", "plan_sweep"]
 
@@ -124,12 +123,61 @@ def _loc(doc: Document, at: tuple) -> Location:
     return Location(doc.file, line, col, format_path(at))
 
 
+def _base_at(base: str | SourceBase | HfBase, at: tuple) -> tuple:
+    """Where a base's path is written: the entry, or its ``source:`` / ``hf:``."""
+    if isinstance(base, SourceBase):
+        return (*at, "source")
+    return (*at, "hf") if isinstance(base, HfBase) else at
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _not_a_base(grid: GridFile, written: str, text: str, at: tuple, hf: bool) -> None:
+    """Refuse, by what it is, a file given as the other kind of base: a compiled
+    artifact, a config.json as a source, a source as a config.json."""
+    path = relative(grid, written)
+    data = _json_object(text) if path.suffix.lower() == ".json" or text.lstrip()[:1] == "{" \
+        else None
+    if path.name.endswith(".kvlayout.json") or (data is not None and str(
+            data.get("format", "")).startswith("kvspec.layout")):
+        source = path.with_name(path.name.removesuffix(".kvlayout.json") + ".yaml")
+        raise grid.doc.error(
+            f"{path.name} is a compiled artifact, not a {'config.json' if hf else 'source'}",
+            at, found=repr(path.name), expected="a layout source (.yaml) or {hf: config.json}",
+            hint="a sweep compiles every point itself: give the source the artifact was "
+                 "compiled from" + (f", {source.name}" if source.exists() else " (its .yaml)"))
+    if not hf and data is not None and ("architectures" in data or "model_type" in data):
+        raise grid.doc.error(f"{path.name} is a Hugging Face config.json, not a layout source",
+                             at, found=repr(path.name),
+                             hint=f"write the base as {{hf: {written}}}: kvspec init makes "
+                                  "each tensor and pipeline size's source from it")
+    if hf and data is None:
+        try:
+            doc = parse_yaml(text, str(path))
+        except KvspecError:
+            return
+        if isinstance(doc.data, dict) and "kvspec" in doc.data:
+            raise grid.doc.error(f"{path.name} is a layout source, not a config.json", at,
+                                 found=repr(path.name),
+                                 hint=f"write the base as {written} or {{source: "
+                                      f"{written}}}")
+
+
 def _model(grid: GridFile, base: str | SourceBase | HfBase, index: int, at: tuple) -> Model:
     if isinstance(base, HfBase):
-        return _hf_model(grid, base, index)
-    path = relative(grid, base if isinstance(base, str) else base.source)
-    text = read_text(path, what="the base source", error=SourceError,
-                     hint="give the source's path relative to the grid file")
+        return _hf_model(grid, base, index, at)
+    written = base if isinstance(base, str) else base.source
+    path = relative(grid, written)
+    where = _base_at(base, at)
+    text = file_text(grid, written, where, "a layout source",
+                      "give the source's path relative to the grid file")
+    _not_a_base(grid, written, text, where, hf=False)
     doc = parse_yaml(text, str(path))
     name = base.name if isinstance(base, SourceBase) and base.name else \
         str(doc.data.get("name", path.stem)) if isinstance(doc.data, dict) else path.stem
@@ -137,13 +185,17 @@ def _model(grid: GridFile, base: str | SourceBase | HfBase, index: int, at: tupl
     return Model(name, index, base, str(path), weights, lambda tp, pp: (text, doc))
 
 
-def _hf_model(grid: GridFile, base: HfBase, index: int) -> Model:
+def _hf_model(grid: GridFile, base: HfBase, index: int, at: tuple) -> Model:
     # deferred: PyYAML and the compiler (the Hugging Face importer), for config.json models
     from kvspec.integrations.hf.config import read_config
     from kvspec.integrations.hf.init import init_source
     from kvspec.integrations.options import InitOptions
 
     path = relative(grid, base.hf)
+    where = _base_at(base, at)
+    text = file_text(grid, base.hf, where, "a Hugging Face config.json",
+                      "give the model's config.json, its path relative to the grid file")
+    _not_a_base(grid, base.hf, text, where, hf=True)
     config, config_text = read_config(path)
     name = base.name or path.stem
     made: dict[tuple[int, int], tuple[str, Document]] = {}
@@ -191,15 +243,93 @@ def _constraints(grid: GridFile, swept: set[str]) -> list[Constraint]:
     return out
 
 
-def _combinations(grid: GridFile, constraints: list[Constraint]
-                  ) -> Iterator[tuple[dict[str, Any], dict[str, int]]]:
-    """Each combination of axis values that meets the constraints, and the index of
-    each value in its axis's list."""
-    axes = _axis_values(grid)
+#: The most points a sweep plans: models x combinations of axis values that meet
+#: the constraints x workloads. Planning takes about 1 ms and 1 KB a point (a
+#: 100,000-point grid: under two minutes and about 110 MB before any point runs).
+MAX_POINTS = 100_000
+#: The most combinations of axis values the constraints are checked over.
+MAX_COMBINATIONS = 1_000_000
+#: The most operations checking the constraints may take (each constraint is
+#: evaluated once per combination of the axes it names): a few seconds.
+MAX_CONSTRAINT_WORK = 20_000_000
+
+
+def _factors(grid: GridFile, axes: list[tuple[str, list[Any]]]) -> list[tuple[str, int]]:
+    """What multiplies into the grid's points, and how many of each."""
+    return [("base", len(grid.bases)), *((name, len(v)) for name, v in axes),
+            ("workload", len(grid.model.axes.workload))]
+
+
+def _product(factors: list[tuple[str, int]]) -> str:
+    return " x ".join(f"{name} {n:,}" for name, n in factors)
+
+
+def _check_size(grid: GridFile, axes: list[tuple[str, list[Any]]],
+                constraints: list[Constraint]) -> None:
+    """Refuse, before a point is made, a grid of more than :data:`MAX_POINTS` points
+    (or, with constraints, of more combinations than they are checked over)."""
+    factors = _factors(grid, axes)
+    total = math.prod(n for _, n in factors)
+    combos = math.prod(len(v) for _, v in axes)
+    largest = ", ".join(f"{name} {n:,}" for name, n in sorted(
+        factors, key=lambda f: -f[1])[:3] if n > 1)
+    if not constraints and total > MAX_POINTS:
+        raise grid.doc.error(
+            f"the grid has {total:,} points, more than a sweep runs ({MAX_POINTS:,})",
+            ("axes",), key=True, found=_product(factors),
+            hint=f"sweep fewer values (the most: {largest}), split the grid into several, "
+                 "or add constraints that rule points out (docs/sweep.md)")
+    if constraints and combos > MAX_COMBINATIONS:
+        raise grid.doc.error(
+            f"the axes make {combos:,} combinations, more than the constraints are checked "
+            f"over ({MAX_COMBINATIONS:,})", ("axes",), key=True, found=_product(factors),
+            hint=f"sweep fewer values (the most: {largest}), or split the grid into several")
+    names = [name for name, _ in axes]
+    sizes = {name: len(v) for name, v in axes}
+    work = [math.prod(sizes[a] for a in c.names) * c.size for c in constraints]
+    if sum(work) > MAX_CONSTRAINT_WORK:
+        i = max(range(len(work)), key=work.__getitem__)
+        c = constraints[i]
+        raise grid.doc.error(
+            f"checking the constraints takes {sum(work):,} operations, more than "
+            f"{MAX_CONSTRAINT_WORK:,}", ("constraints", i), found=f"{c.size:,} operations "
+            "over " + (" x ".join(f"{a} {sizes[a]:,}" for a in names if a in c.names)
+                       or "no axis"),
+            hint="shorten this constraint, or sweep fewer values of the axes it names")
+
+
+def _combinations(grid: GridFile, axes: list[tuple[str, list[Any]]],
+                  constraints: list[Constraint]) -> list[tuple[int, ...]]:
+    """The index in each axis's list of every combination of axis values that
+    meets the constraints; refuse more than :data:`MAX_POINTS` points' worth. Each
+    constraint is evaluated once per combination of the axes it names."""
+    names = [name for name, _ in axes]
+    checks: list[tuple[Constraint, list[int], dict[tuple[int, ...], bool]]] = [
+        (c, [names.index(a) for a in sorted(c.names)], {}) for c in constraints]
+    per_combo = len(grid.bases) * len(grid.model.axes.workload)
+    kept: list[tuple[int, ...]] = []
+    count = 0
     for picked in itertools.product(*(range(len(v)) for _, v in axes)):
-        values = {name: vals[i] for (name, vals), i in zip(axes, picked)}
-        if all(c.holds(values) for c in constraints):
-            yield values, {name: i for (name, _), i in zip(axes, picked)}
+        for c, where, memo in checks:
+            key = tuple(picked[i] for i in where)
+            holds = memo.get(key)
+            if holds is None:
+                holds = memo[key] = c.holds({names[i]: axes[i][1][picked[i]] for i in where})
+            if not holds:
+                break
+        else:
+            count += 1
+            if count * per_combo <= MAX_POINTS:
+                kept.append(picked)
+    if count * per_combo > MAX_POINTS:
+        factors = _factors(grid, axes)
+        raise grid.doc.error(
+            f"the constraints leave {count * per_combo:,} points, more than a sweep runs "
+            f"({MAX_POINTS:,})", ("constraints",), key=True,
+            found=f"{count:,} of the {math.prod(len(v) for _, v in axes):,} combinations of "
+                  f"{_product(factors)}",
+            hint="tighten the constraints, sweep fewer values, or split the grid into several")
+    return kept
 
 
 def _set(data: dict[str, Any], path: tuple[str, str], value: Any) -> None:
@@ -294,19 +424,23 @@ def plan_sweep(grid: GridFile) -> Sweep:
     """Every point of ``grid`` that meets its constraints; raise, before anything
     runs, every problem of the grid: unknown axes (when read), workloads that
     cannot be read, values a source refuses, a grid the constraints leave empty."""
-    swept = {name for name, _ in _axis_values(grid)}
+    axes = _axis_values(grid)
+    swept = {name for name, _ in axes}
     constraints = _constraints(grid, swept)
     if "gpu_memory" in swept and "memory" in swept:
         raise grid.doc.error("memory and gpu_memory exclude each other", ("axes", "gpu_memory"),
                              key=True, hint="memory is the KV cache's; gpu_memory the "
                              "GPU's, the KV cache getting what the weights leave")
-    workloads = grid_workloads(grid)
-    models = _models(grid)
-    combos = list(_combinations(grid, constraints))
-    if not combos:
+    _check_size(grid, axes, constraints)
+    picked = _combinations(grid, axes, constraints)
+    if not picked:
         raise grid.doc.error("no point meets the constraints: the grid is empty",
                              ("constraints",), key=True,
                              hint="loosen a constraint, or add values to the axes")
+    combos = [({name: vals[i] for (name, vals), i in zip(axes, p)},
+               {name: i for (name, _), i in zip(axes, p)}) for p in picked]
+    workloads = grid_workloads(grid)
+    models = _models(grid)
     _check_weights(grid, models, swept)
     points, where, docs = [], {}, {}
     for model in models:

@@ -18,14 +18,16 @@ from typing import Any
 
 from kvspec.errors import ErrorList, KvspecError, SourceError
 from kvspec.files import read_text
+from kvspec.model.workloads import DEFAULT_STEP_MS
 from kvspec.model.workloads import PRESETS as PRESET_TABLE
-from kvspec.sim import TraceRequest, generate_trace, read_trace
+from kvspec.sim import TraceRequest, generate_trace
+from kvspec.sim.formats import Columns, detect, read_requests
 from kvspec.sim.presets import preset_trace
-from kvspec.sim.trace import trace_text
+from kvspec.sim.trace import TraceError, trace_text
 from kvspec.source.schema import Distribution
 from kvspec.sweep.grid import GridFile, WorkloadEntry
 
-__all__ = ["PRESETS", "Workload", "grid_workloads", "relative"]
+__all__ = ["PRESETS", "Workload", "file_text", "grid_workloads", "relative"]
 
 
 
@@ -62,8 +64,29 @@ def relative(grid: GridFile, path: str) -> Path:
     return base / path
 
 
+def file_text(grid: GridFile, written: str, at: tuple, what: str, hint: str) -> str:
+    """The text of a file the grid names at ``at`` (``written``, relative to the grid
+    file); a missing or unreadable one is an error there, naming the path."""
+    path = relative(grid, written)
+    if not path.exists():
+        raise grid.doc.error(f"no such file: {written}", at, found=str(path), expected=what,
+                             hint=hint)
+    if path.is_dir():
+        raise grid.doc.error(f"{written} is a directory, not {what}", at, found=str(path),
+                             hint=hint)
+    try:
+        return read_text(path, what=what, error=SourceError, hint=hint)
+    except KvspecError as err:
+        if err.line is not None:
+            raise  # inside the file: its own line and column
+        raise grid.doc.error(f"{err.message}: {written}", at, found=repr(written),
+                             hint=err.hint) from None
+
+
 def grid_workloads(grid: GridFile) -> list[Workload]:
-    out, errors, names = [], [], set()
+    out: list[Workload] = []
+    errors: list[KvspecError] = []
+    names: set[str] = set()
     for i, w in enumerate(grid.model.axes.workload):
         at = ("axes", "workload", i)
         try:
@@ -74,6 +97,14 @@ def grid_workloads(grid: GridFile) -> list[Workload]:
         if name in names:
             errors.append(grid.doc.error(f"two workloads are named {name!r}", at,
                                          hint="give each workload its own name:"))
+        same = next((o for o in out if o.sha256 == sha), None)
+        if same is not None and name not in names:
+            line, col = grid.doc.position(("axes", "workload", same.index)) or (None, None)
+            errors.append(grid.doc.error(
+                f"workload {name!r} is workload {same.name!r} again: the same requests", at,
+                hint=f"the first is axes.workload[{same.index}]" +
+                (f" (line {line}, column {col})" if line is not None else "") +
+                ": give each workload once (one given twice would be swept as two)"))
         names.add(name)
         out.append(Workload(name, sha, requests, i, _spec(grid, w)))
     if errors:
@@ -91,13 +122,14 @@ def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[Trac
                              "2048, output_tokens: 256}",
                              found=", ".join(kinds + summary) or "none of them",
                              hint="give each workload one of the three")
+    for field in ("format", "columns", "step_ms"):
+        if w.trace is None and getattr(w, field) is not None:
+            raise grid.doc.error(f"{field} is a trace file's: this workload has none",
+                                 (*at, field), key=True,
+                                 hint=f"remove {field}, or give the workload as {{trace: FILE}}")
     if w.trace is not None:
-        path = relative(grid, w.trace)
-        data = read_text(path, what="the workload's trace", error=SourceError,
-                         hint="give the trace's path relative to the grid file")
-        requests = read_trace(path)
-        return w.name or Path(w.trace).stem, requests, hashlib.sha256(
-            data.encode()).hexdigest()
+        requests, sha = _read(grid, w, at)
+        return w.name or Path(w.trace).stem, requests, sha
     if w.preset is not None:
         if w.preset not in PRESETS:
             raise grid.doc.error(
@@ -113,6 +145,36 @@ def _trace(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[str, tuple[Trac
         requests = _summary(grid, w, at)
     name = w.name or w.preset or f"workload-{at[-1]}"
     return name, requests, hashlib.sha256(trace_text(requests).encode()).hexdigest()
+
+
+def _read(grid: GridFile, w: WorkloadEntry, at: tuple
+          ) -> tuple[tuple[TraceRequest, ...], str]:
+    """A trace file's requests, read as ``kvspec simulate --workload`` reads it (every
+    format of docs/traces.md), and its sha256: the file's, for kvspec's own format;
+    else the requests', as kvspec writes them (the step time and columns count)."""
+    assert w.trace is not None
+    hint = "give the trace's path relative to the grid file"
+    text = file_text(grid, w.trace, (*at, "trace"), "a request trace", hint)
+    path = relative(grid, w.trace)
+    try:
+        fmt = w.format or detect(path)
+    except TraceError as err:
+        raise grid.doc.error(err.message, (*at, "trace"), found=err.found,
+                             hint="name its format in the grid: {trace: FILE, format: "
+                                  "azure-2024} (or burstgpt, mooncake, ...), or format: "
+                                  "lengths with columns: {prompt: NAME, output: NAME} "
+                                  "(docs/traces.md)") from None
+    columns = Columns(w.columns.prompt, w.columns.output, w.columns.time,
+                      w.columns.time_unit) if w.columns is not None else None
+    if fmt == "lengths" and columns is None:
+        raise grid.doc.error("a lengths trace needs its columns", at,
+                             expected="columns: {prompt: NAME, output: NAME}",
+                             hint="name the columns of the prompt and output lengths (and "
+                                  "time, optionally): docs/traces.md")
+    requests = read_requests(path, fmt, step_ms=w.step_ms or DEFAULT_STEP_MS,
+                             columns=columns)
+    data = text if fmt == "kvspec" else trace_text(requests)
+    return requests, hashlib.sha256(data.encode()).hexdigest()
 
 
 def _summary(grid: GridFile, w: WorkloadEntry, at: tuple) -> tuple[TraceRequest, ...]:
@@ -145,5 +207,13 @@ def _spec(grid: GridFile, w: WorkloadEntry) -> dict[str, Any] | None:
     if w.preset is not None:
         return None
     if w.trace is not None:
-        return {"trace": str(relative(grid, w.trace).resolve())}
-    return w.model_dump(exclude={"name", "trace", "preset", "rate"}, exclude_none=True)
+        spec: dict[str, Any] = {"trace": str(relative(grid, w.trace).resolve())}
+        if w.format is not None:
+            spec["format"] = w.format
+        if w.columns is not None:
+            spec["columns"] = w.columns.model_dump(exclude_none=True)
+        if w.step_ms is not None:
+            spec["step_ms"] = w.step_ms
+        return spec
+    return w.model_dump(exclude={"name", "trace", "preset", "rate", "format", "columns",
+                                 "step_ms"}, exclude_none=True)
