@@ -199,7 +199,10 @@ def _literal_error(doc: Document, loc: tuple, err: Mapping[str, Any], found: Any
                    found_s: str | None) -> SourceError:
     expected = (err.get("ctx") or {}).get("expected")
     hint = None
-    if isinstance(found, str):
+    if isinstance(found, str) and found.strip() in _bare_options(expected):
+        # `kvspec: '1'`: the value is right but quoted, so YAML made it a string
+        hint = f"write {found.strip()} without quotes: YAML reads {found_s} as a string"
+    elif isinstance(found, str):
         options = [o.strip().strip("'") for o in str(expected).replace(" or ", ", ").split(",")]
         guess = KIND_SYNONYMS.get(found) if loc[-1] == "kind" else None
         close = [guess] if guess else difflib.get_close_matches(found, options, n=1, cutoff=0.5)
@@ -210,6 +213,12 @@ def _literal_error(doc: Document, loc: tuple, err: Mapping[str, Any], found: Any
     hint = hint or "write one of the values above, spelled as shown"
     return doc.error(f"invalid value for {loc[-1]!r}", loc, expected=expected, found=found_s,
                      hint=hint)
+
+
+def _bare_options(expected: Any) -> list[str]:
+    """The options of a literal that are written unquoted (numbers, not strings)."""
+    return [o.strip() for o in str(expected).replace(" or ", ", ").split(",")
+            if o.strip() and not o.strip().startswith("'")]
 
 
 def parse_source(doc: Document) -> m.Source:
