@@ -74,12 +74,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # ---------------------------------------------------------------------------
 
 def checkpoint(family: str) -> Path:
-    """The family's tiny seeded checkpoint (tests/serve/checkpoints.py), made once."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    import checkpoints
+    """The family's tiny seeded checkpoint (scripts/make_tiny_checkpoint.py, the
+    script docs/serving.md names), made once."""
+    from scripts.make_tiny_checkpoint import make
 
-    return checkpoints.make(family, CACHE / "checkpoints")
+    return make(family, CACHE / "checkpoints")
 
 
 def kvspec(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -2,7 +2,7 @@
 
 For each family the CPU engine serves (tests/serve/families.py), one engine runs
 vanilla and one runs with the plugin in allocate mode, on the same tiny checkpoint
-(tests/serve/checkpoints.py) and the same token-id prompts. Each engine runs in a
+(scripts/make_tiny_checkpoint.py) and the same token-id prompts. Each engine runs in a
 child process of its own (vLLM loads its plugins once per process), in-process there
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni`` executor), so that the child can
 look at the model runner it served with:
