@@ -661,8 +661,16 @@ def sweep_field_cases() -> Iterator[Case]:
             "axes.kv_cache_dtype", "axes.pooling.policy", "workload.name") else (".nan",)
         for value in dict.fromkeys(own + shared):
             text, line = _grid_with(path, value)
+            ok = None
+            if path == "workload.seed" and value == HUGE:
+                ok = swept(1)  # any whole number seeds the draw
+            if path == "axes.gpu_memory" and value == "1":  # no memory left: an error row
+                ok = swept(1, failed=1, error_line=line)
+            at = None
+            if path.startswith("workload."):  # at the value, or at its workload entry
+                at = rf"^g\.yaml:({line_of(text, 'name')}|{line}):\d+: error"
             yield _sweep_case("sweep", f"{path}: {'10^400' if value == HUGE else value}",
-                              text, line=line)
+                              text, line=line, ok=ok, **({"at": at} if at else {}))
         for value in YAML_STRINGS.get(path, ()):
             text, line = _grid_with(path, value)
             yield _sweep_case("sweep", f"{path}: {value} (a string to YAML)", text, line=line,
@@ -676,7 +684,8 @@ def sweep_field_cases() -> Iterator[Case]:
     for value in ("'1'", "2", "1.0", "0", "null", "true", "''", "[1]"):
         text = grid(version=value)
         yield _sweep_case("sweep", f"kvspec_sweep: {value}", text, line=1,
-                          not_says=(r"did you mean '1'\?",))
+                          not_says=(r"did you mean '1'\?",),
+                          ok=swept(1) if value == "1.0" else None)  # 1.0 is 1: either
 
 
 #: Duplicate axis values: an error at the axis, or one point (the issue allows either).
@@ -814,7 +823,8 @@ def sweep_grid_cases() -> Iterator[Case]:
     for argv in (("-j", "0"), ("-j", "-1"), ("-j", "abc"), ("--point", "bogus"),
                  ("--point", ""), ("--format", "yaml"), ("--report", "r.pdf"),
                  ("--csv", "r.txt")):
-        yield _sweep_case("sweep", " ".join(argv), grid(), *argv, line=False)
+        yield _sweep_case("sweep", " ".join(argv), grid(), *argv, line=False,
+                          at="--point|the id" if argv[0] == "--point" else None)
 
 
 def sweep_constraint_cases() -> Iterator[Case]:
@@ -1505,7 +1515,7 @@ def run(case: Case, root: Path, timeout: float, python: str = sys.executable) ->
             right = False
     shutil.rmtree(where, ignore_errors=True)
     kind = classify(case, code, stderr, timed_out, lost, right)
-    detail = "; ".join(lost) if kind == "lost file" else ""
+    detail = "; ".join(lost)  # (shown with a traceback or a hang too)
     return Result(case, kind, code, seconds, stderr, detail)
 
 
