@@ -43,20 +43,48 @@ def _bench() -> object:
 
 # -- the table's cases, a representative subset ---------------------------------------
 
+#: The surfaces issue 48 added: sweep grids, rows files, --ray addresses, trace import.
+NEW_SURFACES = ("sweep", "rows", "ray", "trace-import")
+
+
 def test_the_table_has_at_least_300_cases_on_every_surface() -> None:
     bench = _bench()
     cases = bench.cases()  # type: ignore[attr-defined]
     assert len(cases) >= 300
     assert {c.surface for c in cases} == set(bench.SURFACES)  # type: ignore[attr-defined]
+    names = [(c.surface, c.name) for c in cases]
+    assert len(names) == len(set(names)), "two cases of a surface share a name"
 
 
-def test_a_subset_of_the_bad_inputs_are_clear_errors(tmp_path: Path) -> None:
+def test_the_new_surfaces_have_at_least_200_cases_and_say_what_is_right() -> None:
+    bench = _bench()
+    new = [c for c in bench.cases() if c.surface in NEW_SURFACES]  # type: ignore[attr-defined]
+    assert len(new) >= 200
+    for surface in NEW_SURFACES:
+        assert sum(c.surface == surface for c in new) >= 15, surface
+    # cases whose right answer is success, and cases guarding the user's files
+    assert sum(c.ok is not None for c in new) >= 50
+    assert sum(c.must_run for c in new) >= 5
+    assert sum(bool(c.keep) for c in new) >= 20
+    assert all(c.keep_failed == ("r.jsonl",) for c in new if c.surface == "sweep"
+               and c.argv[:2] == ("sweep", "g.yaml"))
+    # --ray names loopback addresses only (never a real cluster, never a local instance)
+    for c in new:
+        if "--ray" in c.argv:
+            address = c.argv[c.argv.index("--ray") + 1]
+            assert "." not in address.replace("127.0.0.1", ""), address  # no other host
+            assert address not in ("", "local", "auto"), address
+
+
+def test_a_subset_of_the_bad_inputs_are_clear_errors_or_right_answers() -> None:
     bench = _bench()
     cases = bench.cases()  # type: ignore[attr-defined]
-    subset = cases[::17]  # every surface, about 30 cases
-    results = bench.run_all(subset, 2, 60.0, quiet=True)  # type: ignore[attr-defined]
-    bad = [(r.case.surface, r.case.name, r.kind, bench.first_line(r.message))  # type: ignore[attr-defined]
-           for r in results if r.kind in ("traceback", "runaway", "silent wrong")]
+    subset = cases[::17]  # every surface, about 70 cases
+    assert {c.surface for c in subset} == set(bench.SURFACES)  # type: ignore[attr-defined]
+    results = bench.run_all(subset, 2, 30.0, quiet=True)  # type: ignore[attr-defined]
+    bad = [(r.case.surface, r.case.name, r.kind, bench.shown(r))  # type: ignore[attr-defined]
+           for r in results if r.kind in bench.BAD  # type: ignore[attr-defined]
+           or (r.kind == "unclear" and r.case.surface in NEW_SURFACES)]
     assert not bad
 
 
@@ -72,6 +100,84 @@ def test_the_classifier_tells_the_classes_apart() -> None:
     assert classify(case, 0, "", False) == "silent wrong"
     assert classify(case, None, "", True) == "runaway"
     assert classify(case, None, "simulating: 100 of 1,000", True) == "slow"
+    assert classify(case, None, "[2026-12-07 W 1] rpc_client.h:153: Failed to connect",
+                    True) == "runaway"  # a log line is no progress
+    # pydantic's internal names are never a clear message
+    assert classify(case, 1, "g.yaml:5:33: error: invalid value for target.step_ms."
+                    "constrained-float", False) == "unclear"
+    # a lost file outranks every answer but a traceback or a hang
+    assert classify(case, 0, "", False, lost=("u.jsonl truncated",), right=True) == "lost file"
+    assert classify(case, 1, "s.yaml:3:4: error: bad", False, lost=("u.jsonl deleted",)) \
+        == "lost file"
+    # a case that says what a right success is
+    ok = bench.Case("sweep", "x", ("sweep",), ok=lambda o: True)  # type: ignore[attr-defined]
+    assert classify(ok, 0, "", False, right=True) == "right"
+    assert classify(ok, 0, "", False, right=False) == "silent wrong"
+    assert classify(ok, 1, "g.yaml:4:3: error: duplicate", False) == "clear"
+    must = bench.Case("rows", "x", ("sweep",), must_run=True)  # type: ignore[attr-defined]
+    assert classify(must, 1, "g.yaml:4:3: error: no", False) == "refused"
+    # a case that asks where the error is placed, and what it says
+    placed = bench.Case("sweep", "x", ("sweep", "g.yaml"),  # type: ignore[attr-defined]
+                        at=bench._grid_at(2), says=("artifact",))  # type: ignore[attr-defined]
+    assert classify(placed, 1, "g.yaml:2:7: error: a.kvlayout.json is an artifact",
+                    False) == "clear"
+    assert classify(placed, 1, "a.kvlayout.json:1:1: error: missing field 'kvspec' "
+                    "(an artifact)", False) == "unclear"
+    assert classify(placed, 1, "g.yaml:2:7: error: missing field 'kvspec'", False) == "unclear"
+    said = bench.Case("sweep", "x", ("sweep",), not_says=(r"did you mean '1'\?",))  # type: ignore[attr-defined]
+    assert classify(said, 1, "g.yaml:1:15: error: bad\n  hint: did you mean '1'?",
+                    False) == "unclear"
+
+
+def test_run_finds_a_lost_file_and_kills_what_the_command_left_running(tmp_path: Path) -> None:
+    """``run`` through a stand-in for Python: it truncates the user's file, leaves an
+    output behind and a child running in its process group, and exits 1."""
+    bench = _bench()
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\n: > u.jsonl\necho partial > r.jsonl\nsleep 300 &\n"
+                    "echo $! > child.pid\ncp child.pid ../child.pid\n"
+                    "echo 'u.jsonl:1:1: error: bad' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    case = bench.Case("rows", "x", ("sweep",), {"u.jsonl": "mine\n"},  # type: ignore[attr-defined]
+                      keep=("u.jsonl",), keep_failed=("r.jsonl",))
+    root = tmp_path / "root"
+    root.mkdir()
+    result = bench.run(case, root, 20.0, python=str(fake))  # type: ignore[attr-defined]
+    assert result.kind == "lost file", result
+    assert "u.jsonl truncated from 5 to 0 bytes" in result.detail
+    assert "r.jsonl left behind (8 bytes)" in result.detail
+    pid = int((root / "child.pid").read_text())
+    status = Path(f"/proc/{pid}/status")
+    assert not status.exists() or "zombie" in status.read_text()
+
+
+def test_the_right_answers_are_checked(tmp_path: Path) -> None:
+    bench = _bench()
+    outcome = bench.Outcome  # type: ignore[attr-defined]
+    row = {"id": "a" * 16, "point": {"model": "m"}, "ok": True}
+    (tmp_path / "r.jsonl").write_text(json.dumps(row) + "\n")
+    swept = bench.swept  # type: ignore[attr-defined]
+    assert swept(1)(outcome(0, '{"points": 1}', "", tmp_path))
+    assert not swept(1)(outcome(0, '{"points": 3}', "", tmp_path))  # a duplicate counted
+    assert not swept(2)(outcome(0, "", "", tmp_path))
+    on_stdout = bench.rows_on_stdout(1)  # type: ignore[attr-defined]
+    assert on_stdout(outcome(0, json.dumps(row) + "\n", "", tmp_path))
+    (tmp_path / "-").write_text(json.dumps(row) + "\n")
+    assert not on_stdout(outcome(0, "", "", tmp_path))
+    valid = bench.valid_trace  # type: ignore[attr-defined]
+    assert valid(TRACE) == 10
+    assert valid('{"arrival": 0, "prompt_tokens": 1000000000000000, "output_tokens": 5}') is None
+    assert valid('{"arrival": 0, "prompt_tokens": NaN, "output_tokens": 5}') is None
+    assert valid('{"arrival": 3, "prompt_tokens": 5, "output_tokens": 5}\n'
+                 '{"arrival": 2, "prompt_tokens": 5, "output_tokens": 5}') is None
+    blocks = ('{"arrival": 0, "prompt_tokens": 600, "output_tokens": 5, "prefix_blocks": %s, '
+              '"prefix_block_tokens": 512}')
+    assert valid(blocks % "[1, 2]") == 1
+    assert valid(blocks % "[1, 2, 3]") is None  # more blocks than the prompt covers
+    assert valid("") is None
+    errors = bench._json_errors(json.dumps({"ok": False, "errors": [  # type: ignore[attr-defined]
+        {"file": "g.yaml", "line": 4, "column": 3, "message": "bad", "path": "axes.tp"}]}))
+    assert errors == "g.yaml:4:3: error: bad\n  at: axes.tp"
 
 
 # -- item 6: non-finite numbers name their option --------------------------------------
