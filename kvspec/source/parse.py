@@ -127,6 +127,9 @@ def _type_hint(kind: str, found: Any, ctx: dict[str, Any]) -> str:
     if kind == "greater_than_equal":
         return f"write {ctx.get('ge', 0)} or more"
     if kind == "less_than_equal":
+        le = ctx.get("le")
+        if isinstance(le, (int, float)) and not isinstance(le, bool) and le <= 1:
+            return f"write a fraction from 0 to {le:g}"
         return "that is far beyond any deployment: check the number for a typo"
     if kind == "string_type":
         if found is None:
@@ -170,10 +173,15 @@ def expected_of(err: Mapping[str, Any]) -> str:
     if kind == "greater_than_equal":
         return "an integer >= 0" if ctx.get("ge") == 0 else f"a number >= {ctx['ge']}"
     if kind == "less_than_equal":
-        return f"at most {ctx.get('le'):,}" if isinstance(ctx.get("le"), int) else err["msg"]
+        le = ctx.get("le")
+        return f"at most {le:,}" if isinstance(le, int) else f"a number at most {le:g}"
+    if kind == "less_than":
+        return f"a number below {ctx.get('lt')}"
     if kind == "too_short":
         return f"at least {ctx.get('min_length', 1)} item(s)"
-    return err["msg"]
+    # pydantic's own sentence, without its "Input should be" (the user wrote no input)
+    msg = str(err["msg"])
+    return msg.removeprefix("Input should be ").removeprefix("Value error, ")
 
 
 #: Field names users write (often vLLM's or Hugging Face's), and the field they mean.
