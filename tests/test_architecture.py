@@ -24,7 +24,7 @@ PACKAGE = ROOT / "kvspec"
 MODULES = sorted(PACKAGE.rglob("*.py"))
 
 #: Modules every package may import.
-COMMON = ("_version", "errors", "files", "collector", "jsonpos", "notes")
+COMMON = ("_version", "errors", "files", "collector", "jsonpos", "notes", "interrupts")
 #: What each package may import from kvspec (besides itself and :data:`COMMON`).
 ALLOWED = {
     "model": {"model"},

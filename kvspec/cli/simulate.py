@@ -29,6 +29,7 @@ from kvspec.cli.common import command as cli_command
 from kvspec.cli.trace_import import columns_of, step_options
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, shown
+from kvspec.interrupts import deferred
 from kvspec.reports.format import count
 from kvspec.reports.simulate import cap_note, simulate_table
 from kvspec.runtime.manager import from_artifact
@@ -231,8 +232,9 @@ def _summary(target: Target, result: Any, side: str) -> dict[str, Any]:
     # deferred: the pooling figures load with the compiler, when the command runs
     from kvspec.pooling.evaluate import layout_waste, waste_of
 
-    waste = waste_of(result, target.artifact.body)[1] if side == "kvspec" else None
-    return {**result.as_dict(), "layout_waste": layout_waste(waste)}
+    with deferred():   # compiled code (kvspec.interrupts)
+        waste = waste_of(result, target.artifact.body)[1] if side == "kvspec" else None
+        return {**result.as_dict(), "layout_waste": layout_waste(waste)}
 
 
 def _advance(bar: Any) -> Any:

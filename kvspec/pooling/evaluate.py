@@ -27,6 +27,7 @@ from typing import Any
 from kvspec import notes
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
+from kvspec.interrupts import deferred
 from kvspec.model.pooling import PoolingRef, Workload
 from kvspec.passes.size import Sized
 from kvspec.pooling.candidates import Candidate
@@ -195,7 +196,8 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engi
                           progress=_told(candidate.name), **settings)
         if runs is not None:
             runs[key] = result
-    tokens_held, waste = waste_of(result, candidate.artifact.body)
-    simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
+    with deferred():   # compiled code (kvspec.interrupts)
+        tokens_held, waste = waste_of(result, candidate.artifact.body)
+        simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
     return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)

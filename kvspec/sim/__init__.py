@@ -31,6 +31,7 @@ from typing import Any
 from kvspec.artifact import Artifact
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
+from kvspec.interrupts import deferred
 from kvspec.model.engine import Engine
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
 from kvspec.sim.engine import KvspecEngine, Progress, drive
@@ -92,20 +93,21 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     if why is not None:
         raise KvspecError(f"cannot simulate: {why}",
                           hint="simulate a smaller budget: the figures per block scale")
-    manager = KVCacheManager(layout)
-    live = LiveBytes(layout)
-    scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens,
-                          async_scheduling=async_scheduling,
-                          lazy=lazy and depth == (2 if async_scheduling else 1))
-    limits = Limits(max_num_seqs, max_num_batched_tokens,
-                    layout.split_block_size if layout.has_align_state else 0)
-    engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers,
-                          sample_held=sample_held, limits=limits)
-    records, steps = drive(engine, admitted, depth, progress)
-    result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
-                       scheduler.hit_tokens, len(admitted), len(trace) - len(admitted),
-                       tuple(engine.samples), live.scale, live.pool_bytes, limits)
+    with deferred():   # compiled code from here (kvspec.interrupts)
+        manager = KVCacheManager(layout)
+        live = LiveBytes(layout)
+        scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens,
+                              async_scheduling=async_scheduling,
+                              lazy=lazy and depth == (2 if async_scheduling else 1))
+        limits = Limits(max_num_seqs, max_num_batched_tokens,
+                        layout.split_block_size if layout.has_align_state else 0)
+        engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers,
+                              sample_held=sample_held, limits=limits)
+        records, steps = drive(engine, admitted, depth, progress)
+        result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
+                           scheduler.hit_tokens, len(admitted), len(trace) - len(admitted),
+                           tuple(engine.samples), live.scale, live.pool_bytes, limits)
     return result, engine
 
 

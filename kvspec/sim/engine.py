@@ -14,6 +14,10 @@
 
 The result is every step's :class:`~kvspec.sim.metrics.StepRecord` and the
 step the trace finished at.
+
+The loop runs with signals deferred (:mod:`kvspec.interrupts`) and polls them every
+step: in the compiled build a ``KeyboardInterrupt`` raised inside an integer product
+would abort the process; raised at the poll, it unwinds as in pure Python.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
+from kvspec.interrupts import deferred, poll
 from kvspec.sim.chains import ChainRequest, Chains
 from kvspec.sim.errors import SimulationError
 from kvspec.sim.metrics import Limits, LiveBytes, StepRecord, waiting_reason
@@ -49,11 +54,18 @@ class StepEngine(Protocol):
 def drive(engine: StepEngine, trace: Sequence[TraceRequest], depth: int = 1,
           progress: Progress | None = None) -> tuple[list[StepRecord], int]:
     """Run ``trace`` through ``engine`` (see the module docstring)."""
+    with deferred():
+        return _loop(engine, trace, depth, progress)
+
+
+def _loop(engine: StepEngine, trace: Sequence[TraceRequest], depth: int,
+          progress: Progress | None) -> tuple[list[StepRecord], int]:
     records: list[StepRecord] = []
     queue: deque[Any] = deque()
     clock = i = 0
     n = len(trace)
     while True:
+        poll()   # Ctrl-C: KeyboardInterrupt here
         while i < n and trace[i].arrival <= clock:
             engine.add(i, trace[i])
             i += 1
