@@ -3,6 +3,7 @@ simulated, one row each, locally or on Ray (docs/sweep.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -99,6 +100,7 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
     target = ray_target(ray_address) if ray_address is not None else None
     if target is not None:
         _need_ray()
+        _reachable(target)
     if point_id is not None:
         return _one(plan_sweep(read_grid(str(grid))), point_id)
     _writable(report, "--report", parents)
@@ -238,50 +240,86 @@ def _one(sweep: Any, point_id: str) -> int:
     return EXIT_OK
 
 
+def _reachable(target: Any) -> None:
+    """``--ray``'s address answers (a TCP probe, seconds at most; Ctrl-C ends it)."""
+    # deferred: the sweep, only when the command runs
+    from kvspec.sweep.execute import check_ray
+
+    with _signals_end_it(lambda: None):
+        check_ray(target)
+
+
+#: Seconds Ray has to connect to a cluster's address before the command gives up.
+CONNECT_S = 10.0
+
+
 def _connect(target: Any, results: Any) -> None:
-    """Reach Ray at ``target``; Ctrl-C or SIGTERM while Ray connects (it waits in
-    its own code, where Python's handlers cannot run) ends the command at once."""
+    """Reach Ray at ``target``. An address is given :data:`CONNECT_S` seconds
+    (Ray itself retries for half a minute or more), and Ctrl-C or SIGTERM while
+    Ray connects (it waits in its own code, where Python's handlers cannot run)
+    ends the command at once."""
+    if target.kind == "gcs":  # Ray's tries at a GCS, a second each (20 by default)
+        os.environ.setdefault("RAY_NUM_REDIS_GET_RETRIES", "3")
+    # deferred: the sweep (and Ray), only when the command runs
     from kvspec.sweep.execute import connect_ray
 
-    with _signals_end_it(lambda: results.close(discard=True)):
+    late = UsageError(f"--ray {target.address}: no Ray cluster answered within "
+                      f"{CONNECT_S:g} s", hint="check the address: a cluster's GCS "
+                      "(HOST:PORT, port 6379 unless changed), or its Ray Client server "
+                      "(ray://HOST:PORT, port 10001)")
+    with _signals_end_it(lambda: results.close(discard=True),
+                         deadline=None if target.kind == "local" else (CONNECT_S, late)):
         connect_ray(target)
 
 
 @contextmanager
-def _signals_end_it(cleanup: Callable[[], None]) -> Iterator[None]:
+def _signals_end_it(cleanup: Callable[[], None],
+                    deadline: tuple[float, UsageError] | None = None) -> Iterator[None]:
     """While the body runs, SIGINT and SIGTERM end the process within a moment,
     saying so (exit 130 and 143), even when the main thread is blocked outside
     Python: the signal's number is written to a socket (``signal.set_wakeup_fd``)
-    that a thread waits on."""
+    that a thread waits on. ``deadline``: seconds, and the error that ends the
+    process (exit 2) when the body has not finished by then."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     recv, send = socket.socketpair()
     send.setblocking(False)
-    old_term = signal.getsignal(signal.SIGTERM)
-    if old_term in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    old_fd = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
-    done = threading.Event()
+    done, once = threading.Event(), threading.Lock()
+    end = None if deadline is None else time.monotonic() + deadline[0]
+
+    def stop(err: UsageError, code: int) -> None:
+        if not once.acquire(blocking=False):
+            return  # the other thread is ending the process
+        cleanup()
+        error(err)
+        sys.stderr.flush()
+        os._exit(code)
 
     def watch() -> None:
         while True:
+            recv.settimeout(None if end is None else max(end - time.monotonic(), 0.0))
             try:
                 data = recv.recv(16)
+            except TimeoutError:
+                if not done.is_set() and deadline is not None:
+                    stop(deadline[1], EXIT_USAGE)
+                return
             except OSError:
                 return
             if done.is_set() or not data:
                 return
             sig = next((b for b in data if b in (signal.SIGINT, signal.SIGTERM)), None)
-            if sig is None:
-                continue
-            cleanup()
-            error(UsageError("interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)",
-                             hint="run the command again; nothing half-written was left "
-                             "behind"))
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED if sig == signal.SIGINT else 128 + sig)
+            if sig is not None:
+                signalled(sig)
 
+    def signalled(sig: int) -> None:
+        stop(UsageError("interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)",
+                        hint="run the command again; nothing half-written was left behind"),
+             EXIT_INTERRUPTED if sig == signal.SIGINT else 128 + sig)
+
+    old_term = signal.signal(signal.SIGTERM, lambda sig, _: signalled(sig))
+    old_fd = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
     watcher = threading.Thread(target=watch, name="kvspec-signals", daemon=True)
     watcher.start()
     try:
@@ -289,8 +327,7 @@ def _signals_end_it(cleanup: Callable[[], None]) -> Iterator[None]:
     finally:
         done.set()
         signal.set_wakeup_fd(old_fd)
-        if signal.getsignal(signal.SIGTERM) is not old_term and old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
         send.close()  # the watcher wakes (its peer is gone) and returns
         watcher.join(1)
         recv.close()
@@ -331,12 +368,10 @@ def _run(sweep: Any, results: Any, target: Any, jobs: int, quiet: bool
 
 
 def _need_ray() -> None:
-    try:
-        import ray  # noqa: F401  # deferred: Ray, only for --ray
-    except ImportError:
+    if importlib.util.find_spec("ray") is None:  # not imported: Ray reads settings then
         raise UsageError("--ray needs Ray: it is not installed",
-                         hint="pip install 'kvspec[ray]' (ray 2.60.0), or run without "
-                              "--ray on this machine's cores") from None
+                         hint="pip install 'kvspec[ray]' (ray[client] 2.60.0), or run "
+                              "without --ray on this machine's cores")
 
 
 def _table(best: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:

@@ -50,8 +50,9 @@ from kvspec.sim import TraceRequest
 from kvspec.sweep.evaluate import ROW_KEYS, evaluate_point, row_of_error
 from kvspec.sweep.points import Point, Sweep, locate
 
-__all__ = ["PROBE_S", "PointFailed", "RayTarget", "Results", "StreamResults", "connect_ray",
-           "ray_target", "results_file", "run_local", "run_ray", "run_sweep"]
+__all__ = ["PROBE_S", "PointFailed", "RayTarget", "Results", "StreamResults", "check_ray",
+           "connect_ray", "is_results", "ray_target", "results_file", "run_local", "run_ray",
+           "run_sweep"]
 
 #: The traces a local worker holds, by sha256 (set by its initializer).
 _TRACES: dict[str, tuple[TraceRequest, ...]] = {}
@@ -490,15 +491,10 @@ def connect_ray(target: RayTarget, **init: Any) -> None:
     address within :data:`PROBE_S` seconds."""
     import ray  # deferred: Ray, only for --ray
 
+    if ray.is_initialized():  # this process joined a cluster already
+        return
     where = target.address
-    if target.kind == "client" and importlib.util.find_spec("grpc") is None:
-        raise UsageError(f"--ray {where}: a ray:// address needs Ray Client, which is not "
-                         "installed (the grpcio package)",
-                         hint="pip install 'kvspec[ray]' (it installs ray[client]==2.60.0), "
-                         "or give the cluster's GCS address HOST:PORT from a machine inside "
-                         "it")
-    if target.kind in ("gcs", "client"):
-        _probe(target)
+    check_ray(target)
     try:
         ray.init(address=where, include_dashboard=False, log_to_driver=False,
                  configure_logging=False, **init)
@@ -507,6 +503,25 @@ def connect_ray(target: RayTarget, **init: Any) -> None:
                          f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                          hint="check the address (`ray status` on the head node), or run "
                          "`ray start --head` for --ray auto") from None
+
+
+def check_ray(target: RayTarget) -> None:
+    """Before any work: a usage error, naming ``--ray``, when a ray:// address
+    finds Ray Client not installed, or nothing accepts a TCP connection at the
+    address within :data:`PROBE_S` seconds."""
+    if target.kind == "client" and not _client_installed():
+        raise UsageError(f"--ray {target.address}: a ray:// address needs Ray Client, which "
+                         "is not installed (the grpcio package)",
+                         hint="pip install 'kvspec[ray]' (it installs ray[client]==2.60.0), "
+                         "or give the cluster's GCS address HOST:PORT from a machine inside "
+                         "it")
+    if target.kind in ("gcs", "client"):
+        _probe(target)
+
+
+def _client_installed() -> bool:
+    """Whether Ray Client can run here (``ray[client]``: grpcio)."""
+    return importlib.util.find_spec("grpc") is not None
 
 
 def _probe(target: RayTarget) -> None:
