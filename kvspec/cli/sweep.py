@@ -263,12 +263,14 @@ def _connect(target: Any, results: Any) -> None:
     # deferred: the sweep (and Ray), only when the command runs
     from kvspec.sweep.execute import connect_ray
 
+    if target.kind == "local":  # Ray starts it in Python: Ctrl-C stops it, cleaning up
+        connect_ray(target)
+        return
     late = UsageError(f"--ray {target.address}: no Ray cluster answered within "
                       f"{CONNECT_S:g} s", hint="check the address: a cluster's GCS "
                       "(HOST:PORT, port 6379 unless changed), or its Ray Client server "
                       "(ray://HOST:PORT, port 10001)")
-    with _signals_end_it(lambda: results.close(discard=True),
-                         deadline=None if target.kind == "local" else (CONNECT_S, late)):
+    with _signals_end_it(lambda: results.close(discard=True), deadline=(CONNECT_S, late)):
         connect_ray(target)
 
 
