@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from kvspec.sweep.execute import ROW_KEYS, Results, is_results, ray_target, results_file
+from kvspec.sweep.evaluate import ROW_KEYS
+from kvspec.sweep.execute import ray_target
+from kvspec.sweep.results import Results, is_results, results_file
 from tests.conftest import ROOT, invoke
 from tests.test_sweep import TINY
 

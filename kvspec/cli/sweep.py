@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import socket
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from kvspec.cli.common import (
-    EXIT_INTERRUPTED,
     USAGE,
     check_output,
     echo_json,
-    error,
     format_option,
     note,
     parents_option,
@@ -31,6 +24,7 @@ from kvspec.cli.common import (
     quiet_option,
 )
 from kvspec.cli.common import command as cli_command
+from kvspec.cli.signals import signals_end_it
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import _kind, emit, is_stdout
 
@@ -82,21 +76,11 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
     finish: rerun the command to resume a sweep that was stopped."""
     # deferred: the compiler and the simulator (the sweep), only when the command runs
     from kvspec.sweep import plan_sweep, read_grid
-    from kvspec.sweep.execute import is_results, ray_target
+    from kvspec.sweep.execute import ray_target
 
     out = output or _default_output(grid)
     stream = is_stdout(out) or _kind(out) == "stream"
-    if is_stdout(out) and fmt == "json":
-        raise UsageError("-o - writes the rows to stdout: --format json has nowhere to go",
-                         hint="give -o a file for the rows, or leave out --format json")
-    _check("-o/--output", out, suffixes=(".jsonl",), force=True, parents=parents,
-           inputs=(grid,))
-    if not force and _kind(out) == "file":
-        _refuse_foreign(out, is_results)
-    _check("--report", report, suffixes=(".html",), force=force, parents=parents,
-           inputs=(grid, out), ours=_our_report)
-    _check("--csv", csv_path, suffixes=(".csv",), force=force, parents=parents,
-           inputs=(grid, out), ours=lambda text: text.startswith("id,model,"))
+    _check_outputs(grid, out, report, csv_path, fmt=fmt, force=force, parents=parents)
     target = ray_target(ray_address) if ray_address is not None else None
     if target is not None:
         _need_ray()
@@ -116,6 +100,34 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
         results.close(discard=True)  # a sweep stopped before its first row leaves no file
         raise
     results.close()
+    return _summary(sweep, rows, ran, results, grid=grid, out=out, report=report,
+                    csv_path=csv_path, fmt=fmt, quiet=quiet)
+
+
+def _check_outputs(grid: Path, out: Path, report: Path | None, csv_path: Path | None, *,
+                   fmt: str, force: bool, parents: bool) -> None:
+    """Each output's path against the policy every command keeps (its error
+    naming the option), before any work."""
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
+    from kvspec.sweep.results import is_results
+
+    if is_stdout(out) and fmt == "json":
+        raise UsageError("-o - writes the rows to stdout: --format json has nowhere to go",
+                         hint="give -o a file for the rows, or leave out --format json")
+    _check("-o/--output", out, suffixes=(".jsonl",), force=True, parents=parents,
+           inputs=(grid,))
+    if not force and _kind(out) == "file":
+        _refuse_foreign(out, is_results)
+    _check("--report", report, suffixes=(".html",), force=force, parents=parents,
+           inputs=(grid, out), ours=_our_report)
+    _check("--csv", csv_path, suffixes=(".csv",), force=force, parents=parents,
+           inputs=(grid, out), ours=lambda text: text.startswith("id,model,"))
+
+
+def _summary(sweep: Any, rows: list[dict[str, Any]], ran: int, results: Any, *, grid: Path,
+             out: Path, report: Path | None, csv_path: Path | None, fmt: str, quiet: bool
+             ) -> int:
+    """The notes, the CSV and the report, and the best point per workload."""
     where = "-" if is_stdout(out) else str(out)
     if results.replaced:
         note(f"{where}: started afresh (--force): it held no rows of this grid", quiet=quiet)
@@ -123,7 +135,7 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
         note(f"{where}: dropped a torn last line (a sweep stopped mid-write)", quiet=quiet)
     note(f"{len(rows):,} points: {ran:,} run, {len(rows) - ran:,} from {where}; "
          f"{sum(not r['ok'] for r in rows):,} with errors", quiet=quiet)
-    # deferred: the report, only when the command runs
+    # deferred: the compiler (the sweep's report), only when the command runs
     from kvspec.sweep.report import best_rows, render_report, write_csv
 
     if csv_path is not None:
@@ -137,7 +149,7 @@ def command(grid: Path, output: Path | None, ray_address: str | None, jobs: int 
                    "errors": sum(not r["ok"] for r in rows), "output": where,
                    "best": best})
         return EXIT_OK
-    if stream:  # stdout carries the rows alone
+    if is_stdout(out):  # stdout carries the rows alone
         if not quiet:
             click.echo(_table(best, rows), err=True)
         return EXIT_OK
@@ -199,8 +211,8 @@ def _cannot_write(option: str, path: Path, exc: OSError) -> UsageError:
 def _open_results(out: Path, stream: bool, force: bool) -> Any:
     """The results: the -o file, opened, locked and read (a usage error naming
     the option when it cannot be written), or a stream to write rows to."""
-    # deferred: the sweep, only when the command runs
-    from kvspec.sweep.execute import Results, StreamResults
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
+    from kvspec.sweep.results import Results, StreamResults
 
     if stream:
         if is_stdout(out):
@@ -242,10 +254,10 @@ def _one(sweep: Any, point_id: str) -> int:
 
 def _reachable(target: Any) -> None:
     """``--ray``'s address answers (a TCP probe, seconds at most; Ctrl-C ends it)."""
-    # deferred: the sweep, only when the command runs
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
     from kvspec.sweep.execute import check_ray
 
-    with _signals_end_it(lambda: None):
+    with signals_end_it(lambda: None):
         check_ray(target)
 
 
@@ -260,7 +272,7 @@ def _connect(target: Any, results: Any) -> None:
     ends the command at once."""
     if target.kind == "gcs":  # Ray's tries at a GCS, a second each (20 by default)
         os.environ.setdefault("RAY_NUM_REDIS_GET_RETRIES", "3")
-    # deferred: the sweep (and Ray), only when the command runs
+    # deferred: the compiler and the simulator (the sweep), only when the command runs
     from kvspec.sweep.execute import connect_ray
 
     if target.kind == "local":  # Ray starts it in Python: Ctrl-C stops it, cleaning up
@@ -270,69 +282,8 @@ def _connect(target: Any, results: Any) -> None:
                       f"{CONNECT_S:g} s", hint="check the address: a cluster's GCS "
                       "(HOST:PORT, port 6379 unless changed), or its Ray Client server "
                       "(ray://HOST:PORT, port 10001)")
-    with _signals_end_it(lambda: results.close(discard=True), deadline=(CONNECT_S, late)):
+    with signals_end_it(lambda: results.close(discard=True), deadline=(CONNECT_S, late)):
         connect_ray(target)
-
-
-@contextmanager
-def _signals_end_it(cleanup: Callable[[], None],
-                    deadline: tuple[float, UsageError] | None = None) -> Iterator[None]:
-    """While the body runs, SIGINT and SIGTERM end the process within a moment,
-    saying so (exit 130 and 143), even when the main thread is blocked outside
-    Python: the signal's number is written to a socket (``signal.set_wakeup_fd``)
-    that a thread waits on. ``deadline``: seconds, and the error that ends the
-    process (exit 2) when the body has not finished by then."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    recv, send = socket.socketpair()
-    send.setblocking(False)
-    done, once = threading.Event(), threading.Lock()
-    end = None if deadline is None else time.monotonic() + deadline[0]
-
-    def stop(err: UsageError, code: int) -> None:
-        if not once.acquire(blocking=False):
-            return  # the other thread is ending the process
-        cleanup()
-        error(err)
-        sys.stderr.flush()
-        os._exit(code)
-
-    def watch() -> None:
-        while True:
-            recv.settimeout(None if end is None else max(end - time.monotonic(), 0.0))
-            try:
-                data = recv.recv(16)
-            except TimeoutError:
-                if not done.is_set() and deadline is not None:
-                    stop(deadline[1], EXIT_USAGE)
-                return
-            except OSError:
-                return
-            if done.is_set() or not data:
-                return
-            sig = next((b for b in data if b in (signal.SIGINT, signal.SIGTERM)), None)
-            if sig is not None:
-                signalled(sig)
-
-    def signalled(sig: int) -> None:
-        stop(UsageError("interrupted" if sig == signal.SIGINT else "terminated (SIGTERM)",
-                        hint="run the command again; nothing half-written was left behind"),
-             EXIT_INTERRUPTED if sig == signal.SIGINT else 128 + sig)
-
-    old_term = signal.signal(signal.SIGTERM, lambda sig, _: signalled(sig))
-    old_fd = signal.set_wakeup_fd(send.fileno(), warn_on_full_buffer=False)
-    watcher = threading.Thread(target=watch, name="kvspec-signals", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        signal.set_wakeup_fd(old_fd)
-        signal.signal(signal.SIGTERM, old_term if old_term is not None else signal.SIG_DFL)
-        send.close()  # the watcher wakes (its peer is gone) and returns
-        watcher.join(1)
-        recv.close()
 
 
 def _run(sweep: Any, results: Any, target: Any, jobs: int, quiet: bool
