@@ -198,7 +198,7 @@ def test_results_file_drops_a_torn_line_and_never_doubles(tmp_path: Path) -> Non
     # a bad line before the last is not a torn write: refused, nothing cut
     path.write_bytes(b'{"id": "a", "ok": true, "point": {}}\nnot json\n'
                      b'{"id": "c", "ok": true, "point": {}}\n')
-    with pytest.raises(Exception, match=r"r\.jsonl:2: not a row"):
+    with pytest.raises(Exception, match=r"r\.jsonl:2: error: not a row"):
         Results(path).open()
     assert path.read_bytes().count(b"\n") == 3
 

@@ -6,7 +6,8 @@
 * :mod:`.points` -- from a grid to its points, each with its source, checked by
   the compiler before anything runs;
 * :mod:`.evaluate` -- one point compiled and simulated: its row;
-* :mod:`.execute` -- a local process pool or Ray, rows appended and resumable;
+* :mod:`.execute` -- a local process pool or Ray, and ``--ray``'s addresses;
+* :mod:`.results` -- the results file: rows read, checked, appended, resumable;
 * :mod:`.report` -- the best point per workload, the Pareto front, CSV and HTML.
 """
 

@@ -37,12 +37,19 @@ from kvspec.pooling.figures import Figures
 from kvspec.runtime.manager import from_artifact
 from kvspec.sim import SimResult, TraceRequest, engine_settings, simulate
 
-__all__ = ["evaluate_point", "row_of_error"]
+__all__ = ["ROW_KEYS", "evaluate_point", "row_of_error"]
 
 #: Requests that must finish while others wait for a throughput to be measured.
 MIN_FINISHED = 50
 #: Figures ``simulate`` may give beside its summary (issue 39), copied when present.
 OPTIONAL = ("waiting_steps_by_reason", "utilization_while_memory_bound", "layout_waste")
+#: Every key a row may have (a figures row's, an error row's): how the results
+#: file tells a row, or the start of one a kill cut short, from other JSON.
+ROW_KEYS = frozenset({
+    "id", "point", "ok", "error", "ranks", "kv_cache_memory", "static_requests",
+    "workload_requests", "binding_pool", "physical_limit", "blocks", "held_tokens",
+    "simulated", *OPTIONAL, "throughput", "replicas", "gpus", "requests_per_gpu",
+    "saturated", "requests_per_step", "sha256"})
 
 
 @lru_cache(maxsize=8)

@@ -1,112 +1,100 @@
 """Running a sweep's points: a local process pool, or Ray; rows appended to a
 JSON Lines file as they finish, so a killed sweep resumes.
 
-* **Results file.** Each finished row is one line, written whole with one
-  ``write``, flushed and ``fsync``'d before the next. A rerun reads the file,
-  drops a torn last line (a line without its newline, or not JSON: the kill came
-  mid-write), and skips every point whose id it holds: no row is lost or written
-  twice. An exclusive lock (``flock``) keeps two sweeps off one file.
+* **Results file** (:mod:`kvspec.sweep.results`). Each finished row is appended
+  whole, synced; a rerun skips every point whose id it holds.
 * **Local.** A :class:`~concurrent.futures.ProcessPoolExecutor` of ``jobs``
   workers; each worker gets the traces once, when it starts (its initializer),
-  and every task names its trace by sha256.
+  and every task names its trace by sha256. Workers die with the sweep: on
+  Linux the kernel kills them when it dies (``PR_SET_PDEATHSIG``), and a thread
+  in each watches its parent elsewhere; they ignore Ctrl-C, which the sweep
+  handles, stopping them.
 * **Ray** (``kvspec[ray]``). One task per point. Each trace is put once into the
   object store, and a task carries its reference (inside a list, so Ray does not
   fetch it before the task runs): a worker fetches a trace the first time one of
   its tasks needs it and keeps it. Rows come back as tasks finish (``ray.wait``).
+  :func:`ray_target` checks an address and :func:`connect_ray` reaches it
+  (a TCP probe first, so an address nothing answers at fails in seconds).
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
+import ctypes
+import importlib.util
+import multiprocessing
 import os
-from collections.abc import Callable, Iterator
+import re
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
-from pathlib import Path
-from typing import IO, Any
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
 
-from kvspec.errors import KvspecError
+from kvspec.errors import KvspecError, UsageError
 from kvspec.sim import TraceRequest
 from kvspec.sweep.evaluate import evaluate_point, row_of_error
 from kvspec.sweep.points import Point, Sweep, locate
+from kvspec.sweep.results import Results, StreamResults, is_results, results_file
 
-__all__ = ["Results", "run_local", "run_ray", "run_sweep"]
+__all__ = ["PROBE_S", "PointFailed", "RayTarget", "Results", "StreamResults", "check_ray",
+           "connect_ray", "is_results", "ray_target", "results_file", "run_local", "run_ray",
+           "run_sweep"]
 
 #: The traces a local worker holds, by sha256 (set by its initializer).
 _TRACES: dict[str, tuple[TraceRequest, ...]] = {}
+#: Seconds a Ray address has to accept a TCP connection before it is refused.
+PROBE_S = 3.0
+#: Seconds between a worker's checks that its parent lives (where no
+#: ``PR_SET_PDEATHSIG``), and between Ray's checks for Ctrl-C.
+_POLL_S = 0.5
 
 
-class Results:
-    """The results file: the rows it holds, and appending one."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.rows: dict[str, dict[str, Any]] = {}
-        self.dropped = 0
-        self._file: IO[bytes] | None = None
-
-    def open(self) -> Results:
-        """Lock the file, read its rows, cut a torn last line."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = self.path.open("a+b")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            raise KvspecError(f"{self.path}: another sweep is writing it", hint="wait for it "
-                              "to finish, or give another file with -o") from None
-        f.seek(0)
-        lines = f.read().splitlines(keepends=True)
-        good = 0
-        for number, line in enumerate(lines, 1):
-            row = _row(line)
-            if row is None and number < len(lines):
-                f.close()
-                raise KvspecError(f"{self.path}:{number}: not a row of a sweep's results",
-                                  hint="a sweep only appends whole rows: this line was "
-                                  "written by something else; give another file with -o")
-            if row is None:  # the last line, cut short by a kill mid-write
-                self.dropped = 1
-                f.truncate(good)
-                os.fsync(f.fileno())
-                break
-            self.rows.setdefault(row["id"], row)
-            good += len(line)
-        self._file = f
-        return self
-
-    def append(self, row: dict[str, Any]) -> None:
-        """Write ``row`` as one line, durably."""
-        assert self._file is not None
-        if row["id"] in self.rows:
-            return
-        self._file.write(json.dumps(row, sort_keys=True).encode() + b"\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self.rows[row["id"]] = row
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def _row(line: bytes) -> dict[str, Any] | None:
-    if not line.endswith(b"\n"):
-        return None
-    try:
-        row = json.loads(line)
-    except ValueError:
-        return None
-    return row if isinstance(row, dict) and isinstance(row.get("id"), str) else None
+class PointFailed(KvspecError):
+    """A point that could not be run to a row (a worker killed, a kvspec bug):
+    the sweep stops, its rows so far kept."""
 
 
 def _task(p: Point) -> tuple[Any, ...]:
     return (p.id, p.params, p.source, p.file, p.workload, p.rate, p.step_ms)
 
 
-def _init(traces: dict[str, tuple[TraceRequest, ...]]) -> None:
+#: ``prctl``'s option: the signal a process gets when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int, forked: bool) -> None:
+    """Make this worker die when the sweep does: the kernel's parent-death signal
+    on Linux, and a thread that watches the parent everywhere (a worker busy in
+    a point still exits within :data:`_POLL_S` of its parent's death)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # no libc to ask: the thread alone
+            pass
+    watched = os.getppid()
+    if forked and watched != parent:  # the sweep died before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            threading.Event().wait(_POLL_S)
+            if os.getppid() != watched:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="kvspec-sweep-parent", daemon=True).start()
+
+
+def _init(traces: dict[str, tuple[TraceRequest, ...]], parent: int, forked: bool) -> None:
+    _die_with(parent, forked)
+    # Ctrl-C reaches the whole process group: the sweep stops the workers itself,
+    # so a worker does not turn it into a failed point
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _TRACES.clear()
     _TRACES.update(traces)
 
@@ -119,12 +107,42 @@ def _local(task: tuple[Any, ...]) -> dict[str, Any]:
 Sink = Callable[[Point, dict[str, Any]], None]
 
 
+def _failed(point: Point, exc: BaseException) -> PointFailed:
+    if isinstance(exc, BrokenProcessPool):
+        return PointFailed(
+            f"a worker process died while running point {point.id} (killed: out of "
+            "memory?)", hint="the rows so far are kept: run the command again to resume, "
+            "with fewer workers (-j) if memory ran out")
+    return PointFailed(
+        f"point {point.id} failed: {type(exc).__name__}: {exc}",
+        hint="this is a bug in kvspec: please report it with the grid (kvspec sweep GRID "
+        f"--point {point.id} reproduces it); the rows so far are kept")
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Stop the pool now: cancel what is queued, end its workers (they may be in
+    the middle of a point that takes minutes)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join(2)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def run_local(sweep: Sweep, todo: list[Point], sink: Sink, jobs: int) -> None:
-    """Run ``todo`` on ``jobs`` worker processes, each row to ``sink`` as it finishes."""
+    """Run ``todo`` on ``jobs`` worker processes, each row to ``sink`` as it
+    finishes. A point that fails outside kvspec's errors, a worker killed, and
+    Ctrl-C stop every worker at once."""
     by_id = {p.id: p for p in todo}
     window = max(4 * jobs, 8)
-    with ProcessPoolExecutor(max_workers=jobs, initializer=_init,
-                             initargs=(sweep.traces,)) as pool:
+    forked = multiprocessing.get_start_method() == "fork"
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_init,
+                               initargs=(sweep.traces, os.getpid(), forked))
+    try:
         pending: dict[Future[dict[str, Any]], str] = {}
         queue = iter(todo)
         for p in queue:
@@ -134,11 +152,19 @@ def run_local(sweep: Sweep, todo: list[Point], sink: Sink, jobs: int) -> None:
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                pid = pending.pop(fut)
-                sink(by_id[pid], fut.result())
+                point = by_id[pending.pop(fut)]
+                try:
+                    row = fut.result()
+                except Exception as exc:  # noqa: BLE001 - the sweep stops, saying which
+                    raise _failed(point, exc) from None
+                sink(point, row)
                 nxt = next(queue, None)
                 if nxt is not None:
                     pending[pool.submit(_local, _task(nxt))] = nxt.id
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
 
 
 def _ray_point(task: tuple[Any, ...], trace_ref: list[Any]) -> dict[str, Any]:
@@ -150,6 +176,130 @@ def _ray_point(task: tuple[Any, ...], trace_ref: list[Any]) -> dict[str, Any]:
     if trace not in _TRACES:
         _TRACES[trace] = ray.get(trace_ref[0])
     return evaluate_point(pid, params, source, file, _TRACES[trace], rate, step_ms)
+
+
+@dataclass(frozen=True)
+class RayTarget:
+    """Where ``--ray`` runs the points: ``local`` (a new local instance), ``auto``
+    (the cluster this machine runs, as ``ray start`` recorded it), ``gcs`` (a
+    cluster's GCS at ``host:port``) or ``client`` (Ray Client, ``ray://host:port``)."""
+
+    kind: str
+    host: str = ""
+    port: int = 0
+
+    @property
+    def address(self) -> str | None:
+        """The address ``ray.init`` takes."""
+        if self.kind == "local":
+            return None
+        if self.kind == "auto":
+            return "auto"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return ("ray://" if self.kind == "client" else "") + f"{host}:{self.port}"
+
+
+#: What ``--ray`` takes, for its errors.
+RAY_FORMS = ("nothing (a local Ray instance), auto (the cluster `ray start` runs on this "
+             "machine), HOST:PORT (a cluster's GCS, e.g. 10.0.0.5:6379) or "
+             "ray://HOST:PORT (Ray Client, e.g. ray://head:10001)")
+_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)"
+                   r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+#: Ray Client's port when a ray:// address gives none (Ray's own default).
+CLIENT_PORT = 10001
+
+
+def ray_target(text: str) -> RayTarget:
+    """``--ray``'s value checked: a :class:`RayTarget`, or a usage error naming
+    the option and the forms it takes."""
+    if text in ("local", ""):
+        return RayTarget("local")
+    if text == "auto":
+        return RayTarget("auto")
+    client = text.startswith("ray://")
+    rest = text[len("ray://"):] if client else text
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"--ray {text!r}: {why}", found=text, expected=RAY_FORMS,
+                          hint="give the head node's address: `ray status` on it prints "
+                          "the GCS address (port 6379 unless changed); Ray Client "
+                          "listens on 10001")
+
+    if "://" in text and not client:
+        raise bad(f"Ray takes ray:// addresses, not {text.split('://')[0]}://")
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d+))?|([^:/\[\]]+)(?::(\d+))?", rest.rstrip("/"))
+    if m is None:
+        raise bad("not an address")
+    host = m.group(1) or m.group(3) or ""
+    port_text = m.group(2) if m.group(1) else m.group(4)
+    if m.group(1) is None and not _HOST.fullmatch(host):
+        raise bad(f"{host!r} is not a host name or an IP address")
+    if port_text is None:
+        if not client:
+            raise bad("no port: a cluster's address is HOST:PORT")
+        port = CLIENT_PORT
+    else:
+        port = int(port_text)
+        if not 0 < port < 65536:
+            raise bad(f"port {port_text} is not one of 1 to 65535")
+    return RayTarget("client" if client else "gcs", host, port)
+
+
+def connect_ray(target: RayTarget, **init: Any) -> None:
+    """Join the cluster at ``target`` (or start a local instance): a usage error,
+    naming ``--ray``, when Ray Client is not installed or nothing answers at the
+    address within :data:`PROBE_S` seconds."""
+    import ray  # deferred: Ray, only for --ray
+
+    if ray.is_initialized():  # this process joined a cluster already
+        return
+    where = target.address
+    check_ray(target)
+    try:
+        ray.init(address=where, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, **init)
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+        raise UsageError(f"--ray {where or ''}".rstrip() + f": Ray could not connect: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                         hint="check the address (`ray status` on the head node), or run "
+                         "`ray start --head` for --ray auto") from None
+
+
+def check_ray(target: RayTarget) -> None:
+    """Before any work: a usage error, naming ``--ray``, when a ray:// address
+    finds Ray Client not installed, or nothing accepts a TCP connection at the
+    address within :data:`PROBE_S` seconds."""
+    if target.kind == "client" and not _client_installed():
+        raise UsageError(f"--ray {target.address}: a ray:// address needs Ray Client, which "
+                         "is not installed (the grpcio package)",
+                         hint="pip install 'kvspec[ray]' (it installs ray[client]==2.60.0), "
+                         "or give the cluster's GCS address HOST:PORT from a machine inside "
+                         "it")
+    if target.kind in ("gcs", "client"):
+        _probe(target)
+
+
+def _client_installed() -> bool:
+    """Whether Ray Client can run here (``ray[client]``: grpcio)."""
+    return importlib.util.find_spec("grpc") is not None
+
+
+def _probe(target: RayTarget) -> None:
+    """A TCP connection to the address, :data:`PROBE_S` seconds at most."""
+    what = f"--ray {target.address}"
+    try:
+        socket.create_connection((target.host, target.port), timeout=PROBE_S).close()
+    except socket.gaierror as exc:
+        raise UsageError(f"{what}: no such host {target.host!r} ({exc.strerror})",
+                         hint="check the head node's name, or give its IP address") from None
+    except TimeoutError:
+        raise UsageError(f"{what}: nothing answered within {PROBE_S:g} s",
+                         hint="check the address and that this machine can reach it "
+                         "(a firewall, a VPN)") from None
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot connect ({exc.strerror or exc})",
+                         hint="is the cluster running (`ray start --head` on the head)? "
+                         "A cluster's GCS listens on 6379, Ray Client on 10001") from None
 
 
 def run_ray(sweep: Sweep, todo: list[Point], sink: Sink, address: str | None,
@@ -172,14 +322,25 @@ def run_ray(sweep: Sweep, todo: list[Point], sink: Sink, address: str | None,
         by_ref[remote.remote(_task(p), [refs[p.workload]])] = p
         if len(by_ref) >= window:
             break
-    while by_ref:
-        done, _ = ray.wait(list(by_ref), num_returns=1)
-        for ref in done:
-            p = by_ref.pop(ref)
-            sink(p, ray.get(ref))
-            nxt = next(queue, None)
-            if nxt is not None:
-                by_ref[remote.remote(_task(nxt), [refs[nxt.workload]])] = nxt
+    try:
+        while by_ref:
+            # a timeout, so Ctrl-C is seen between waits
+            done, _ = ray.wait(list(by_ref), num_returns=1, timeout=_POLL_S)
+            for ref in done:
+                p = by_ref.pop(ref)
+                try:
+                    row = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001 - the sweep stops, saying which
+                    raise _failed(p, getattr(exc, "cause", None) or exc) from None
+                sink(p, row)
+                nxt = next(queue, None)
+                if nxt is not None:
+                    by_ref[remote.remote(_task(nxt), [refs[nxt.workload]])] = nxt
+    except BaseException:
+        for ref in by_ref:
+            with suppress(Exception):  # stopping: a task that has ended is fine
+                ray.cancel(ref, force=True)
+        raise
 
 
 def _cpus_in_use(ray: Any) -> int | None:
@@ -191,17 +352,9 @@ def _cpus_in_use(ray: Any) -> int | None:
     return round(total - free)
 
 
-@contextmanager
-def results_file(path: Path) -> Iterator[Results]:
-    res = Results(path).open()
-    try:
-        yield res
-    finally:
-        res.close()
-
-
-def run_sweep(sweep: Sweep, results: Results, *, jobs: int = 1, ray_address: str | None = None,
-              use_ray: bool = False, on_row: Callable[[dict[str, Any]], None] | None = None,
+def run_sweep(sweep: Sweep, results: Results | StreamResults, *, jobs: int = 1,
+              ray_address: str | None = None, use_ray: bool = False,
+              on_row: Callable[[dict[str, Any]], None] | None = None,
               busy: Callable[[Callable[[], int | None]], None] | None = None) -> int:
     """Run every point of ``sweep`` that ``results`` lacks; append each row as it
     finishes (a point's error located in the grid). Returns the points run."""

@@ -32,8 +32,16 @@ from kvspec.files import write_atomic
 from kvspec.reports.format import human_bytes
 from kvspec.sweep.grid import AXES
 
-__all__ = ["CSV_COLUMNS", "best_rows", "csv_text", "pareto", "point_text", "render_report",
-           "write_csv"]
+__all__ = ["CSV_COLUMNS", "UNSATURATED", "best_rows", "csv_text", "pareto", "point_text",
+           "render_report", "write_csv"]
+
+
+#: What a best point's flag means when its run never saturated (docs/sweep.md,
+#: "Saturation").
+UNSATURATED = ("not saturated: the workload never kept a replica busy (fewer than 50 "
+               "requests finished while others waited), so its req/s per GPU is a lower "
+               "bound and its GPUs an upper bound; give the workload more requests "
+               "(docs/sweep.md, \"Saturation\")")
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -180,4 +188,5 @@ def render_report(sweep: Any, rows: Sequence[dict[str, Any]], *, grid: str, outp
         step_text=", ".join(f"{v:g} ms at tensor {k}" for k, v in sorted(target.step_ms.items()))
         if isinstance(target.step_ms, dict) else f"{target.step_ms:g} ms",
         command=lambda r: f"kvspec sweep {grid} --point {r['id']}",
-        unserved=sum(1 for r in rows if r.get("ok") and r.get("gpus") is None))
+        unserved=sum(1 for r in rows if r.get("ok") and r.get("gpus") is None),
+        unsaturated=UNSATURATED)
