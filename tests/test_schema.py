@@ -383,8 +383,10 @@ def test_schema_writes_then_checks(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert result.output == (f"wrote {out}/source.schema.json\n"
                              f"wrote {out}/artifact.schema.json\n"
-                             f"wrote {out}/descriptor.schema.json\n")
-    for name in ("source.schema.json", "artifact.schema.json", "descriptor.schema.json"):
+                             f"wrote {out}/descriptor.schema.json\n"
+                             f"wrote {out}/profile.schema.json\n")
+    for name in ("source.schema.json", "artifact.schema.json", "descriptor.schema.json",
+                 "profile.schema.json"):
         assert (out / name).read_text() == (SCHEMAS / name).read_text()
     again = CliRunner().invoke(cli, ["schema", "-o", str(out)])
     assert again.output == f"{out}: schemas are current\n"
@@ -402,8 +404,9 @@ def test_schema_check_reports_stale_and_missing_with_a_diff(tmp_path: Path) -> N
     assert lines[0] == f"{out}/source.schema.json: stale"
     assert f"  --- {out}/source.schema.json (committed)" in lines
     assert '  -      "title": "N",' in lines and '  +      "title": "Name",' in lines
-    assert lines[-2:] == [f"{out}/artifact.schema.json: missing",
-                          f"{out}/descriptor.schema.json: missing"]
+    assert lines[-3:] == [f"{out}/artifact.schema.json: missing",
+                          f"{out}/descriptor.schema.json: missing",
+                          f"{out}/profile.schema.json: missing"]
     assert "run `kvspec schema -o" in result.exception.render()
     assert not (out / "artifact.schema.json").exists()  # --check writes nothing
 
@@ -411,6 +414,6 @@ def test_schema_check_reports_stale_and_missing_with_a_diff(tmp_path: Path) -> N
 def test_schema_check_exit_code_through_main(tmp_path: Path) -> None:
     code, _, stderr = invoke(["schema", "--check", "-o", str(tmp_path)])
     assert code == 1
-    assert stderr.startswith(f"{tmp_path}: error: 3 schema file(s) differ from what kvspec "
+    assert stderr.startswith(f"{tmp_path}: error: 4 schema file(s) differ from what kvspec "
                              "generates")
 

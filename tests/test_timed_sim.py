@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import math
+import random
+from pathlib import Path
 
 import pytest
 
 from kvspec.compiled import read as read_artifact
 from kvspec.errors import UsageError
 from kvspec.model.steptime import ConstantStepTime, LinearStepTime, shape_of
+from kvspec.model.steptime_fit import fit_linear, nnls
 from kvspec.runtime.manager import ManagedGroup, ManagedLayout, ManagedPool, from_artifact
-from kvspec.sim import TraceRequest, generate_trace, parse_trace, run, simulate
+from kvspec.sim import SUMMARY_KEYS, TraceRequest, generate_trace, parse_trace, run, simulate
 from kvspec.sim.latency import parse_slo, percentile, weighted_percentile
+from kvspec.source.profile import fit_profile, parse_profile, profile_schema, profile_text
+from tests.conftest import ROOT, check_golden, invoke
 
 #: 1 s a step, 0.1 s a prefill token, 0.5 s a decode, 0.01 s a context token, 1 ms a pair.
 MODEL = LinearStepTime(1.0, 0.1, 0.5, 0.01, 0.001)
@@ -162,3 +168,92 @@ def test_a_trace_in_seconds_joins_the_step_clock_at_its_floor() -> None:
                         step_ms=100)
     assert [(r.arrival, r.arrival_s) for r in trace] == [(0, 0.05), (3, 0.3)]
     assert trace[1].as_dict() == {"arrival_s": 0.3, "prompt_tokens": 4, "output_tokens": 1}
+
+
+# -- profiles ---------------------------------------------------------------------------
+
+PROFILE = "tests/data/profiles/llama-3.1-8b-example.profile.yaml"
+SHORT = "tests/data/profiles/short.trace.jsonl"
+LAYOUT = "layouts/llama-3.1-8b.kvlayout.json"
+BAD_PROFILES = sorted((ROOT / "tests" / "errors" / "profiles").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", BAD_PROFILES, ids=lambda p: p.stem)
+def test_a_bad_profile_is_refused_at_its_line(path: Path) -> None:
+    rel = str(path.relative_to(ROOT))
+    code, out, err = invoke(["simulate", LAYOUT, "--workload", SHORT, "--profile", rel])
+    check_golden(path.with_suffix(".expected"), f"{code}\n{err}")
+    assert code == 1 and err.startswith(rel) and "Traceback" not in err and not out
+
+
+def test_simulate_with_a_profile_prints_latency_in_text_and_json() -> None:
+    code, out, err = invoke(["simulate", LAYOUT, "--workload", SHORT, "--profile", PROFILE,
+                             "--slo", "ttft_p99=500ms,tpot_p50=20ms", "--format", "json"])
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["step_time"]["model"] == "linear"
+    lat = data["kvspec"]["latency"]
+    assert lat["ttft_s"]["p50"] > 0 and lat["slo"]["requests_meeting"] <= 4
+    assert set(data["kvspec"]) - {"latency"} == set(SUMMARY_KEYS) | {"layout_waste"}
+    code, out, err = invoke(["simulate", LAYOUT, "--workload", SHORT, "--profile", PROFILE])
+    assert code == 0 and f"timed on {PROFILE}" in out and "TTFT p99 (ms)" in out
+
+
+def test_without_a_profile_or_an_slo_the_output_is_unchanged() -> None:
+    code, out, _ = invoke(["simulate", LAYOUT, "--workload", SHORT, "--format", "json"])
+    assert code == 0 and "latency" not in out and "step_time" not in out
+
+
+def test_a_batch_outside_the_profiles_range_is_noted_once() -> None:
+    code, _, err = invoke(["simulate", LAYOUT, "--workload", SHORT, "--profile", PROFILE,
+                           "--num-blocks", "4000", "--max-num-seqs", "2"])
+    assert code == 0 and err.count("outside the measured range") == 0
+    narrow = ROOT / "tests/data/profiles/llama-3.1-8b-example.profile.yaml"
+    text = narrow.read_text().replace("prefill_tokens: [0, 8192]", "prefill_tokens: [0, 512]")
+    parsed = parse_profile(text, "narrow.yaml")
+    model = parsed.step_time()
+    simulate(from_artifact(read_artifact(LAYOUT), 4000), parse_trace(
+        (ROOT / SHORT).read_text()), step_time=model)
+    assert model.outside is not None and model.outside[0] == "prefill_tokens"
+
+
+def test_a_fitted_profile_recovers_its_models_coefficients_through_noise() -> None:
+    truth = LinearStepTime(0.006, 2.5e-5, 4e-5, 4e-9, 5e-14)
+    rng = random.Random(5)
+    shapes = []
+    for decode in (1, 4, 16, 64, 256):  # decode batches over sizes and contexts
+        for context in (128, 1024, 8192):
+            shapes.append(shape_of([(1, context)] * decode))
+    for chunk in (64, 512, 2048, 8192):  # prefill chunks over contexts
+        for context in (0, 4096, 16384):
+            shapes.append(shape_of([(chunk, context)]))
+    for decode, chunk in ((32, 512), (128, 2048)):  # mixed steps
+        shapes.append(shape_of([(1, 2000)] * decode + [(chunk, 1024)]))
+    samples = [(*s, truth.seconds(*s) * (1 + rng.gauss(0, 0.02)))
+               for s in shapes for _ in range(4)]
+    fit = fit_linear(samples)
+    for got, want in zip(fit.model.coefficients, truth.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=0.15)
+    assert fit.relative([s[4] for s in samples]) < 0.03
+    profile = fit_profile(fit, [s[4] for s in samples], parse_profile(
+        (ROOT / PROFILE).read_text()).model.describes.model_dump(), "pytest", "2025-06-01")
+    again = parse_profile(profile_text(profile), "fitted.yaml")
+    assert again.model.fit is not None and again.model.fit.samples == len(samples)
+    for got, want in zip(again.step_time().coefficients, fit.model.coefficients, strict=True):
+        assert got == pytest.approx(want, rel=1e-3)  # (4 significant digits written)
+
+
+def test_least_squares_without_the_sign_constraint_would_go_negative() -> None:
+    """Two collinear terms: the non-negative fit keeps both at 0 or more."""
+    rows = [[1.0, x, 2 * x + (0.001 if i % 2 else -0.001)] for i, x in enumerate(range(1, 30))]
+    y = [1.0 + 3.0 * r[1] for r in rows]
+    x = nnls(rows, y)
+    assert all(v >= 0 for v in x)
+    assert math.fsum(abs(yi - sum(a * b for a, b in zip(r, x, strict=True)))
+                     for r, yi in zip(rows, y, strict=True)) < 1e-6 * len(rows)
+
+
+def test_the_committed_profile_schema_is_generated() -> None:
+    from kvspec.reports.schemas import render
+
+    assert (ROOT / "schemas" / "profile.schema.json").read_text() == render(profile_schema())

@@ -27,8 +27,8 @@ from kvspec.reports.schemas import (
 @cli_command("schema", short_help="Generate (or --check) the JSON Schemas.")
 @click.option("-o", "--output-dir", "directory", default="schemas", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
-              help="Directory of source.schema.json, artifact.schema.json and "
-                   "descriptor.schema.json.")
+              help="Directory of source.schema.json, artifact.schema.json, "
+                   "descriptor.schema.json and profile.schema.json.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when the schemas there are stale or missing.")
 @parents_option
@@ -36,8 +36,8 @@ from kvspec.reports.schemas import (
                "(docs/cli.md).")
 @quiet_option
 def command(directory: Path, check: bool, parents: bool, fmt: str, quiet: bool) -> int:
-    """Generate the source, artifact and connector descriptor JSON Schemas from
-    kvspec's models.
+    """Generate the source, artifact, connector descriptor and step-time profile JSON
+    Schemas from kvspec's models.
 
     "wrote ..." goes to stderr; with --check, the stale files and their diffs go
     to stdout."""

@@ -22,16 +22,23 @@ A step that schedules no token runs no forward pass: it takes no time.
 >>> round(model.seconds(0, 32, 32 * 1000, 0) * 1000, 3)   # 32 decodes at 1,000 tokens
 7.52
 >>> round(model.seconds(512, 0, 512, 512 * 513 // 2) * 1000, 3)   # one 512-token prefill
-14.253
+14.258
 >>> ConstantStepTime(20).seconds(512, 0, 512, 0)
 0.02
 """
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Protocol
 
-__all__ = ["TERMS", "ConstantStepTime", "LinearStepTime", "StepTime", "shape_of"]
+__all__ = ["TERMS", "UNITS", "ConstantStepTime", "LinearStepTime", "StepTime", "duration",
+           "shape_of", "shown_duration"]
+
+#: Units a duration is written in (``2s``, ``50ms``, ``1.5ns``), in seconds.
+UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "ps": 1e-12}
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|ns|ps)\s*")
 
 #: The terms of a step's batch, in the order :meth:`StepTime.seconds` takes them.
 TERMS = ("prefill_tokens", "decode_requests", "context_tokens", "prefill_pairs")
@@ -126,3 +133,30 @@ def shape_of(chunks: list[tuple[int, int]]) -> tuple[int, int, int, int]:
             prefill += n
             pairs += n * c + n * (n + 1) // 2
     return prefill, decode, context, pairs
+
+
+def duration(text: str) -> float | None:
+    """Seconds of a duration written with its unit (:data:`UNITS`), None if it is not one.
+
+    >>> duration("50ms"), duration("1.5 us"), duration("2")
+    (0.05, 1.5e-06, None)
+    """
+    m = _DURATION.fullmatch(text)
+    if m is None:
+        return None
+    seconds = float(m.group(1)) * UNITS[m.group(2)]
+    return seconds if math.isfinite(seconds) else None
+
+
+def shown_duration(seconds: float) -> str:
+    """``seconds`` in the largest unit that keeps it 1 or more, 4 significant digits.
+
+    >>> shown_duration(0.0061), shown_duration(1.25e-8), shown_duration(0.0)
+    ('6.1ms', '12.5ns', '0s')
+    """
+    if seconds == 0:
+        return "0s"
+    for unit, scale in UNITS.items():
+        if abs(seconds) >= scale or unit == "ps":
+            return f"{seconds / scale:.4g}{unit}"
+    raise AssertionError("unreachable")

@@ -44,7 +44,7 @@ from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, 
 
 __all__ = ["MAX_BLOCKS", "SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
            "admit", "engine_settings", "generate_trace", "parse_trace", "read_trace", "run",
-           "run_artifact", "simulate", "simulate_artifact", "write_trace"]
+           "arrivals_s", "run_artifact", "simulate", "simulate_artifact", "write_trace"]
 
 
 #: Most blocks a simulated pool may have: the manager holds every block of its pools

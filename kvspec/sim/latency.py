@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvspec.errors import UsageError
+from kvspec.model.steptime import duration
 
 __all__ = ["METRICS", "PERCENTILES", "SLO_METRICS", "Latency", "Limit", "latency_of",
            "parse_slo", "percentile", "weighted_percentile"]
@@ -48,7 +49,6 @@ METRICS = ("queue", "ttft", "tpot", "itl", "e2e")
 SLO_METRICS = ("queue", "ttft", "tpot", "e2e")
 #: The percentiles reported.
 PERCENTILES = (50.0, 90.0, 99.0)
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +100,8 @@ def parse_slo(text: str, option: str = "--slo") -> tuple[Limit, ...]:
 
 
 def _seconds(value: str) -> float | None:
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us)\s*", value)
-    if m is None:
-        return None
-    seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    return seconds if seconds > 0 and math.isfinite(seconds) else None
+    seconds = duration(value)
+    return seconds if seconds is not None and seconds > 0 else None
 
 
 def _bad(option: str, text: str, column: int, what: str, hint: str) -> UsageError:
