@@ -386,9 +386,10 @@ def test_schema_writes_then_checks(tmp_path: Path) -> None:
     assert result.output == (f"wrote {out}/source.schema.json\n"
                              f"wrote {out}/artifact.schema.json\n"
                              f"wrote {out}/descriptor.schema.json\n"
+                             f"wrote {out}/profile.schema.json\n"
                              f"wrote {out}/sweep.schema.json\n")
     for name in ("source.schema.json", "artifact.schema.json", "descriptor.schema.json",
-                 "sweep.schema.json"):
+                 "profile.schema.json", "sweep.schema.json"):
         assert (out / name).read_text() == (SCHEMAS / name).read_text()
     again = CliRunner().invoke(cli, ["schema", "-o", str(out)])
     assert again.output == f"{out}: schemas are current\n"
@@ -406,8 +407,9 @@ def test_schema_check_reports_stale_and_missing_with_a_diff(tmp_path: Path) -> N
     assert lines[0] == f"{out}/source.schema.json: stale"
     assert f"  --- {out}/source.schema.json (committed)" in lines
     assert '  -      "title": "N",' in lines and '  +      "title": "Name",' in lines
-    assert lines[-3:] == [f"{out}/artifact.schema.json: missing",
+    assert lines[-4:] == [f"{out}/artifact.schema.json: missing",
                           f"{out}/descriptor.schema.json: missing",
+                          f"{out}/profile.schema.json: missing",
                           f"{out}/sweep.schema.json: missing"]
     assert "run `kvspec schema -o" in result.exception.render()
     assert not (out / "artifact.schema.json").exists()  # --check writes nothing
@@ -430,6 +432,6 @@ def test_schema_writes_the_sweep_schema_that_sweep_md_names(tmp_path: Path) -> N
 def test_schema_check_exit_code_through_main(tmp_path: Path) -> None:
     code, _, stderr = invoke(["schema", "--check", "-o", str(tmp_path)])
     assert code == 1
-    assert stderr.startswith(f"{tmp_path}: error: 4 schema file(s) differ from what kvspec "
+    assert stderr.startswith(f"{tmp_path}: error: 5 schema file(s) differ from what kvspec "
                              "generates")
 

@@ -37,7 +37,7 @@ def _files() -> dict[str, Any]:
 @click.option("-o", "--output-dir", "directory", default="schemas", show_default=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory of source.schema.json, artifact.schema.json, "
-                   "descriptor.schema.json and sweep.schema.json.")
+                   "descriptor.schema.json, profile.schema.json and sweep.schema.json.")
 @click.option("--check", is_flag=True,
               help="Write nothing; exit 1 when the schemas there are stale or missing.")
 @parents_option
@@ -45,7 +45,8 @@ def _files() -> dict[str, Any]:
                "(docs/cli.md).")
 @quiet_option
 def command(directory: Path, check: bool, parents: bool, fmt: str, quiet: bool) -> int:
-    """Generate the source, artifact, connector descriptor and sweep grid JSON
+    """Generate the source, artifact, connector descriptor, step-time profile and sweep
+    grid JSON
     Schemas from kvspec's models.
 
     "wrote ..." goes to stderr; with --check, the stale files and their diffs go

@@ -30,11 +30,13 @@ from kvspec.cli.trace_import import columns_of, step_options
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
 from kvspec.files import emit, shown
 from kvspec.interrupts import deferred
+from kvspec.model.steptime import TERMS, ConstantStepTime
 from kvspec.reports.format import count
-from kvspec.reports.simulate import cap_note, simulate_table
+from kvspec.reports.simulate import cap_note, latency_table, simulate_table
 from kvspec.runtime.manager import from_artifact
 from kvspec.sim import MAX_BLOCKS, engine_settings, simulate
 from kvspec.sim.formats import FORMATS, read_requests
+from kvspec.sim.latency import parse_slo
 
 #: Traces this long show a progress bar (on a terminal).
 BAR_FROM = 2000
@@ -75,6 +77,13 @@ def _ours(text: str) -> bool:
                    "too, and print both (needs kvspec[vllm]).")
 @click.option("--max-num-seqs", type=click.IntRange(min=1),
               help="Requests running at once (default: the layout's engine.max_num_seqs).")
+@click.option("--profile", "profile_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="A step-time profile (docs/latency.md): each step takes what it gives "
+                   "for the step's batch, arrivals are seconds, and every request is timed.")
+@click.option("--slo", metavar="LIMITS",
+              help="Limits per request, METRIC_pNN=TIME,... (ttft_p99=2s,tpot_p50=50ms; "
+                   "metrics queue, ttft, tpot, e2e): prints latency and goodput, on the "
+                   "profile's clock or, without one, --step-ms a step.")
 @format_option("text", "json", help="text: a table; json: the summary's keys per side.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the result here instead of stdout.")
@@ -85,8 +94,9 @@ def _ours(text: str) -> bool:
 def command(layout: Path, trace_path: Path | None, workload_format: str | None, step_ms: float,
             columns: str | None, time_unit: str, block_tokens: int,
             memory: str | None, num_blocks: int | None,
-            against: str | None, max_num_seqs: int | None, fmt: str, output: Path | None,
-            force: bool, parents: bool, quiet: bool) -> int:
+            against: str | None, max_num_seqs: int | None, profile_path: Path | None,
+            slo: str | None, fmt: str, output: Path | None, force: bool, parents: bool,
+            quiet: bool) -> int:
     """Replay a request trace through LAYOUT (a source or a .kvlayout.json artifact):
     its pools, kvspec's request-level manager, and a model of vLLM v1's continuous
     batching. Prints steps to finish, mean and peak running requests, preemptions,
@@ -99,15 +109,17 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
+    limits = parse_slo(slo) if slo is not None else ()
     target = _target(layout, memory, num_blocks)
     _check_blocks(target, layout, memory)
+    clock = _clock(profile_path, target, step_ms, timed=slo is not None)
     trace = _trace(trace_path, target, workload_format=workload_format, step_ms=step_ms,
                    columns=columns_of(columns, time_unit), block_tokens=block_tokens)
     if not trace:
         raise KvspecError(f"{trace_path}: the trace has no requests",
                           hint="give a trace with at least one request line")
     try:
-        results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet)}
+        results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet, clock)}
     except KvspecError as err:  # the pools the options sized: name them
         given = f"--num-blocks {num_blocks}" if num_blocks is not None else \
             f"--memory {memory}" if memory is not None else None
@@ -117,18 +129,24 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
     if results["kvspec"].rejected == len(trace):
         raise _all_refused(target, trace, trace_path or layout)
     if against == "vllm":
-        results["vllm"] = _against_vllm(target, trace, max_num_seqs, quiet)
+        results["vllm"] = _against_vllm(target, trace, max_num_seqs, quiet, clock)
     data = {"layout": str(layout), "requests": len(trace),
             "refused": results["kvspec"].rejected,
             "pools": [{"name": n, "blocks": b} for n, b in _blocks(target)],
-            **{side: _summary(target, r, side) for side, r in results.items()}}
+            **({"step_time": clock.as_dict()} if clock is not None else {}),
+            **{side: _summary(target, r, side, limits) for side, r in results.items()}}
+    if clock is not None and clock.outside() is not None:
+        note(clock.outside(), quiet=quiet)  # type: ignore[arg-type]
     if fmt == "json":
         if output is None:
             echo_json(data)
             return EXIT_OK
         emit(json.dumps(data, indent=1) + "\n", output, quiet=quiet)
         return EXIT_OK
-    emit(simulate_table(data, list(results)) + "\n", output, quiet=quiet)
+    text = simulate_table(data, list(results))
+    if clock is not None:
+        text += "\n\n" + latency_table(data, list(results))
+    emit(text + "\n", output, quiet=quiet)
     cap = cap_note(data["kvspec"])
     if cap:
         note(cap, quiet=quiet)
@@ -217,24 +235,74 @@ def _trace(path: Path | None, target: Target, *, workload_format: str | None = N
                           "in the source")
 
 
+@dataclass(frozen=True)
+class Clock:
+    """A timed run's clock: the step-time model, the profile it came from (None: the
+    constant model, ``step_ms`` a step)."""
+
+    model: Any
+    step_ms: float
+    profile: Path | None
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.profile is None:
+            return {"model": "constant", "step_ms": self.step_ms}
+        coefficients = dict(zip(("fixed", *TERMS), self.model.coefficients, strict=True))
+        return {"model": "linear", "profile": str(self.profile), "seconds": coefficients}
+
+    def outside(self) -> str | None:
+        """The note for a batch outside the profile's measured range (once)."""
+        found = getattr(self.model, "outside", None)
+        if found is None:
+            return None
+        term, value, (low, high) = found
+        return (f"{self.profile}: a step's {term} ({value:,}) is outside the measured range "
+                f"[{low:,}, {high:,}]: its time is extrapolated (noted once)")
+
+
+def _clock(path: Path | None, target: Target, step_ms: float, *, timed: bool) -> Clock | None:
+    """The run's clock: the profile's (checked against the layout), the constant one
+    when an SLO asks for latency, else None (the step clock, untimed)."""
+    if path is None:
+        return Clock(ConstantStepTime(step_ms), step_ms, None) if timed else None
+    # deferred: the profile's reader loads pydantic, only for --profile
+    from kvspec.source.profile import read_profile
+
+    profile = read_profile(str(path))
+    body = target.artifact.body
+    e = body.engine
+    profile.check({"model": body.model, "tensor_parallel_size": e.tensor_parallel_size,
+                   "pipeline_parallel_size": e.pipeline_parallel_size,
+                   "kv_cache_dtype": e.kv_cache_dtype}, f"the layout {body.name}")
+    return Clock(profile.step_time(), step_ms, path)
+
+
 def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
-              quiet: bool) -> Any:
+              quiet: bool, clock: Clock | None = None) -> Any:
     layout = from_artifact(target.artifact, target.counts)
+    timing: dict[str, Any] = {} if clock is None else {
+        "step_time": clock.model, "step_ms": clock.step_ms, "latency": True}
     with progress(len(trace), label="simulating", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         return simulate(layout, trace, progress=_advance(bar), sample_held=True,
-                        **engine_settings(target.artifact.body.engine, max_num_seqs))
+                        **engine_settings(target.artifact.body.engine, max_num_seqs),
+                        **timing)
 
 
-def _summary(target: Target, result: Any, side: str) -> dict[str, Any]:
+def _summary(target: Target, result: Any, side: str, slo: tuple[Any, ...] = ()
+             ) -> dict[str, Any]:
     """A side's summary, with the layout's waste while memory binds (kvspec's side
-    samples what running requests hold; vLLM's does not: None)."""
+    samples what running requests hold; vLLM's does not: None), and its latency when
+    the run was timed."""
     # deferred: the pooling figures load with the compiler, when the command runs
     from kvspec.pooling.evaluate import layout_waste, waste_of
 
     with deferred():   # compiled code (kvspec.interrupts)
         waste = waste_of(result, target.artifact.body)[1] if side == "kvspec" else None
-        return {**result.as_dict(), "layout_waste": layout_waste(waste)}
+        out = {**result.as_dict(), "layout_waste": layout_waste(waste)}
+        if result.latency is not None:
+            out["latency"] = result.latency.as_dict(slo)
+    return out
 
 
 def _advance(bar: Any) -> Any:
@@ -247,7 +315,7 @@ def _advance(bar: Any) -> Any:
 
 
 def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
-                  quiet: bool) -> Any:
+                  quiet: bool, clock: Clock | None = None) -> Any:
     """The trace through vLLM 0.33's own scheduler, for the same plan and blocks."""
     # deferred: the vLLM bridge (vLLM, torch) loads only for --against vllm
     from kvspec.integrations import vllm as bridge
@@ -270,7 +338,9 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
     num_blocks = target.counts[target.pools[0]] if target.counts is not None else None
     with progress(len(trace), label="vLLM's scheduler", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
-        result, _ = replay(art, trace, num_blocks, progress=_advance(bar))
+        result, _ = replay(art, trace, num_blocks, progress=_advance(bar),
+                           step_time=None if clock is None else clock.model,
+                           step_ms=None if clock is None else clock.step_ms)
     return result
 
 

@@ -38,6 +38,7 @@ from kvspec.connectors.descriptor import FORMAT as DESCRIPTOR_FORMAT
 from kvspec.connectors.descriptor import json_schema as descriptor_json_schema
 from kvspec.errors import KvspecError
 from kvspec.files import write_atomic
+from kvspec.source.profile import profile_schema
 from kvspec.source.schema import Source
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -87,6 +88,7 @@ SCHEMA_FILES: dict[str, Callable[[], dict[str, Any]]] = {
     "source.schema.json": source_schema,
     "artifact.schema.json": artifact_schema,
     "descriptor.schema.json": descriptor_schema,
+    "profile.schema.json": profile_schema,
 }
 
 

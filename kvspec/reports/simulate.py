@@ -14,7 +14,7 @@ from typing import Any
 
 from kvspec.reports.format import count, table
 
-__all__ = ["ROWS", "cap_note", "simulate_table"]
+__all__ = ["ROWS", "cap_note", "latency_table", "simulate_table"]
 
 #: The summary's keys (kvspec.sim.SUMMARY_KEYS, a dot into a nested one) and the
 #: layout's waste, in the order the table prints them.
@@ -60,3 +60,46 @@ def simulate_table(data: dict[str, Any], sides: list[str]) -> str:
     if data["refused"]:
         head += f" ({data['refused']:,} refused: prompt of max_model_len or more)"
     return "\n".join([head + f"; {pools}", table(rows, heads)])
+
+
+#: The latency metrics (kvspec.sim.latency.METRICS) and how the table names them.
+METRIC_LABELS = (("queue", "queueing"), ("ttft", "TTFT"), ("tpot", "TPOT"),
+                 ("itl", "ITL"), ("e2e", "end-to-end"))
+
+
+def latency_table(data: dict[str, Any], sides: list[str]) -> str:
+    """A timed run's throughput, latencies (ms) and, with an SLO, goodput, one column
+    per side (a side the run did not time shows -)."""
+    lat = {s: data[s].get("latency") for s in sides}
+
+    def cells(get: Any, spec: str) -> list[str]:
+        out = []
+        for s in sides:
+            v = None if lat[s] is None else get(lat[s])
+            out.append("-" if v is None else spec.format(v))
+        return out
+
+    clock = data["step_time"]
+    head = (f"timed on {clock['profile']}" if clock["model"] == "linear" else
+            f"timed on the step clock, {clock['step_ms']:g} ms a step")
+    rows = [["duration (s)", *cells(lambda d: d["duration_s"], "{:,.3f}")],
+            ["requests/s", *cells(lambda d: d["requests_per_s"], "{:,.3f}")],
+            ["output tokens/s", *cells(lambda d: d["output_tokens_per_s"], "{:,.1f}")]]
+    for key, label in METRIC_LABELS:
+        for stat in ("mean", "p50", "p90", "p99"):
+            rows.append([f"{label} {stat} (ms)", *cells(
+                lambda d, k=key, st=stat: None if d[f"{k}_s"][st] is None
+                else d[f"{k}_s"][st] * 1000, "{:,.2f}")])
+    slo = next((d["slo"] for d in lat.values() if d is not None and "slo" in d), None)
+    if slo is not None:
+        for i, limit in enumerate(slo["limits"]):
+            rows.append([f"{limit['limit']} <= {limit['seconds'] * 1000:g} ms", *cells(
+                lambda d, i=i: None if "slo" not in d else
+                f"{d['slo']['limits'][i]['value'] * 1000:,.2f} ms "
+                f"{'met' if d['slo']['limits'][i]['attained'] else 'MISSED'}", "{}")])
+        rows.append(["requests meeting the SLO", *cells(
+            lambda d: d.get("slo", {}).get("requests_meeting"), "{:,}")])
+        rows.append(["goodput (requests/s)", *cells(
+            lambda d: d.get("slo", {}).get("goodput_requests_per_s"), "{:,.3f}")])
+    heads = ["", *({"kvspec": "kvspec", "vllm": "vLLM 0.33"}[s] for s in sides)]
+    return "\n".join([head, table(rows, heads)])

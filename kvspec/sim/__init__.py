@@ -33,16 +33,19 @@ from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.interrupts import deferred
 from kvspec.model.engine import Engine
+from kvspec.model.steptime import StepTime
+from kvspec.model.workloads import DEFAULT_STEP_MS
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
-from kvspec.sim.engine import KvspecEngine, Progress, drive
+from kvspec.sim.engine import KvspecEngine, Progress, Timeline, drive
 from kvspec.sim.generate import generate_trace
+from kvspec.sim.latency import Latency, latency_of
 from kvspec.sim.metrics import SUMMARY_KEYS, Limits, LiveBytes, SimResult, StepRecord
 from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceError, TraceRequest, parse_trace, read_trace, write_trace
 
 __all__ = ["MAX_BLOCKS", "SUMMARY_KEYS", "SimResult", "StepRecord", "TraceError", "TraceRequest",
            "admit", "engine_settings", "generate_trace", "parse_trace", "read_trace", "run",
-           "run_artifact", "simulate", "simulate_artifact", "write_trace"]
+           "arrivals_s", "run_artifact", "simulate", "simulate_artifact", "write_trace"]
 
 
 #: Most blocks a simulated pool may have: the manager holds every block of its pools
@@ -63,23 +66,34 @@ def too_many_blocks(layout: ManagedLayout) -> str | None:
 def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
              max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
              async_scheduling: bool = True, pipeline_parallel_size: int = 1,
-             progress: Progress | None = None, sample_held: bool = False) -> SimResult:
+             progress: Progress | None = None, sample_held: bool = False,
+             step_time: StepTime | None = None, step_ms: float = DEFAULT_STEP_MS,
+             latency: bool = False) -> SimResult:
     """Replay ``trace`` through ``layout``'s pools; requests whose prompt does not fit
     ``max_model_len`` (default: the layout's) are refused, as vLLM refuses them.
     ``sample_held``: also sample what running requests hold while memory keeps others
-    waiting (the waste breakdown, :meth:`SimResult.held_while_memory_bound`)."""
+    waiting (the waste breakdown, :meth:`SimResult.held_while_memory_bound`).
+
+    Time (docs/latency.md): on the step clock every step takes ``step_ms``; with a
+    ``step_time`` model that is not constant, each step takes what the model gives for
+    its batch, and arrivals are seconds (a line's ``arrival_s``, else its step times
+    ``step_ms``). ``latency`` (implied by a timed model): also time every request
+    (:attr:`SimResult.latency`)."""
     return run(layout, trace, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                async_scheduling=async_scheduling,
                pipeline_parallel_size=pipeline_parallel_size, progress=progress,
-               sample_held=sample_held)[0]
+               sample_held=sample_held, step_time=step_time, step_ms=step_ms,
+               latency=latency)[0]
 
 
 def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192, max_model_len: int | None = None,
         async_scheduling: bool = True, pipeline_parallel_size: int = 1,
         progress: Progress | None = None, log_blocks: bool = False, lazy: bool = True,
-        sample_held: bool = False) -> tuple[SimResult, KvspecEngine]:
+        sample_held: bool = False, step_time: StepTime | None = None,
+        step_ms: float = DEFAULT_STEP_MS, latency: bool = False
+        ) -> tuple[SimResult, KvspecEngine]:
     """:func:`simulate`, and the engine it ran (its scheduler, manager and, with
     ``log_blocks``, every step's block tables and free queue); ``lazy=False`` steps
     every decoding request one by one (slower, the same result)."""
@@ -89,6 +103,10 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     # the recycling groups' admission cap reads the tokens in flight: these settings'
     layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
     admitted, numbers = admit(trace, layout.max_model_len)
+    timed = step_time is not None and not step_time.constant
+    if step_time is not None and step_time.constant:
+        step_ms = step_time.step_ms  # type: ignore[attr-defined]
+    track = latency or timed
     why = too_many_blocks(layout)
     if why is not None:
         raise KvspecError(f"cannot simulate: {why}",
@@ -99,16 +117,44 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
         scheduler = Scheduler(manager, layout, live, max_num_seqs=max_num_seqs,
                               max_num_batched_tokens=max_num_batched_tokens,
                               async_scheduling=async_scheduling,
-                              lazy=lazy and depth == (2 if async_scheduling else 1))
+                              lazy=lazy and depth == (2 if async_scheduling else 1), track=track)
         limits = Limits(max_num_seqs, max_num_batched_tokens,
                         layout.split_block_size if layout.has_align_state else 0)
         engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers,
                               sample_held=sample_held, limits=limits)
-        records, steps = drive(engine, admitted, depth, progress)
+        timeline = Timeline(step_time, arrivals_s(admitted, step_ms)) \
+            if step_time is not None and timed else None
+        records, steps = drive(engine, admitted, depth, progress, timeline)
+        times = None
+        if track:
+            times = timed_requests(engine, records, timeline, step_ms)
         result = SimResult(layout.name, steps, tuple(records), scheduler.preemptions,
                            scheduler.hit_tokens, len(admitted), len(trace) - len(admitted),
-                           tuple(engine.samples), live.scale, live.pool_bytes, limits)
+                           tuple(engine.samples), live.scale, live.pool_bytes, limits, times)
     return result, engine
+
+
+def arrivals_s(trace: Sequence[TraceRequest], step_ms: float) -> list[float]:
+    """Each request's arrival in seconds: its ``arrival_s``, else its step on a clock of
+    ``step_ms``."""
+    step_s = step_ms / 1000
+    return [r.arrival * step_s if r.arrival_s is None else r.arrival_s for r in trace]
+
+
+def timed_requests(engine: KvspecEngine, records: Sequence[StepRecord],
+                   timeline: Timeline | None, step_ms: float) -> Latency:
+    """Every request's times (:mod:`.latency`): on ``timeline``, or on the step clock
+    (step ``k`` from ``k * step_ms`` to ``(k + 1) * step_ms``, a request arriving at
+    its step's start)."""
+    s = engine.scheduler
+    if timeline is not None:
+        return latency_of(engine.requests, timeline.arrivals, timeline.starts,
+                          timeline.ends, s.next_tokens, s.gaps)
+    step_s = step_ms / 1000
+    starts = [r.step * step_s for r in records]
+    ends = [t + step_s for t in starts]
+    arrivals = [r.arrival * step_s for r in engine.requests]  # (by index: all admitted)
+    return latency_of(engine.requests, arrivals, starts, ends, s.next_tokens, s.gaps)
 
 
 def admit(trace: Sequence[TraceRequest], max_model_len: int

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from kvspec.interrupts import deferred, poll
+from kvspec.model.steptime import StepTime
 from kvspec.sim.chains import ChainRequest, Chains
 from kvspec.sim.errors import SimulationError
 from kvspec.sim.metrics import Limits, LiveBytes, StepRecord, waiting_reason
@@ -34,7 +35,8 @@ from kvspec.sim.request import Batch, SimRequest
 from kvspec.sim.schedule import Scheduler
 from kvspec.sim.trace import TraceRequest, prefix_codes
 
-__all__ = ["KvspecEngine", "Progress", "SimulationError", "StepEngine", "drive"]
+__all__ = ["KvspecEngine", "Progress", "SimulationError", "StepEngine", "Timeline", "drive",
+           "drive_timed"]
 
 #: ``progress(finished_requests, total_requests)``, called every few hundred steps.
 Progress = Callable[[int, int], None]
@@ -46,15 +48,20 @@ class StepEngine(Protocol):
     def schedule(self) -> Any: ...
     def update(self, batch: Any) -> None: ...
     def record(self, step: int, batch: Any) -> StepRecord: ...
+    def shape(self, batch: Any) -> tuple[int, int, int, int]: ...
     def stuck(self) -> str | None: ...
     @property
     def finished(self) -> int: ...
 
 
 def drive(engine: StepEngine, trace: Sequence[TraceRequest], depth: int = 1,
-          progress: Progress | None = None) -> tuple[list[StepRecord], int]:
-    """Run ``trace`` through ``engine`` (see the module docstring)."""
+          progress: Progress | None = None, timeline: Timeline | None = None
+          ) -> tuple[list[StepRecord], int]:
+    """Run ``trace`` through ``engine`` (see the module docstring); with ``timeline``,
+    on its clock in seconds (:func:`drive_timed`)."""
     with deferred():
+        if timeline is not None:
+            return drive_timed(engine, trace, timeline, depth, progress)
         return _loop(engine, trace, depth, progress)
 
 
@@ -86,6 +93,71 @@ def _loop(engine: StepEngine, trace: Sequence[TraceRequest], depth: int,
             clock = trace[i].arrival
             continue
         engine.update(queue.pop())
+        clock += 1
+    if progress is not None:
+        progress(engine.finished, n)
+    return records, clock
+
+
+class Timeline:
+    """A timed run's clock: the step-time model, each request's arrival (s), and per
+    step (batch number) when it starts and ends on the device (s)."""
+
+    def __init__(self, model: StepTime, arrivals: list[float]) -> None:
+        self.model = model
+        self.arrivals = arrivals
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+
+def drive_timed(engine: StepEngine, trace: Sequence[TraceRequest], timeline: Timeline,
+                depth: int = 1, progress: Progress | None = None
+                ) -> tuple[list[StepRecord], int]:
+    """:func:`drive` on a clock in seconds. The engine loop schedules at ``now`` the
+    requests that arrived by then; the device runs the scheduled steps one after the
+    other, each as long as the model gives for its batch (:meth:`StepEngine.shape`);
+    waiting for the oldest step in flight moves ``now`` to its end. Synchronous
+    (``depth`` 1): a step starts when the one before ends, with the arrivals until
+    then. Async (``depth`` > 1): a step is scheduled while the one before it runs, so
+    it starts when that one ends, with the arrivals until that one started. Steps
+    are numbered one by one (no jump over an idle time)."""
+    records: list[StepRecord] = []
+    queue: deque[Any] = deque()
+    arrivals, seconds = timeline.arrivals, timeline.model.seconds
+    starts, ends = timeline.starts, timeline.ends
+    now = free = 0.0  # the engine loop's time; when the device finishes its last step
+    clock = i = done = 0
+    n = len(trace)
+    while True:
+        poll()   # Ctrl-C: KeyboardInterrupt here (kvspec.interrupts)
+        while i < n and arrivals[i] <= now:
+            engine.add(i, trace[i])
+            i += 1
+        if engine.has_requests():
+            batch = engine.schedule()
+            records.append(engine.record(clock, batch))
+            prefill, decode, context, pairs = engine.shape(batch)
+            start = max(free, now)
+            free = start + seconds(prefill, decode, context, pairs)
+            starts.append(start)
+            ends.append(free)
+            if progress is not None and clock % 256 == 0:
+                progress(engine.finished, n)
+            if batch.total == 0 and not any(b.total for b in queue):
+                _check_progress(engine, clock)
+            queue.appendleft(batch)
+            if len(queue) < depth and (batch.total > 0 or engine.has_requests()):
+                clock += 1
+                continue
+        elif not queue:
+            if i >= n:
+                break
+            now = arrivals[i]
+            continue
+        engine.update(queue.pop())
+        if ends[done] > now:
+            now = ends[done]
+        done += 1
         clock += 1
     if progress is not None:
         progress(engine.finished, n)
@@ -148,18 +220,22 @@ class KvspecEngine:
         #: The scheduler's limits, to tell memory-bound steps.
         self.limits = limits or Limits(scheduler.max_num_seqs, scheduler.budget,
                                        scheduler.split.block if scheduler.split else 0)
+        #: Every request added, in trace order, when the scheduler tracks their steps.
+        self.requests: list[SimRequest] = []
 
     def add(self, index: int, request: TraceRequest) -> None:
+        r: SimRequest
         if request.prefix_blocks:
-            self.scheduler.add(ChainRequest(
-                index, request.prompt_tokens, request.output_tokens,
-                chain=self.chains.codes(request.prefix_blocks),
-                block_tokens=request.prefix_block_tokens, arrival=request.arrival))
-            return
-        self.scheduler.add(SimRequest(index, request.prompt_tokens, request.output_tokens,
-                                      prefix=self.codes[index],
-                                      prefix_tokens=request.prefix_tokens,
-                                      arrival=request.arrival))
+            r = ChainRequest(index, request.prompt_tokens, request.output_tokens,
+                             chain=self.chains.codes(request.prefix_blocks),
+                             block_tokens=request.prefix_block_tokens, arrival=request.arrival)
+        else:
+            r = SimRequest(index, request.prompt_tokens, request.output_tokens,
+                           prefix=self.codes[index], prefix_tokens=request.prefix_tokens,
+                           arrival=request.arrival)
+        if self.scheduler.track:
+            self.requests.append(r)
+        self.scheduler.add(r)
 
     def has_requests(self) -> bool:
         return self.scheduler.has_requests()
@@ -186,6 +262,24 @@ class KvspecEngine:
                 waiting_reason(record, self.limits) == "memory":
             self._sample(live, record.free)
         return record
+
+    def shape(self, batch: Batch) -> tuple[int, int, int, int]:
+        """The step-time terms of ``batch`` (:data:`kvspec.model.steptime.TERMS`), just
+        scheduled: its requests one by one, and the lazy ones (one decode token each,
+        their context summed by :class:`~kvspec.sim.lazy.LazySet`)."""
+        lazy = self.scheduler.lazy
+        decode = batch.lazy
+        context = lazy.context + decode * batch.step
+        prefill = pairs = 0
+        for r, n, _ in batch.items:
+            after = r.num_computed_tokens  # (the step's tokens counted)
+            context += after
+            if n == 1:
+                decode += 1
+            else:
+                prefill += n
+                pairs += n * (after - n) + n * (n + 1) // 2
+        return prefill, decode, context, pairs
 
     def _sample(self, live: int, free: tuple[int, ...]) -> None:
         """What the running requests hold while memory keeps others waiting, for the

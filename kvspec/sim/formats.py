@@ -131,8 +131,8 @@ def detect(path: str | Path) -> str:
             keys = set(_decode(first)) if first.lstrip().startswith("{") else set()
         except (msgspec.DecodeError, RecursionError):  # not JSON, or nested too deep:
             # told by its keys' names, so the format's reader places the problem
-            keys = {k for k in ("arrival", "input_length") if f'"{k}"' in first}
-        if "arrival" in keys or not first.strip():
+            keys = {k for k in ("arrival", "arrival_s", "input_length") if f'"{k}"' in first}
+        if "arrival" in keys or "arrival_s" in keys or not first.strip():
             return "kvspec"
         if "input_length" in keys or "hash_ids" in keys:
             return "mooncake"
@@ -152,7 +152,7 @@ def read_requests(path: str | Path, fmt: str | None = None, *,
     """Every request of the trace at ``path`` in format ``fmt`` (default: detected)."""
     fmt = fmt or ("kvspec" if is_stdin(path) else detect(path))
     if fmt == "kvspec":
-        return read_trace(path)
+        return read_trace(path, step_ms)
     reader = Reader(path, fmt, step_ms=step_ms, columns=columns, block_tokens=block_tokens)
     out = tuple(reader)
     if not out:
@@ -215,7 +215,7 @@ class Reader:
 
     def _kvspec(self, fh: IO[bytes]) -> Iterator[TraceRequest]:
         """kvspec's own lines, checked as :func:`~kvspec.sim.trace.read_trace` does."""
-        for request in requests_of(self._lines(fh), self.file):
+        for request in requests_of(self._lines(fh), self.file, self.step_s * 1000):
             self.rows += 1
             yield request
 

@@ -136,6 +136,9 @@ class LazySet:
         self.by_seq: dict[int, SimRequest] = {}
         self.calendar: dict[int, list[SimRequest]] = {}
         self.value = self.rate = self.offset = 0
+        #: The lazy requests' ``lazy_base`` summed: in step ``t`` they read
+        #: ``context + len(self) * t`` tokens of context.
+        self.context = 0
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -158,6 +161,8 @@ class LazySet:
             r.num_tokens += du
             r.num_output_tokens += du
             r.lazy_steps, r.lazy_outputs = steps, outputs
+            if outputs:
+                r.last_token = r.lazy_from + outputs - 1
         if end != NEVER and outputs == end - r.lazy_from:
             r.lazy_from = -1  # every lazy step applied
 
@@ -176,6 +181,8 @@ class LazySet:
         self.value += r.lazy_value
         self.rate += r.lazy_rate
         self.offset += r.lazy_rate * (step - 1)
+        r.lazy_base = c - step + 1
+        self.context += r.lazy_base
 
     def plan(self, r: SimRequest, event: int) -> None:
         """The next step the scheduler looks at lazy ``r``: its manager's next event,
@@ -189,6 +196,7 @@ class LazySet:
         self.value -= r.lazy_value
         self.rate -= r.lazy_rate
         self.offset -= r.lazy_rate * (r.lazy_from - 1)
+        self.context -= r.lazy_base
         del self.seqs[bisect_left(self.seqs, r.seq)]
         del self.by_seq[r.seq]
         r.lazy_end = step

@@ -158,6 +158,9 @@ class SimResult:
     pool_bytes: int = 0
     #: The limits a step's admission stops at (for ``waiting_steps_by_reason``).
     limits: Limits | None = None
+    #: Every request's times, when the run timed them
+    #: (:class:`kvspec.sim.latency.Latency`; ``simulate(latency=True)`` or a timed model).
+    latency: Any = field(default=None, repr=False)
 
     def held_while_memory_bound(self) -> tuple[float, float, tuple[float, ...], float] | None:
         """Averaged over the sampled steps where memory keeps requests waiting: running

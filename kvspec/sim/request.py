@@ -15,7 +15,8 @@ class SimRequest(RequestState):
     __slots__ = ("max_tokens", "num_output_tokens", "placeholders", "stale", "status",
                  "is_prefill_chunk", "num_preemptions", "arrival", "seq", "lazy_from",
                  "lazy_end", "lazy_steps", "lazy_outputs", "lazy_due", "lazy_stop",
-                 "lazy_value", "lazy_rate", "decoded")
+                 "lazy_value", "lazy_rate", "lazy_base", "decoded", "first_step",
+                 "first_token", "last_token", "done_step")
 
     def __init__(self, index: int, prompt: int, output: int, *, prefix: int = 0,
                  prefix_tokens: int = 0, arrival: int = 0) -> None:
@@ -37,8 +38,14 @@ class SimRequest(RequestState):
         self.lazy_end = 0
         self.lazy_steps = self.lazy_outputs = self.lazy_due = self.lazy_stop = 0
         self.lazy_value = self.lazy_rate = 0
+        #: Its computed tokens at its first lazy step, less that step, plus one: the
+        #: context it reads in lazy step ``t`` is ``lazy_base + t``.
+        self.lazy_base = 0
         #: The last step it was scheduled one token in, one by one.
         self.decoded = -1
+        #: Steps (batch numbers) of its first schedule, first token, last token so far,
+        #: and its end; -1 until then (:mod:`kvspec.sim.latency` times them).
+        self.first_step = self.first_token = self.last_token = self.done_step = -1
 
 
 class Batch:

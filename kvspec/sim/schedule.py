@@ -46,7 +46,7 @@ class Scheduler:
 
     def __init__(self, manager: KVCacheManager, layout: ManagedLayout, live: LiveBytes, *,
                  max_num_seqs: int, max_num_batched_tokens: int, async_scheduling: bool,
-                 lazy: bool = True) -> None:
+                 lazy: bool = True, track: bool = False) -> None:
         self.manager = manager
         self.max_model_len = layout.max_model_len
         self.max_num_seqs = max_num_seqs
@@ -71,6 +71,14 @@ class Scheduler:
         self.preemptions = 0
         self.hit_tokens = 0
         self.finished_count = 0
+        #: Whether :meth:`update` records each request's token steps and the gaps
+        #: between its tokens (:mod:`kvspec.sim.latency`).
+        self.track = track
+        #: Per step (batch number), with ``track``: the tokens sampled whose request's
+        #: token before came one step earlier (a gap of one step, most tokens).
+        self.next_tokens: list[int] = []
+        #: With ``track``: (step of the token before, step) of the other gaps.
+        self.gaps: list[tuple[int, int]] = []
 
     def add(self, r: SimRequest) -> None:
         r.reset_tables(self.manager.num_groups)
@@ -258,6 +266,8 @@ class Scheduler:
             if not manager.allocate_slots(r, n, hit, hits, full_sequence_must_fit=True):
                 break
             waiting.popleft()
+            if r.first_step < 0:
+                r.first_step = batch.step
             self.seq += 1
             r.seq = self.seq
             running[r] = None
@@ -289,7 +299,9 @@ class Scheduler:
 
     def _preempt(self, r: SimRequest) -> None:
         for step in self.lazy.detach(r):  # its outputs in flight come one by one now
-            self.in_flight[step].items.append((r, 1, True))
+            pending = self.in_flight[step]
+            pending.items.append((r, 1, True))
+            pending.lazy -= 1
         self.manager.free(r, resumes=True)
         r.status = PREEMPTED
         r.num_computed_tokens = 0
@@ -302,6 +314,9 @@ class Scheduler:
     # -- a step's output ------------------------------------------------------
     def update(self, batch: Batch) -> None:
         """One sampled token per request whose prompt the step finished."""
+        if self.track:
+            self._update_tracked(batch)
+            return
         stopped_waiting = False
         materialize = self.lazy.materialize
         for r, n, sampled in batch.items:
@@ -314,19 +329,58 @@ class Scheduler:
             if stale:
                 r.stale -= n
             if sampled and self._sample(r, stale):
-                if r.status == RUNNING:
-                    del self.running[r]
-                    self.explicit.remove(r)
-                else:
-                    stopped_waiting = True
-                r.status = FINISHED
-                self.manager.free(r)
-                self.finished_pending = True
-                self.finished_count += 1
+                stopped_waiting |= self._finish(r)
         if stopped_waiting:
             self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
         self.lazy.updated += 1
         del self.in_flight[batch.step]
+
+    def _update_tracked(self, batch: Batch) -> None:
+        """:meth:`update`, recording each request's token steps and the gaps between
+        its tokens (lazy requests' tokens each come one step after their last)."""
+        stopped_waiting = False
+        materialize = self.lazy.materialize
+        step = batch.step
+        following = batch.lazy
+        for r, n, sampled in batch.items:
+            if r.status == FINISHED:
+                continue
+            if r.lazy_from >= 0:
+                materialize(r)
+            r.num_in_flight_tokens -= n
+            stale = r.stale > 0
+            if stale:
+                r.stale -= n
+            if not sampled:
+                continue
+            last = r.last_token
+            if last < 0:
+                r.first_token = step
+            elif last == step - 1:
+                following += 1
+            else:
+                self.gaps.append((last, step))
+            r.last_token = step
+            if self._sample(r, stale):
+                r.done_step = step
+                stopped_waiting |= self._finish(r)
+        self.next_tokens.append(following)
+        if stopped_waiting:
+            self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
+        self.lazy.updated += 1
+        del self.in_flight[batch.step]
+
+    def _finish(self, r: SimRequest) -> bool:
+        """``r`` stopped: free it; True when it was waiting (preempted)."""
+        waiting = r.status != RUNNING
+        if not waiting:
+            del self.running[r]
+            self.explicit.remove(r)
+        r.status = FINISHED
+        self.manager.free(r)
+        self.finished_pending = True
+        self.finished_count += 1
+        return waiting
 
     def _sample(self, r: SimRequest, stale: bool) -> bool:
         """Append the sampled token; True when the request stops."""

@@ -7,6 +7,11 @@ Each line is one object::
 
 * ``arrival`` -- the engine step the request joins the waiting queue at (an
   integer, not decreasing from one line to the next);
+* or ``arrival_s`` instead -- the time it arrives, in seconds from the trace's start
+  (a number from 0 to 2^30, not decreasing); a trace gives every line's arrival
+  the same way. On the step clock it joins at step ``floor(arrival_s / step)``
+  (``step_ms``, as the other formats' times); a timed run (``simulate --profile``)
+  keeps the seconds;
 * ``prompt_tokens``, ``output_tokens`` -- positive integers, at most 2^31 (the
   format's bound on a request's tokens); ``arrival`` at most 2^40;
 * ``prefix_id`` (a string or an integer) and ``prefix_tokens`` (0 to
@@ -34,7 +39,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,21 +48,27 @@ import msgspec
 from kvspec.errors import KvspecError
 from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
+from kvspec.model.workloads import DEFAULT_STEP_MS
 
-__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
-           "key_column", "parse_trace", "prefix_codes", "read_trace", "requests_of",
+__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_ARRIVAL_S", "MAX_TOKENS", "MIN_RATE", "TraceError",
+           "TraceRequest", "key_column", "parse_trace", "prefix_codes", "read_trace", "requests_of",
            "token_id", "trace_text", "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
-        "prefix_blocks", "prefix_block_tokens")
-_REQUIRED = KEYS[:3]
+        "prefix_blocks", "prefix_block_tokens", "arrival_s")
+_REQUIRED = KEYS[1:3]
 #: Most tokens a request's prompt or output may have (the source format's bound).
 MAX_TOKENS = 2**31
 #: Latest arrival step: a trace of a million requests at one every 10^6 steps.
 MAX_ARRIVAL = 2**40
 #: Fewest arrivals per step a synthetic trace takes (its arrivals stay below MAX_ARRIVAL).
 MIN_RATE = 1e-6
+#: Latest ``arrival_s`` (s): some 34 years.
+MAX_ARRIVAL_S = 2**30
+#: Milliseconds a step stands for when a trace's times become steps (as
+#: :data:`kvspec.model.workloads.DEFAULT_STEP_MS`).
+STEP_MS = DEFAULT_STEP_MS
 _EXAMPLE = '{"arrival": 0, "prompt_tokens": 512, "output_tokens": 128}'
 
 
@@ -77,10 +88,14 @@ class TraceRequest:
     #: The prompt's content blocks (Mooncake's ``hash_ids``), and their tokens each.
     prefix_blocks: tuple[int, ...] = ()
     prefix_block_tokens: int = 0
+    #: The arrival in seconds, for a line that gave ``arrival_s`` (``arrival`` is then
+    #: its step on the step clock the trace was read with).
+    arrival_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"arrival": self.arrival, "prompt_tokens": self.prompt_tokens,
-                               "output_tokens": self.output_tokens}
+        out: dict[str, Any] = {"arrival": self.arrival} if self.arrival_s is None else {
+            "arrival_s": self.arrival_s}
+        out.update(prompt_tokens=self.prompt_tokens, output_tokens=self.output_tokens)
         if self.prefix_id is not None:
             out["prefix_id"] = self.prefix_id
             out["prefix_tokens"] = self.prefix_tokens
@@ -90,10 +105,12 @@ class TraceRequest:
         return out
 
 
-def read_trace(path: str | Path) -> tuple[TraceRequest, ...]:
-    """The requests of the trace file at ``path`` (``-``: stdin)."""
+def read_trace(path: str | Path, step_ms: float = STEP_MS) -> tuple[TraceRequest, ...]:
+    """The requests of the trace file at ``path`` (``-``: stdin); ``arrival_s`` times
+    become steps of ``step_ms``."""
     if is_stdin(path):
-        return parse_trace(read_text(path, what="the trace", error=TraceError), STDIN_NAME)
+        return parse_trace(read_text(path, what="the trace", error=TraceError), STDIN_NAME,
+                           step_ms)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -103,32 +120,56 @@ def read_trace(path: str | Path) -> tuple[TraceRequest, ...]:
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read the trace: {exc}", file=str(path),
                          hint="a trace is a UTF-8 text file, one JSON object per line") from None
-    return parse_trace(text, file=str(path))
+    return parse_trace(text, file=str(path), step_ms=step_ms)
 
 
-def parse_trace(text: str, file: str = "<trace>") -> tuple[TraceRequest, ...]:
+def parse_trace(text: str, file: str = "<trace>", step_ms: float = STEP_MS
+                ) -> tuple[TraceRequest, ...]:
     """The requests of a trace's text; ``file`` names it in errors."""
     # (a byte-order mark: editors on Windows write one)
     lines = enumerate(text.removeprefix("\ufeff").split("\n"), start=1)
-    out = tuple(requests_of(((n, line) for n, line in lines if line.strip()), file))
+    out = tuple(requests_of(((n, line) for n, line in lines if line.strip()), file,
+                            step_ms))
     if not out:
         raise TraceError("the trace has no requests", file=file,
                          hint=f"write one JSON object per line, e.g. {_EXAMPLE}")
     return out
 
 
-def requests_of(lines: Iterable[tuple[int, str]], file: str) -> Iterator[TraceRequest]:
+def requests_of(lines: Iterable[tuple[int, str]], file: str, step_ms: float = STEP_MS
+                ) -> Iterator[TraceRequest]:
     """The requests of a trace's numbered lines (none blank), their arrivals checked
-    never to decrease; ``file`` names the trace in errors."""
-    last = 0
+    never to decrease and given the same way on every line; ``file`` names the trace
+    in errors; ``arrival_s`` times become steps of ``step_ms``."""
+    last: float = 0
+    first: tuple[int, str] | None = None  # the first line's number and arrival key
+    step_s = step_ms / 1000
     for number, line in lines:
         request = _request(line, file, number)
-        if request.arrival < last:
-            raise TraceError(f"arrivals must not decrease: step {request.arrival} after "
-                             f"step {last}", file=file, line=number,
-                             column=key_column(line, "arrival"),
-                             hint="sort the trace by arrival")
-        last = request.arrival
+        key = "arrival" if request.arrival_s is None else "arrival_s"
+        if first is None:
+            first = (number, key)
+        elif key != first[1]:
+            raise TraceError(f"line {first[0]} gives {first[1]}, this line {key}",
+                             file=file, line=number, column=key_column(line, key),
+                             hint="give every line's arrival the same way: steps (arrival) "
+                                  "or seconds (arrival_s)")
+        now = request.arrival if request.arrival_s is None else request.arrival_s
+        if now < last:
+            said = (f"step {now} after step {last}" if request.arrival_s is None else
+                    f"{now:g} s after {last:g} s")
+            raise TraceError(f"arrivals must not decrease: {said}", file=file, line=number,
+                             column=key_column(line, key), hint="sort the trace by arrival")
+        last = now
+        if request.arrival_s is not None:
+            steps = request.arrival_s / step_s + 1e-9  # (0.3 s at 0.1 s is step 3)
+            if not steps <= MAX_ARRIVAL:
+                raise TraceError(f"arrival_s {request.arrival_s:g} is past step 2^40 at "
+                                 f"{step_ms:g} ms a step", file=file, line=number,
+                                 column=key_column(line, key),
+                                 hint="give a longer --step-ms, or check the time's unit "
+                                      "(seconds)")
+            request = replace(request, arrival=int(steps))
         yield request
 
 
@@ -180,26 +221,36 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
             raise _Bad(f"unknown key {key!r}", key, expected=", ".join(KEYS),
                        hint=f"did you mean {close[0]!r}?" if close else
                        "a trace line has only these keys")
-    for key in _REQUIRED:
+    if "arrival" in obj and "arrival_s" in obj:
+        raise _Bad("arrival and arrival_s together", "arrival_s",
+                   hint="give the arrival once: a step (arrival) or seconds (arrival_s)")
+    for key in ("arrival" if "arrival_s" not in obj else "arrival_s", *_REQUIRED):
         if key not in obj:
-            raise _Bad(f"missing key {key!r}", None, expected=", ".join(_REQUIRED),
-                       hint=f"every line gives {', '.join(_REQUIRED)}, e.g. {_EXAMPLE}")
-    arrival = _integer(obj, "arrival", 0, "arrival must be an integer from 0 to 2^40",
-                       "arrival is the engine step the request joins the waiting queue at",
-                       MAX_ARRIVAL)
+            required = ("arrival", *_REQUIRED)
+            raise _Bad(f"missing key {key!r}", None, expected=", ".join(required),
+                       hint=f"every line gives {', '.join(required)}, e.g. {_EXAMPLE}"
+                       + ("; or its time in seconds, arrival_s" if key == "arrival" else ""))
+    seconds: float | None = None
+    arrival = 0
+    if "arrival_s" in obj:
+        seconds = _time(obj, "arrival_s")
+    else:
+        arrival = _integer(obj, "arrival", 0, "arrival must be an integer from 0 to 2^40",
+                           "arrival is the engine step the request joins the waiting "
+                           "queue at", MAX_ARRIVAL)
     prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be an integer from 1 to "
                       "2^31", "a prompt has at least one token")
     output = _integer(obj, "output_tokens", 1, "output_tokens must be an integer from 1 to "
                       "2^31", "a request samples at least one token")
     if "prefix_blocks" in obj or "prefix_block_tokens" in obj:
-        return _blocks(obj, arrival, prompt, output)
+        return replace(_blocks(obj, arrival, prompt, output), arrival_s=seconds)
     prefix_id = obj.get("prefix_id")
     if ("prefix_id" in obj) != ("prefix_tokens" in obj):
         given = "prefix_id" if "prefix_id" in obj else "prefix_tokens"
         raise _Bad(f"{given} without {'prefix_tokens' if given == 'prefix_id' else 'prefix_id'}",
                    given, hint="a shared prefix needs both: which prefix, and its length")
     if prefix_id is None:
-        return TraceRequest(arrival, prompt, output)
+        return TraceRequest(arrival, prompt, output, arrival_s=seconds)
     if prefix_id.__class__ not in (str, int):
         raise _Bad("prefix_id must be a string or an integer", "prefix_id",
                    found=_type(prefix_id), hint='name the shared prefix, e.g. "system"')
@@ -208,7 +259,17 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
     if shared > prompt:
         raise _Bad(f"prefix_tokens ({shared}) is more than prompt_tokens ({prompt})",
                    "prefix_tokens", hint="the shared prefix is part of the prompt")
-    return TraceRequest(arrival, prompt, output, prefix_id, shared)
+    return TraceRequest(arrival, prompt, output, prefix_id, shared, arrival_s=seconds)
+
+
+def _time(obj: dict[str, Any], key: str) -> float:
+    value = obj[key]
+    if value.__class__ not in (int, float) or not 0 <= value <= MAX_ARRIVAL_S:
+        shown = json.dumps(value) if value.__class__ in (int, float, str, bool) or \
+            value is None else _type(value)
+        raise _Bad(f"{key} must be a number of seconds from 0 to 2^30", key, found=shown,
+                   hint="the time the request arrives, in seconds from the trace's start")
+    return float(value)
 
 
 def _blocks(obj: dict[str, Any], arrival: int, prompt: int, output: int) -> TraceRequest:

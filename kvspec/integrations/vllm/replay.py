@@ -21,9 +21,11 @@ from kvspec.artifact import format as fmt
 from kvspec.integrations.vllm import adapter as vllm_adapter
 from kvspec.integrations.vllm.frozen import read_facts
 from kvspec.integrations.vllm.specs import engine_settings, to_vllm
+from kvspec.model.steptime import StepTime
+from kvspec.model.workloads import DEFAULT_STEP_MS
 from kvspec.runtime.manager import from_artifact
-from kvspec.sim import SimResult, TraceRequest, admit
-from kvspec.sim.engine import Progress, drive
+from kvspec.sim import SimResult, TraceRequest, admit, arrivals_s
+from kvspec.sim.engine import Progress, Timeline, drive
 from kvspec.sim.metrics import Limits, LiveBytes
 
 __all__ = ["replay", "run_engine", "vllm_engine"]
@@ -31,15 +33,23 @@ __all__ = ["replay", "run_engine", "vllm_engine"]
 
 def replay(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
            hash_fn: str = "sha256", progress: Progress | None = None,
-           log_blocks: bool = False, async_scheduling: bool | None = None
+           log_blocks: bool = False, async_scheduling: bool | None = None,
+           step_time: StepTime | None = None, step_ms: float | None = None
            ) -> tuple[SimResult, Any]:
     """(the result, vLLM's engine wrapper) of ``trace`` through vLLM's scheduler for
     ``artifact``'s plan with ``num_blocks`` blocks (default: its own) and the layout's
-    async scheduling (unless ``async_scheduling`` says otherwise)."""
+    async scheduling (unless ``async_scheduling`` says otherwise); with a ``step_time``
+    model that is not constant, on the same clock in seconds as kvspec's side
+    (:func:`kvspec.sim.engine.drive_timed`, arrivals by :func:`kvspec.sim.arrivals_s`
+    at ``step_ms``), its timeline on the engine (``engine.timeline``)."""
     engine, layout, admitted = vllm_engine(artifact, trace, num_blocks, hash_fn=hash_fn,
                                            log_blocks=log_blocks,
                                            async_scheduling=async_scheduling)
-    return run_engine(engine, layout, admitted, len(trace), progress), engine
+    timeline = None
+    if step_time is not None and not step_time.constant:
+        timeline = Timeline(step_time, arrivals_s(admitted, step_ms or DEFAULT_STEP_MS))
+    engine.timeline = timeline
+    return run_engine(engine, layout, admitted, len(trace), progress, timeline), engine
 
 
 def _memory(body: fmt.Layout) -> int:
@@ -75,11 +85,12 @@ def vllm_engine(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: i
 
 
 def run_engine(engine: Any, layout: Any, admitted: list[TraceRequest], num_trace: int,
-               progress: Progress | None = None) -> SimResult:
-    """Drive a :func:`vllm_engine` through its requests."""
+               progress: Progress | None = None, timeline: Timeline | None = None
+               ) -> SimResult:
+    """Drive a :func:`vllm_engine` through its requests (on ``timeline``'s clock)."""
     config = engine.s.vllm_config
     depth = config.max_concurrent_batches
-    records, steps = drive(engine, admitted, depth, progress)
+    records, steps = drive(engine, admitted, depth, progress, timeline)
     # the limits vLLM's scheduler admits under, to tell why requests wait (as kvspec's)
     sc = config.scheduler_config
     limits = Limits(sc.max_num_seqs, sc.max_num_batched_tokens,

@@ -19,6 +19,7 @@ from typing import Any
 
 from kvspec.integrations.vllm.v0_33.config import planning_config
 from kvspec.integrations.vllm.v0_33.planning import worker_specs
+from kvspec.model.steptime import shape_of
 from kvspec.sim.chains import Chains, chain_token_id
 from kvspec.sim.metrics import LiveBytes, StepRecord
 from kvspec.sim.trace import TraceRequest, prefix_codes, token_id
@@ -154,6 +155,14 @@ class VllmEngine:
         self.s.update_from_output(out, self._output(
             req_ids=ids, req_id_to_index={rid: i for i, rid in enumerate(ids)},
             sampled_token_ids=tokens))
+
+    def shape(self, out: Any) -> tuple[int, int, int, int]:
+        """The step-time terms of a step just scheduled (as kvspec's engine sums them,
+        :data:`kvspec.model.steptime.TERMS`): vLLM's scheduler has advanced each
+        scheduled request's computed tokens by its tokens."""
+        requests = self.s.requests
+        return shape_of([(n, requests[rid].num_computed_tokens - n)
+                         for rid, n in out.num_scheduled_tokens.items()])
 
     def stuck(self) -> str | None:
         """Why nothing can run (None when nothing waits)."""
