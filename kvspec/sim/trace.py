@@ -32,7 +32,9 @@ everywhere else, so prefix caching finds exactly the declared sharing.
 from __future__ import annotations
 
 import difflib
+import gzip
 import json
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +46,10 @@ from kvspec.errors import KvspecError
 from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 
-__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError", "TraceRequest",
-           "key_column", "parse_trace", "prefix_codes", "read_trace", "requests_of",
-           "token_id", "trace_text", "write_trace"]
+__all__ = ["BOUNDS", "GZIP_MAGIC", "KEYS", "MAX_ARRIVAL", "MAX_TOKENS", "MIN_RATE", "TraceError",
+           "TraceRequest", "bounds_text", "key_column", "most_blocks", "parse_trace",
+           "prefix_codes", "read_trace", "requests_of", "token_id", "trace_text", "within",
+           "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
@@ -58,11 +61,52 @@ MAX_TOKENS = 2**31
 MAX_ARRIVAL = 2**40
 #: Fewest arrivals per step a synthetic trace takes (its arrivals stay below MAX_ARRIVAL).
 MIN_RATE = 1e-6
+#: The range of each integer of a trace request: the one rule of every reader of
+#: traces, this module's (``simulate``, ``pooling.workload.trace``) and each format's
+#: importer (:mod:`kvspec.sim.formats`, ``kvspec trace import``), so a file one of
+#: them takes, the others take too.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "arrival": (0, MAX_ARRIVAL),
+    "prompt_tokens": (1, MAX_TOKENS),
+    "output_tokens": (1, MAX_TOKENS),
+    "prefix_tokens": (0, MAX_TOKENS),
+    "prefix_block_tokens": (1, MAX_TOKENS),
+}
+_POWERS = {MAX_TOKENS: "2^31", MAX_ARRIVAL: "2^40"}
+#: The first bytes of a gzip-compressed file: every reader of traces decompresses it.
+GZIP_MAGIC = b"\x1f\x8b"
 _EXAMPLE = '{"arrival": 0, "prompt_tokens": 512, "output_tokens": 128}'
 
 
 class TraceError(KvspecError):
     """A trace that cannot be read."""
+
+
+def within(field: str, value: object) -> bool:
+    """Whether ``value`` is an integer (not a boolean) in ``field``'s :data:`BOUNDS`.
+
+    >>> within("prompt_tokens", 2**31), within("prompt_tokens", 2**31 + 1), within("arrival", True)
+    (True, False, False)
+    """
+    least, most = BOUNDS[field]
+    return value.__class__ is int and least <= value <= most
+
+
+def bounds_text(field: str, least: int | None = None) -> str:
+    """``field``'s range in words: ``from 1 to 2^31`` (``least``: another lower end)."""
+    low, most = BOUNDS[field]
+    return f"from {low if least is None else least} to {_POWERS.get(most, f'{most:,}')}"
+
+
+def most_blocks(prompt_tokens: int, block_tokens: int) -> int:
+    """The most content blocks of ``block_tokens`` tokens a prompt of ``prompt_tokens``
+    tokens fills (its last block may be partly filled): more is a trace error, in
+    ``prefix_blocks`` and in Mooncake's ``hash_ids`` alike.
+
+    >>> most_blocks(1024, 512), most_blocks(1025, 512)
+    (2, 3)
+    """
+    return -(-prompt_tokens // block_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +139,18 @@ def read_trace(path: str | Path) -> tuple[TraceRequest, ...]:
     if is_stdin(path):
         return parse_trace(read_text(path, what="the trace", error=TraceError), STDIN_NAME)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        if data.startswith(GZIP_MAGIC):  # a compressed trace (trace.jsonl.gz) reads as is
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise TraceError("no such trace file", file=str(path),
                          hint="give the path of a JSONL trace (kvspec.sim.generate_trace "
                          "writes one)") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read the trace: {exc}", file=str(path),
-                         hint="a trace is a UTF-8 text file, one JSON object per line") from None
+                         hint="a trace is a UTF-8 text file (or one gzip-compressed), one "
+                              "JSON object per line") from None
     return parse_trace(text, file=str(path))
 
 
@@ -184,13 +232,10 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
         if key not in obj:
             raise _Bad(f"missing key {key!r}", None, expected=", ".join(_REQUIRED),
                        hint=f"every line gives {', '.join(_REQUIRED)}, e.g. {_EXAMPLE}")
-    arrival = _integer(obj, "arrival", 0, "arrival must be an integer from 0 to 2^40",
-                       "arrival is the engine step the request joins the waiting queue at",
-                       MAX_ARRIVAL)
-    prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be an integer from 1 to "
-                      "2^31", "a prompt has at least one token")
-    output = _integer(obj, "output_tokens", 1, "output_tokens must be an integer from 1 to "
-                      "2^31", "a request samples at least one token")
+    arrival = _integer(obj, "arrival",
+                       "arrival is the engine step the request joins the waiting queue at")
+    prompt = _integer(obj, "prompt_tokens", "a prompt has at least one token")
+    output = _integer(obj, "output_tokens", "a request samples at least one token")
     if "prefix_blocks" in obj or "prefix_block_tokens" in obj:
         return _blocks(obj, arrival, prompt, output)
     prefix_id = obj.get("prefix_id")
@@ -203,8 +248,7 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
     if prefix_id.__class__ not in (str, int):
         raise _Bad("prefix_id must be a string or an integer", "prefix_id",
                    found=_type(prefix_id), hint='name the shared prefix, e.g. "system"')
-    shared = _integer(obj, "prefix_tokens", 0, "prefix_tokens must be an integer, 0 or more",
-                      "the shared prefix's length in tokens")
+    shared = _integer(obj, "prefix_tokens", "the shared prefix's length in tokens")
     if shared > prompt:
         raise _Bad(f"prefix_tokens ({shared}) is more than prompt_tokens ({prompt})",
                    "prefix_tokens", hint="the shared prefix is part of the prompt")
@@ -230,19 +274,23 @@ def _blocks(obj: dict[str, Any], arrival: int, prompt: int, output: int) -> Trac
                    else "an empty array" if not blocks else
                    json.dumps(next(b for b in blocks if b.__class__ is not int or b < 0)),
                    hint="one id per block of the prompt, e.g. [0, 1, 2] (Mooncake's hash_ids)")
-    size = _integer(obj, "prefix_block_tokens", 1,
-                    "prefix_block_tokens must be an integer from 1 to 2^31",
+    size = _integer(obj, "prefix_block_tokens",
                     "the tokens of one content block (Mooncake's: 512)")
+    if len(blocks) > (most := most_blocks(prompt, size)):
+        raise _Bad(f"prefix_blocks has {len(blocks):,} blocks of {size:,} tokens: more than "
+                   f"the prompt's {prompt:,} tokens fill ({most:,})", "prefix_blocks",
+                   hint="one id per block of the prompt, at most ceil(prompt_tokens / "
+                        "prefix_block_tokens) of them")
     return TraceRequest(arrival, prompt, output, None, 0, tuple(blocks), size)
 
 
-def _integer(obj: dict[str, Any], key: str, least: int, message: str, hint: str,
-             most: int = MAX_TOKENS) -> int:
+def _integer(obj: dict[str, Any], key: str, hint: str) -> int:
     value = obj[key]
-    if value.__class__ is not int or not least <= value <= most:
+    if not within(key, value):
         shown = json.dumps(value) if value.__class__ in (int, float, str, bool) or \
             value is None else _type(value)
-        raise _Bad(message, key, found=shown, hint=hint)
+        raise _Bad(f"{key} must be an integer {bounds_text(key)}", key, found=shown,
+                   hint=hint)
     return value
 
 
