@@ -480,10 +480,12 @@ class Reader:
             unit_s = 0.001 if c.time_unit == "ms" else 1.0
         unit_step = self.step_s / unit_s
         most = MAX_TIME_S / unit_s
+        required = keys[1:] + ((time_key,) if time_key else ())
+        mooncake = self.fmt == "mooncake"
         for number, line in self._lines(fh):
             obj = self._object(line, number)
             self.rows += 1
-            for key in keys[1:] + ((time_key,) if time_key else ()):
+            for key in required:
                 if key not in obj:
                     close = difflib.get_close_matches(key, [str(k) for k in obj], n=1)
                     raise TraceError(f"missing key {key!r}", file=self.file, line=number,
@@ -507,10 +509,10 @@ class Reader:
                                      hint="the time the request arrived at"
                                           + (" (ms)" if unit_s != 1 else ""))
                 arrival = self._step(t, unit_step, number, line, time_key)
-            if self.fmt == "mooncake" and "hash_ids" in obj:
+            if mooncake and "hash_ids" in obj:
                 blocks = obj["hash_ids"]
-                if blocks.__class__ is not list or any(
-                        b.__class__ is not int or b < 0 for b in blocks):
+                if blocks.__class__ is not list or blocks and (  # (C loops: a row's ids)
+                        set(map(type, blocks)) != {int} or min(blocks) < 0):
                     raise TraceError("hash_ids must be an array of integers, 0 or more",
                                      file=self.file, line=number,
                                      column=key_column(line, "hash_ids"), found=_shown(blocks),
@@ -543,7 +545,8 @@ class Reader:
                                  o.__class__ is dict for o in obj) else
                              f"{_a(self.fmt)} trace has one object per line")
         quotes = line.count('"')  # fewer in obj than on the line: a key twice, or escapes
-        if quotes != _quotes(obj, deep=False) and quotes != _quotes(obj):
+        if quotes != 2 * len(obj) and quotes != _quotes(obj, deep=False) \
+                and quotes != _quotes(obj):
             self._strict(line, number)  # raises at the key given twice, or reads it
         return obj
 
