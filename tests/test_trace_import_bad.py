@@ -77,10 +77,10 @@ def test_the_importers_read_simulates_bounds_not_copies_of_them(
     moon = _moon(tmp_path, [{"timestamp": 0, "input_length": 101, "output_length": 1}])
     azure = tmp_path / "a.csv"
     azure.write_text(f"{AZURE_HEAD}2023-11-16 18:15:46.6805900,101,1\n")
-    assert _imported(moon, "mooncake") == "input_length must be a whole number of tokens " \
-                                          "from 1 to 100"
-    assert _imported(azure, "azure-2023") == "ContextTokens must be a whole number of " \
-                                             "tokens from 1 to 100"
+    assert _imported(moon, "mooncake") == ("input_length must be a whole number of tokens "
+                                           "from 1 to 100")
+    assert _imported(azure, "azure-2023") == ("ContextTokens must be a whole number of "
+                                              "tokens from 1 to 100")
     assert _simulated({"arrival": 0, "prompt_tokens": 101, "output_tokens": 1}) == \
         "prompt_tokens must be an integer from 1 to 100"
 
@@ -226,6 +226,22 @@ def test_reader_counts_rows_and_skips_only_burstgpts_failures(tmp_path: Path) ->
                     "1,ChatGPT,10,0,10,x\n2,ChatGPT,0,5,5,x\n\n3,ChatGPT,3,4,7,x\n")
     reader = Reader(path, "burstgpt")
     assert len(list(reader)) == 1 and (reader.rows, reader.skipped) == (3, 2)
+
+
+def test_a_line_past_the_limit_is_an_error_before_it_is_held_whole(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A file with no newline (a binary file, a JSON array over one huge line) was held
+    whole: a row is read up to MAX_LINE_BYTES (64 MiB; here 64 bytes)."""
+    from kvspec.sim import formats
+
+    monkeypatch.setattr(formats, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 8, "output_length": 1}\n'
+                    '{"timestamp": 0, "input_length": 8, "output_length": 1, "x": "'
+                    + "y" * 200 + '"}\n')
+    with pytest.raises(TraceError) as caught:
+        read_requests(path, "mooncake")
+    assert (caught.value.line, caught.value.message) == (2, "the line is longer than 64 bytes")
 
 
 def test_read_trace_still_refuses_an_unreadable_gzip(tmp_path: Path) -> None:

@@ -22,9 +22,13 @@ share the CSV and JSON Lines scanning, the step clock and the positioned errors.
 Arrival times become engine steps through a declared step time: the request
 arriving ``t`` seconds after the first joins the waiting queue at step
 ``floor(t / step)``, ``step`` = ``step_ms`` (default :data:`DEFAULT_STEP_MS`).
-Times must not decrease. Rows are read one at a time (:func:`iter_requests`),
-so converting a file (``kvspec trace import``) holds one row in memory; every
-problem is a :class:`~kvspec.sim.trace.TraceError` at ``file:line:column``.
+Times must not decrease; numbers of s or ms lie from 0 to 2^33 s (:data:`MAX_TIME_S`),
+Azure's dates are subtracted in whole microseconds. Every count and arrival is held
+to :data:`kvspec.sim.trace.BOUNDS`, the rule ``simulate`` reads kvspec's own traces
+by, so a file that imports simulates. Rows are read one at a time
+(:func:`iter_requests`; gzip'ed files as they decompress, ``-`` from stdin), so
+converting a file (``kvspec trace import``) holds one row in memory; every problem
+is a :class:`~kvspec.sim.trace.TraceError` at ``file:line:column``.
 
 >>> import tempfile, os
 >>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.csv")
@@ -51,6 +55,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, get_args
 
@@ -85,6 +90,8 @@ _BURST = ("Timestamp", "Request tokens", "Response tokens")
 _MOON = ("timestamp", "input_length", "output_length")
 #: A count of tokens: ASCII digits (20 of them are past any bound, and read exactly).
 _COUNT = re.compile(r"\s*[0-9]{1,20}\s*\Z")
+#: The longest line a trace may have: a row is held whole, the file never is.
+MAX_LINE_BYTES = 1 << 26
 #: The latest time a trace's numbers may give (s): below it a double holds a time to
 #: the microsecond (2^33 s is some 272 years).
 MAX_TIME_S = 2.0**33
@@ -201,6 +208,8 @@ class _Source(Protocol):
 
     def seek(self, offset: int, whence: int = ..., /) -> int: ...
 
+    def readline(self, size: int = ..., /) -> bytes: ...
+
     def __iter__(self) -> Iterator[bytes]: ...
 
 
@@ -282,7 +291,14 @@ class Reader:
     def _lines(self, fh: _Source) -> Iterator[tuple[int, str]]:
         number = 0
         try:
-            for number, raw in enumerate(fh, start=1):
+            for number, raw in enumerate(iter(partial(fh.readline, MAX_LINE_BYTES), b""),
+                                         start=1):
+                if len(raw) == MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    raise TraceError(f"the line is longer than {MAX_LINE_BYTES:,} bytes",
+                                     file=self.file, line=number, column=1,
+                                     hint="a trace has one request per line: is this file a "
+                                          "trace? (a prompt of 2^31 tokens in Mooncake's "
+                                          "512-token blocks is some 40 MiB of hash_ids)")
                 try:
                     line = raw.decode("utf-8").rstrip("\r\n")
                     if number == 1:  # a byte-order mark: editors and spreadsheets write one
@@ -509,29 +525,32 @@ class Reader:
                                      hint="the time the request arrived at"
                                           + (" (ms)" if unit_s != 1 else ""))
                 arrival = self._step(t, unit_step, number, line, time_key)
-            if mooncake and "hash_ids" in obj:
-                blocks = obj["hash_ids"]
-                if blocks.__class__ is not list or blocks and (  # (C loops: a row's ids)
-                        set(map(type, blocks)) != {int} or min(blocks) < 0):
-                    raise TraceError("hash_ids must be an array of integers, 0 or more",
-                                     file=self.file, line=number,
-                                     column=key_column(line, "hash_ids"), found=_shown(blocks),
-                                     hint=f"one id per {self.block_tokens}-token block of "
-                                          "the prompt")
-                if len(blocks) > (fill := most_blocks(prompt, self.block_tokens)):
-                    raise TraceError(
-                        f"hash_ids has {len(blocks):,} blocks of {self.block_tokens:,} "
-                        f"tokens: more than the prompt's {prompt:,} tokens "
-                        f"({keys[1]}) fill ({fill:,})", file=self.file, line=number,
-                        column=key_column(line, "hash_ids"), found=_shown(blocks),
-                        hint=f"one id per {self.block_tokens}-token block of the prompt, "
-                             f"ceil({keys[1]} / {self.block_tokens}) at most (--block-tokens "
-                             "if the trace's blocks are another size)")
-                if blocks:
-                    yield TraceRequest(arrival, prompt, output, None, 0, tuple(blocks),
-                                       self.block_tokens)
-                    continue
+            blocks = self._hash_ids(obj, prompt, keys[1], line, number) if mooncake else ()
+            if blocks:
+                yield TraceRequest(arrival, prompt, output, None, 0, blocks, self.block_tokens)
+                continue
             yield TraceRequest(arrival, prompt, output)
+
+    def _hash_ids(self, obj: dict[str, Any], prompt: int, prompt_key: str, line: str,
+                  number: int) -> tuple[int, ...]:
+        """A Mooncake row's ``hash_ids`` (none: ``()``), at most the blocks its prompt fills."""
+        blocks = obj.get("hash_ids", [])
+        if blocks.__class__ is not list or (blocks and (  # (C loops: a row's ids)
+                set(map(type, blocks)) != {int} or min(blocks) < 0)):
+            raise TraceError("hash_ids must be an array of integers, 0 or more",
+                             file=self.file, line=number,
+                             column=key_column(line, "hash_ids"), found=_shown(blocks),
+                             hint=f"one id per {self.block_tokens}-token block of the prompt")
+        if len(blocks) > (fill := most_blocks(prompt, self.block_tokens)):
+            raise TraceError(
+                f"hash_ids has {len(blocks):,} blocks of {self.block_tokens:,} tokens: more "
+                f"than the prompt's {prompt:,} tokens ({prompt_key}) fill ({fill:,})",
+                file=self.file, line=number, column=key_column(line, "hash_ids"),
+                found=_shown(blocks),
+                hint=f"one id per {self.block_tokens}-token block of the prompt, "
+                     f"ceil({prompt_key} / {self.block_tokens}) at most (--block-tokens if "
+                     "the trace's blocks are another size)")
+        return tuple(blocks)
 
     def _object(self, line: str, number: int) -> dict[str, Any]:
         try:
@@ -731,7 +750,7 @@ def _first_line(path: Path) -> str:
         try:
             if fh.peek(2)[:2] == GZIP_MAGIC:
                 fh = stack.enter_context(gzip.GzipFile(fileobj=fh, mode="rb"))
-            for n, raw in enumerate(fh):
+            for n, raw in enumerate(iter(partial(fh.readline, MAX_LINE_BYTES), b"")):
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
                 if n == 0:
                     line = line.removeprefix("\ufeff")

@@ -8,7 +8,8 @@ Each line is one object::
 * ``arrival`` -- the engine step the request joins the waiting queue at (an
   integer, not decreasing from one line to the next);
 * ``prompt_tokens``, ``output_tokens`` -- positive integers, at most 2^31 (the
-  format's bound on a request's tokens); ``arrival`` at most 2^40;
+  format's bound on a request's tokens); ``arrival`` at most 2^40 (:data:`BOUNDS`,
+  which every importer of :mod:`kvspec.sim.formats` holds its rows to as well);
 * ``prefix_id`` (a string or an integer) and ``prefix_tokens`` (0 to
   ``prompt_tokens``), together: the request's first ``prefix_tokens`` tokens are
   those of every request with the same ``prefix_id`` (a shared system prompt),
@@ -17,9 +18,11 @@ Each line is one object::
   integer), together, instead of a prefix id: the prompt is made of blocks of
   ``prefix_block_tokens`` tokens, block ``k`` holding content ``prefix_blocks[k]``
   (Mooncake's ``hash_ids``): two requests share their prompts block for block, up
-  to the first block where their ids differ (:mod:`kvspec.sim.chains`).
+  to the first block where their ids differ (:mod:`kvspec.sim.chains`); at most the
+  blocks the prompt fills (:func:`most_blocks`).
 
-Blank lines are skipped, and so is a UTF-8 byte-order mark at the start. Every
+Blank lines are skipped, and so is a UTF-8 byte-order mark at the start; a
+gzip-compressed file is read as the text it holds. Every
 problem is a :class:`TraceError` at ``file:line:column`` with a hint. Token ids are synthetic
 (:func:`token_id`): the same for requests sharing a prefix, inside it; unique
 everywhere else, so prefix caching finds exactly the declared sharing.
