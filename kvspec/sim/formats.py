@@ -22,13 +22,11 @@ share the CSV and JSON Lines scanning, the step clock and the positioned errors.
 Arrival times become engine steps through a declared step time: the request
 arriving ``t`` seconds after the first joins the waiting queue at step
 ``floor(t / step)``, ``step`` = ``step_ms`` (default :data:`DEFAULT_STEP_MS`).
-Times must not decrease; numbers of s or ms lie from 0 to 2^33 s (:data:`MAX_TIME_S`),
-Azure's dates are subtracted in whole microseconds. Every count and arrival is held
-to :data:`kvspec.sim.trace.BOUNDS`, the rule ``simulate`` reads kvspec's own traces
-by, so a file that imports simulates. Rows are read one at a time
-(:func:`iter_requests`; gzip'ed files as they decompress, ``-`` from stdin), so
-converting a file (``kvspec trace import``) holds one row in memory; every problem
-is a :class:`~kvspec.sim.trace.TraceError` at ``file:line:column``.
+Times must not decrease; numbers of s or ms lie in 0..2^33 s (:data:`MAX_TIME_S`).
+Counts and arrivals keep :data:`kvspec.sim.trace.BOUNDS`, simulate's own rule. Rows
+are read one at a time (:func:`iter_requests`; gzip'ed or not, ``-``: stdin), so a
+conversion holds one row in memory; every problem is a
+:class:`~kvspec.sim.trace.TraceError` at ``file:line:column``.
 
 >>> import tempfile, os
 >>> d = tempfile.mkdtemp(); p = os.path.join(d, "a.csv")
@@ -66,6 +64,7 @@ from kvspec.jsonpos import MAX_DEPTH, Located, scan
 from kvspec.model.pooling import TimeUnit
 from kvspec.model.workloads import DEFAULT_STEP_MS, FORMATS, MOONCAKE_BLOCK_TOKENS
 from kvspec.sim.trace import (
+    BOUNDS,
     GZIP_MAGIC,
     MAX_ARRIVAL,
     MAX_TOKENS,
@@ -498,6 +497,7 @@ class Reader:
         most = MAX_TIME_S / unit_s
         required = keys[1:] + ((time_key,) if time_key else ())
         mooncake = self.fmt == "mooncake"
+        (low, high), (least, most_out) = BOUNDS["prompt_tokens"], BOUNDS["output_tokens"]
         for number, line in self._lines(fh):
             obj = self._object(line, number)
             self.rows += 1
@@ -510,8 +510,11 @@ class Reader:
                                      hint=f"the line has {close[0]!r}: is that the one?"
                                      if close else
                                      f"every line of {_a(self.fmt)} trace gives these keys")
-            prompt = self._count_json(obj, keys[1], line, number, "prompt_tokens")
-            output = self._count_json(obj, keys[2], line, number, "output_tokens")
+            prompt, output = obj[keys[1]], obj[keys[2]]
+            if prompt.__class__ is not int or not low <= prompt <= high:  # (BOUNDS, inline)
+                self._count_json(obj, keys[1], line, number, "prompt_tokens")
+            if output.__class__ is not int or not least <= output <= most_out:
+                self._count_json(obj, keys[2], line, number, "output_tokens")
             arrival = 0
             if time_key is not None:
                 t = obj[time_key]
@@ -525,7 +528,8 @@ class Reader:
                                      hint="the time the request arrived at"
                                           + (" (ms)" if unit_s != 1 else ""))
                 arrival = self._step(t, unit_step, number, line, time_key)
-            blocks = self._hash_ids(obj, prompt, keys[1], line, number) if mooncake else ()
+            blocks = (self._hash_ids(obj, prompt, keys[1], line, number)
+                      if mooncake and "hash_ids" in obj else ())
             if blocks:
                 yield TraceRequest(arrival, prompt, output, None, 0, blocks, self.block_tokens)
                 continue
@@ -534,7 +538,7 @@ class Reader:
     def _hash_ids(self, obj: dict[str, Any], prompt: int, prompt_key: str, line: str,
                   number: int) -> tuple[int, ...]:
         """A Mooncake row's ``hash_ids`` (none: ``()``), at most the blocks its prompt fills."""
-        blocks = obj.get("hash_ids", [])
+        blocks = obj["hash_ids"]
         if blocks.__class__ is not list or (blocks and (  # (C loops: a row's ids)
                 set(map(type, blocks)) != {int} or min(blocks) < 0)):
             raise TraceError("hash_ids must be an array of integers, 0 or more",
@@ -588,14 +592,14 @@ class Reader:
                              hint=hint) from None
 
     def _count_json(self, obj: dict[str, Any], key: str, line: str, number: int,
-                    field: str) -> int:
+                    field: str) -> None:
+        """The error of a count out of ``field``'s bounds (none when it is within them)."""
         value = obj[key]
         if not within(field, value):
             raise TraceError(f"{key} must be a whole number of tokens {bounds_text(field)}",
                              file=self.file, line=number, column=key_column(line, key),
                              found=_shown(value),
                              hint=_count_hint(value if value.__class__ is int else None, 1))
-        return value
 
     # -- the clock ----------------------------------------------------------------------
     def _step(self, t: float, unit_step: float, number: int, line: str,
