@@ -249,3 +249,13 @@ def test_read_trace_still_refuses_an_unreadable_gzip(tmp_path: Path) -> None:
     path.write_bytes(b"\x1f\x8b" + b"not gzip at all")
     with pytest.raises(TraceError, match="cannot read the trace"):
         read_trace(path)
+
+
+def test_an_empty_csv_is_not_told_to_write_json(tmp_path: Path) -> None:
+    """simulate --workload empty.csv answered "write one JSON object per line"."""
+    path = tmp_path / "empty.csv"
+    path.write_text("\n")
+    with pytest.raises(TraceError) as caught:
+        read_requests(path)
+    assert caught.value.message == "the trace has no requests: the file is empty"
+    assert "JSON" not in (caught.value.hint or "")

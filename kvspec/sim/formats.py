@@ -146,8 +146,12 @@ def detect(path: str | Path) -> str:
     start = first.lstrip()[:1]
     convert = ("; or convert it once: kvspec trace import FORMAT FILE -o trace.jsonl "
                "(docs/traces.md)")
-    if not first.strip():
-        return "kvspec"
+    if not first.strip():  # kvspec's reader says so of a .jsonl; of any other, here
+        if suffix in (".jsonl", ".json", ".ndjson"):
+            return "kvspec"
+        raise TraceError("the trace has no requests: the file is empty", file=str(path),
+                         hint="a trace has a line per request, in one of the formats "
+                              "docs/traces.md lists")
     if start == "[":
         raise TraceError(f"{path.name} is a JSON array: a trace is JSON Lines, one object "
                          "per line", file=str(path), line=1, column=1, hint=_ARRAY_HINT)
@@ -310,10 +314,10 @@ class Reader:
                 if line.strip():
                     yield number, line
         except (OSError, EOFError, zlib.error) as exc:  # a disk error, a damaged gzip file
-            raise TraceError(f"cannot read the trace past line {number:,}: "
+            past = f" past line {number:,}" if number else ""
+            raise TraceError(f"cannot read the trace{past}: "
                              f"{getattr(exc, 'strerror', None) or exc}", file=self.file,
-                             line=number + 1, hint="give a readable, complete file"
-                             ) from None
+                             line=number + 1, hint=_DAMAGED) from None
 
     def _is_json(self, fh: _Source) -> bool:
         start = fh.peek(1024)[:1024].removeprefix(b"\xef\xbb\xbf").lstrip()
@@ -637,6 +641,7 @@ _TIME_EXPECTED = {"azure-2023": "a date and time, e.g. 2023-11-16 18:15:46.68059
                   "burstgpt": "seconds since the trace's start, e.g. 5.0"}
 _ARRAY_HINT = ("a trace is JSON Lines, one object per line, not one JSON array "
                "(`jq -c '.[]' FILE > FILE.jsonl` converts it)")
+_DAMAGED = "give a readable, complete file (a gzip file cut short cannot be read to its end)"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -762,7 +767,7 @@ def _first_line(path: Path) -> str:
                     return line
         except (OSError, EOFError, zlib.error) as exc:
             raise TraceError(f"cannot read the trace: {getattr(exc, 'strerror', None) or exc}",
-                             file=str(path), hint="give a readable, complete file") from None
+                             file=str(path), hint=_DAMAGED) from None
     return ""
 
 
