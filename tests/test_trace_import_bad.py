@@ -259,3 +259,13 @@ def test_an_empty_csv_is_not_told_to_write_json(tmp_path: Path) -> None:
         read_requests(path)
     assert caught.value.message == "the trace has no requests: the file is empty"
     assert "JSON" not in (caught.value.hint or "")
+
+
+def test_a_tiny_step_is_an_error_at_the_row_not_an_overflow(tmp_path: Path) -> None:
+    """--step-ms 1e-300: a second is some 1e303 steps, past any float."""
+    path = tmp_path / "b.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "0,ChatGPT,10,5,15,x\n1000000,ChatGPT,3,4,7,x\n")
+    code, _, err = invoke(["trace", "import", "burstgpt", str(path), "--step-ms", "1e-300"])
+    assert code == 1 and "Traceback" not in err
+    assert f"{path}:3:1: error: the request arrives 1e+06 s after the first" in err

@@ -618,16 +618,16 @@ class Reader:
         if self._t0 is None:
             self._t0 = t
         # (a billionth of a step's slack: 0.3 s over 0.1 s steps is step 3, not 2.999...)
-        step = int((t - self._t0) / unit_step + 1e-9)
-        if step > MAX_ARRIVAL:
+        steps = (t - self._t0) / unit_step + 1e-9
+        if not steps < MAX_ARRIVAL + 1:  # (infinite at a step of 1e-300 ms)
             seconds = (t - self._t0) * self.step_s / unit_step
             raise TraceError(f"the request arrives {seconds:.3g} s after the first: step "
-                             f"{step:.3g}, past the last a trace holds (arrival "
+                             f"{steps:.3g}, past the last a trace holds (arrival "
                              f"{bounds_text('arrival')})", file=self.file, line=number,
                              column=self._at(line, at),
                              hint="check the time's unit (Mooncake's are ms, BurstGPT's s), "
                                   "or give a longer --step-ms")
-        return step
+        return int(steps)
 
     @staticmethod
     def _at(line: str, at: int | str) -> int:
