@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvspec.sim import trace as trace_module
 from kvspec.sim.formats import Reader, detect, read_requests
@@ -269,3 +271,53 @@ def test_a_tiny_step_is_an_error_at_the_row_not_an_overflow(tmp_path: Path) -> N
     code, _, err = invoke(["trace", "import", "burstgpt", str(path), "--step-ms", "1e-300"])
     assert code == 1 and "Traceback" not in err
     assert f"{path}:3:1: error: the request arrives 1e+06 s after the first" in err
+
+
+_CELLS = st.sampled_from(["0", "1", "-5", "2147483648", "2147483649", "1e3", "nan", "inf",
+                          "1.5", "", " 7 ", '"3"', '"4', "x", "\uff11\uff12", "1,200", "+1",
+                          "2023-11-16 18:15:46.6805900", "2024-05-10 00:00:00.009930+00:00",
+                          "9999-12-31 23:59:59", "0001-01-01", "1e300", "-0", "0x10"])
+_HEADERS = {"azure-2023": "TIMESTAMP,ContextTokens,GeneratedTokens",
+            "burstgpt": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+            "lengths": "p,o,t"}
+_VALUES = st.one_of(st.integers(-3, 2**41), st.floats(allow_nan=False), st.text(max_size=4),
+                    st.booleans(), st.none(), st.lists(st.integers(-1, 3), max_size=4))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fmt=st.sampled_from(sorted(_HEADERS)), rows=st.lists(
+    st.lists(_CELLS, min_size=1, max_size=7).map(",".join), max_size=5))
+def test_any_csv_rows_give_requests_or_a_positioned_error(fmt: str, rows: list[str]) -> None:
+    """No row, however odd, raises anything but a TraceError at its line; and what is
+    read, simulate's reader reads back the same."""
+    _read_back(fmt, _HEADERS[fmt] + "\n" + "\n".join(rows) + "\n", ".csv")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=st.lists(st.dictionaries(st.sampled_from(
+    ["timestamp", "input_length", "output_length", "hash_ids", "p", "o", "t"]), _VALUES),
+    max_size=4))
+def test_any_json_rows_give_requests_or_a_positioned_error(rows: list[dict]) -> None:
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    _read_back("mooncake", text, ".jsonl")
+    _read_back("lengths", text, ".jsonl")
+
+
+def _read_back(fmt: str, text: str, suffix: str) -> None:
+    import tempfile
+
+    from kvspec.sim.formats import Columns
+    from kvspec.sim.trace import trace_text
+
+    columns = Columns.parse("prompt=p,output=o,time=t", "ms") if fmt == "lengths" else None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"t{suffix}"
+        path.write_text(text)
+        try:
+            got = read_requests(path, fmt, columns=columns)
+        except TraceError as err:
+            problem = err
+        else:
+            assert parse_trace(trace_text(got), "t.jsonl") == got
+            return
+    assert problem.file == str(path) and problem.hint, problem.render()
