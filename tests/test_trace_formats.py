@@ -126,7 +126,12 @@ def test_trace_keeps_its_own_options_beside_the_subcommand() -> None:
 
 
 #: Each bad file's format and options (the file's name starts with its format).
-OPTIONS = {"lengths-missing-column": ["--columns", "prompt=input_length,output=output_len"]}
+OPTIONS = {"lengths-missing-column": ["--columns", "prompt=input_length,output=output_len"],
+           "lengths-time-past-2-33-s": ["--columns", "prompt=in,output=out,time=t",
+                                        "--time-unit", "ms"],
+           "lengths-unclosed-quote": ["--columns", "prompt=in,output=out"],
+           "lengths-json-array": ["--columns", "prompt=in,output=out"],
+           "lengths-key-twice": ["--columns", "prompt=in,output=out"]}
 
 
 def _format(path: Path) -> str:

@@ -33,7 +33,7 @@ from kvspec.sim.formats import (
     Columns,
     Reader,
 )
-from kvspec.sim.trace import TraceRequest
+from kvspec.sim.trace import MAX_TOKENS, TraceRequest
 
 #: Whether a file is a trace (replaced without --force): its first line is one.
 is_trace = jsonl_with("arrival", "prompt_tokens", "output_tokens")
@@ -53,7 +53,7 @@ def _trace_at(output: Path | None) -> bool:
 def step_options(f: click.decorators.FC) -> click.decorators.FC:
     """``--step-ms``, ``--columns``, ``--time-unit``, ``--block-tokens``: how a
     trace file is read (``trace import``, ``simulate``)."""
-    f = click.option("--block-tokens", type=click.IntRange(min=1),
+    f = click.option("--block-tokens", type=click.IntRange(min=1, max=MAX_TOKENS),
                      default=MOONCAKE_BLOCK_TOKENS, show_default=True,
                      help="mooncake: tokens per hash_ids block.")(f)
     f = click.option("--time-unit", type=click.Choice(get_args(TimeUnit)), default="s",
@@ -92,7 +92,9 @@ def command(trace_format: str, file: Path, step_ms: float, columns: str | None,
     TIMESTAMP, ContextTokens, GeneratedTokens), mooncake (JSONL timestamp in ms,
     input_length, output_length, hash_ids), burstgpt (CSV Timestamp, Request tokens,
     Response tokens, ...; its rows of 0 tokens, failed requests, are skipped), lengths
-    (any CSV or JSONL, with --columns), kvspec. The file is read row by row."""
+    (any CSV or JSONL, with --columns), kvspec. The file is read row by row (gzip'ed or
+    not; - for stdin), and held to the bounds simulate holds a trace to: a row it would
+    refuse is an error at its line and column."""
     as_json = fmt == "json"
     if as_json and (output is None or is_stdout(output)):
         raise UsageError("--format json prints a summary: the trace needs -o FILE",

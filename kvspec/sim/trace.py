@@ -13,7 +13,8 @@ Each line is one object::
   (``step_ms``, as the other formats' times); a timed run (``simulate --profile``)
   keeps the seconds;
 * ``prompt_tokens``, ``output_tokens`` -- positive integers, at most 2^31 (the
-  format's bound on a request's tokens); ``arrival`` at most 2^40;
+  format's bound on a request's tokens); ``arrival`` at most 2^40 (:data:`BOUNDS`,
+  which every importer of :mod:`kvspec.sim.formats` holds its rows to as well);
 * ``prefix_id`` (a string or an integer) and ``prefix_tokens`` (0 to
   ``prompt_tokens``), together: the request's first ``prefix_tokens`` tokens are
   those of every request with the same ``prefix_id`` (a shared system prompt),
@@ -22,9 +23,11 @@ Each line is one object::
   integer), together, instead of a prefix id: the prompt is made of blocks of
   ``prefix_block_tokens`` tokens, block ``k`` holding content ``prefix_blocks[k]``
   (Mooncake's ``hash_ids``): two requests share their prompts block for block, up
-  to the first block where their ids differ (:mod:`kvspec.sim.chains`).
+  to the first block where their ids differ (:mod:`kvspec.sim.chains`); at most the
+  blocks the prompt fills (:func:`most_blocks`).
 
-Blank lines are skipped, and so is a UTF-8 byte-order mark at the start. Every
+Blank lines are skipped, and so is a UTF-8 byte-order mark at the start; a
+gzip-compressed file is read as the text it holds. Every
 problem is a :class:`TraceError` at ``file:line:column`` with a hint. Token ids are synthetic
 (:func:`token_id`): the same for requests sharing a prefix, inside it; unique
 everywhere else, so prefix caching finds exactly the declared sharing.
@@ -37,7 +40,9 @@ everywhere else, so prefix caching finds exactly the declared sharing.
 from __future__ import annotations
 
 import difflib
+import gzip
 import json
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -50,9 +55,10 @@ from kvspec.files import STDIN_NAME, is_stdin, read_text
 from kvspec.jsonpos import MAX_DEPTH, Located, scan
 from kvspec.model.workloads import DEFAULT_STEP_MS
 
-__all__ = ["KEYS", "MAX_ARRIVAL", "MAX_ARRIVAL_S", "MAX_TOKENS", "MIN_RATE", "TraceError",
-           "TraceRequest", "key_column", "parse_trace", "prefix_codes", "read_trace", "requests_of",
-           "token_id", "trace_text", "write_trace"]
+__all__ = ["BOUNDS", "GZIP_MAGIC", "KEYS", "MAX_ARRIVAL", "MAX_ARRIVAL_S", "MAX_TOKENS",
+           "MIN_RATE", "TraceError", "TraceRequest", "bounds_text", "key_column", "most_blocks",
+           "parse_trace", "prefix_codes", "read_trace", "requests_of", "token_id",
+           "trace_text", "within", "write_trace"]
 
 #: Keys of a trace line, in their canonical order (the first three required).
 KEYS = ("arrival", "prompt_tokens", "output_tokens", "prefix_id", "prefix_tokens",
@@ -69,11 +75,52 @@ MAX_ARRIVAL_S = 2**30
 #: Milliseconds a step stands for when a trace's times become steps (as
 #: :data:`kvspec.model.workloads.DEFAULT_STEP_MS`).
 STEP_MS = DEFAULT_STEP_MS
+#: The range of each integer of a trace request: the one rule of every reader of
+#: traces, this module's (``simulate``, ``pooling.workload.trace``) and each format's
+#: importer (:mod:`kvspec.sim.formats`, ``kvspec trace import``), so a file one of
+#: them takes, the others take too.
+BOUNDS: dict[str, tuple[int, int]] = {
+    "arrival": (0, MAX_ARRIVAL),
+    "prompt_tokens": (1, MAX_TOKENS),
+    "output_tokens": (1, MAX_TOKENS),
+    "prefix_tokens": (0, MAX_TOKENS),
+    "prefix_block_tokens": (1, MAX_TOKENS),
+}
+_POWERS = {MAX_TOKENS: "2^31", MAX_ARRIVAL: "2^40"}
+#: The first bytes of a gzip-compressed file: every reader of traces decompresses it.
+GZIP_MAGIC = b"\x1f\x8b"
 _EXAMPLE = '{"arrival": 0, "prompt_tokens": 512, "output_tokens": 128}'
 
 
 class TraceError(KvspecError):
     """A trace that cannot be read."""
+
+
+def within(field: str, value: object) -> bool:
+    """Whether ``value`` is an integer (not a boolean) in ``field``'s :data:`BOUNDS`.
+
+    >>> within("prompt_tokens", 2**31), within("prompt_tokens", 2**31 + 1), within("arrival", True)
+    (True, False, False)
+    """
+    least, most = BOUNDS[field]
+    return value.__class__ is int and least <= value <= most
+
+
+def bounds_text(field: str, least: int | None = None) -> str:
+    """``field``'s range in words: ``from 1 to 2^31`` (``least``: another lower end)."""
+    low, most = BOUNDS[field]
+    return f"from {low if least is None else least} to {_POWERS.get(most, f'{most:,}')}"
+
+
+def most_blocks(prompt_tokens: int, block_tokens: int) -> int:
+    """The most content blocks of ``block_tokens`` tokens a prompt of ``prompt_tokens``
+    tokens fills (its last block may be partly filled): more is a trace error, in
+    ``prefix_blocks`` and in Mooncake's ``hash_ids`` alike.
+
+    >>> most_blocks(1024, 512), most_blocks(1025, 512)
+    (2, 3)
+    """
+    return -(-prompt_tokens // block_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,14 +159,18 @@ def read_trace(path: str | Path, step_ms: float = STEP_MS) -> tuple[TraceRequest
         return parse_trace(read_text(path, what="the trace", error=TraceError), STDIN_NAME,
                            step_ms)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        if data.startswith(GZIP_MAGIC):  # a compressed trace (trace.jsonl.gz) reads as is
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise TraceError("no such trace file", file=str(path),
                          hint="give the path of a JSONL trace (kvspec.sim.generate_trace "
                          "writes one)") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as exc:
         raise TraceError(f"cannot read the trace: {exc}", file=str(path),
-                         hint="a trace is a UTF-8 text file, one JSON object per line") from None
+                         hint="a trace is a UTF-8 text file (or one gzip-compressed), one "
+                              "JSON object per line") from None
     return parse_trace(text, file=str(path), step_ms=step_ms)
 
 
@@ -235,13 +286,10 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
     if "arrival_s" in obj:
         seconds = _time(obj, "arrival_s")
     else:
-        arrival = _integer(obj, "arrival", 0, "arrival must be an integer from 0 to 2^40",
-                           "arrival is the engine step the request joins the waiting "
-                           "queue at", MAX_ARRIVAL)
-    prompt = _integer(obj, "prompt_tokens", 1, "prompt_tokens must be an integer from 1 to "
-                      "2^31", "a prompt has at least one token")
-    output = _integer(obj, "output_tokens", 1, "output_tokens must be an integer from 1 to "
-                      "2^31", "a request samples at least one token")
+        arrival = _integer(obj, "arrival",
+                           "arrival is the engine step the request joins the waiting queue at")
+    prompt = _integer(obj, "prompt_tokens", "a prompt has at least one token")
+    output = _integer(obj, "output_tokens", "a request samples at least one token")
     if "prefix_blocks" in obj or "prefix_block_tokens" in obj:
         return replace(_blocks(obj, arrival, prompt, output), arrival_s=seconds)
     prefix_id = obj.get("prefix_id")
@@ -254,8 +302,7 @@ def _checked(obj: dict[str, Any]) -> TraceRequest:
     if prefix_id.__class__ not in (str, int):
         raise _Bad("prefix_id must be a string or an integer", "prefix_id",
                    found=_type(prefix_id), hint='name the shared prefix, e.g. "system"')
-    shared = _integer(obj, "prefix_tokens", 0, "prefix_tokens must be an integer, 0 or more",
-                      "the shared prefix's length in tokens")
+    shared = _integer(obj, "prefix_tokens", "the shared prefix's length in tokens")
     if shared > prompt:
         raise _Bad(f"prefix_tokens ({shared}) is more than prompt_tokens ({prompt})",
                    "prefix_tokens", hint="the shared prefix is part of the prompt")
@@ -291,19 +338,23 @@ def _blocks(obj: dict[str, Any], arrival: int, prompt: int, output: int) -> Trac
                    else "an empty array" if not blocks else
                    json.dumps(next(b for b in blocks if b.__class__ is not int or b < 0)),
                    hint="one id per block of the prompt, e.g. [0, 1, 2] (Mooncake's hash_ids)")
-    size = _integer(obj, "prefix_block_tokens", 1,
-                    "prefix_block_tokens must be an integer from 1 to 2^31",
+    size = _integer(obj, "prefix_block_tokens",
                     "the tokens of one content block (Mooncake's: 512)")
+    if len(blocks) > (most := most_blocks(prompt, size)):
+        raise _Bad(f"prefix_blocks has {len(blocks):,} blocks of {size:,} tokens: more than "
+                   f"the prompt's {prompt:,} tokens fill ({most:,})", "prefix_blocks",
+                   hint="one id per block of the prompt, at most ceil(prompt_tokens / "
+                        "prefix_block_tokens) of them")
     return TraceRequest(arrival, prompt, output, None, 0, tuple(blocks), size)
 
 
-def _integer(obj: dict[str, Any], key: str, least: int, message: str, hint: str,
-             most: int = MAX_TOKENS) -> int:
+def _integer(obj: dict[str, Any], key: str, hint: str) -> int:
     value = obj[key]
-    if value.__class__ is not int or not least <= value <= most:
+    if not within(key, value):
         shown = json.dumps(value) if value.__class__ in (int, float, str, bool) or \
             value is None else _type(value)
-        raise _Bad(message, key, found=shown, hint=hint)
+        raise _Bad(f"{key} must be an integer {bounds_text(key)}", key, found=shown,
+                   hint=hint)
     return value
 
 
