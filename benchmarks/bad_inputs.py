@@ -598,7 +598,7 @@ _GRID_NUMBER_BAD = (".inf", ".nan", HUGE, "true")
 _SIZE_BAD = ("-1GiB", "0", "1.0e+30", "1000000TiB", "'8 GiB GiB'", "null")
 GRID_FIELDS_BAD: dict[str, tuple[str, ...]] = {
     "target.rate": ("0", "-1", "1.0e-300", "1.0e+300", "'20 requests/h'", "''", "null",
-                    "'1e3 requests/s'"),
+                    "'1e-300'", "'1e-300 requests/s'"),
     "target.step_ms": ("0", "-1", "1.0e+7", "1.0e-300", "{1: .nan}", "{1: .inf}",
                        "{0: 30}", "{-1: 30}", "{a: 30}", "{2: 30}", "[30]", "null"),
     "gpu_memory_utilization": ("0", "-0.1", "1.5", "'0.9'", "null"),
@@ -627,7 +627,7 @@ GRID_FIELDS_BAD: dict[str, tuple[str, ...]] = {
 }
 #: Numbers YAML reads as strings (no dot, or an exponent without one): the error
 #: says it is YAML's reading.
-YAML_STRINGS = {"target.rate": ("2e1", "1e-300"), "target.step_ms": ("3e1",),
+YAML_STRINGS = {"target.step_ms": ("3e1",),
                 "gpu_memory_utilization": ("9e-1",), "workload.rate": ("5e-1",),
                 "workload.prefix_sharing": ("5e-1",)}
 
@@ -675,6 +675,12 @@ def sweep_field_cases() -> Iterator[Case]:
             text, line = _grid_with(path, value)
             yield _sweep_case("sweep", f"{path}: {value} (a string to YAML)", text, line=line,
                               says=("YAML",))
+    # a rate is a number or a string with its unit ('20 requests/s'): a string that
+    # writes a number is that number, so YAML's reading of 2e1 as a string is harmless
+    for value in ("'1e3 requests/s'", "2e1", "'20 requests/s'", "'0.5'"):
+        text, line = _grid_with("target.rate", value)
+        yield _sweep_case("sweep", f"target.rate: {value} (taken)", text, line=line,
+                          ok=swept(1))
     # a tiny KV cache plans to an error row at the axis, or is refused there
     for value in ("1", "1.5"):
         text = grid(axes={"tensor": "[1]", "memory": f"[{value}]"})
@@ -786,9 +792,14 @@ def sweep_grid_cases() -> Iterator[Case]:
     hf = (REPO / "tests" / "data" / "sweep" / "llama-3.1-70b.json").read_text()
     base_files: dict[str, str | bytes] = {"a.kvlayout.json": art, "t.jsonl": TRACE, "d/": "",
                                           "broken.json": '{"architectures": ["Llama', "c.json": hf}
+    # a base that is a file of another kind, or broken inside, is placed in that file
+    # (the line and column of what is wrong there); one that is missing, at the grid's
+    inside = {"a trace": r"t\.jsonl", "the grid itself": r"g\.yaml",
+              "{hf: t.jsonl}": r"t\.jsonl", "{hf: broken.json}": r"broken\.json"}
     for name, (value, says) in bases.items():
+        extra = {"at": rf"^(g\.yaml:2|{inside[name]}:\d+):\d+: error"} if name in inside else {}
         yield _sweep_case("sweep", f"base: {name}", grid(base=value), files=base_files, line=2,
-                          says=says)
+                          says=says, **extra)
     yield _sweep_case("sweep", "base: a source with an unknown key", grid(base="bad.yaml"),
                       files={"bad.yaml": bad_source}, line=False, at=_grid_at(3, file="bad.yaml"))
     for key, values in {"max_model_len": (".inf", "0", "-1", "1000000000000", "'8k'"),
@@ -844,6 +855,7 @@ def sweep_constraint_cases() -> Iterator[Case]:
         "10,000 ors": " or ".join(["tensor == 1"] * 10_000),
         "a 400-digit number": "tensor < " + HUGE,
         "1.8 MB of spaces": "tensor" + " " * 1_800_000 + "<= 8",
+        "an exponent": "tensor <= 1e3",
     }
     for name, c in holds.items():
         text = grid(axes=axes, constraints=[c])
@@ -854,12 +866,14 @@ def sweep_constraint_cases() -> Iterator[Case]:
         "tensr <= 8": 0, "pipeline <= 2": 0, "model == 1": 0, "kv_cache_dtype == 8": 0,
         "workload == 1": 0, "__import__(os) == 1": 0, "not tensor <= 8": 0,
         "tensor <= 8 )": 12, "tensor <== 8": 9, "tensor ** 2 <= 8": 8,
-        "tensor <= 8 and": 15, "(tensor <= 8": 8, "tensor": 6, "tensor = 8": 7,
+        "tensor <= 8 and": 15, "(tensor <= 8": 12, "tensor": 0, "tensor = 8": 7,
         "tensor <= 8 && max_num_seqs": 12, "tensor \u2264 8": 7, "": 0, "   ": 0,
-        "tensor <= 1e3": 11, "tensor <= 8 tensor": 12, "tensor <= 8; max_num_seqs": 11,
+        "tensor <= 8 tensor": 12, "tensor <= 8; max_num_seqs": 11,
         "tensor <= (8": 12, "tensor >= 1 and or tensor <= 8": 16,
-        "(" * 400 + "tensr" + ")" * 400 + " <= 8": 400,
-        "tensor <= 8 and " * 1000 + "tensr <= 8": 16_000,
+        # past the limits, the error is at the limit: the 33rd parenthesis, the
+        # 10,001st character
+        "(" * 400 + "tensr" + ")" * 400 + " <= 8": 32,
+        "tensor <= 8 and " * 1000 + "tensr <= 8": 10_000,
     }
     for c, offset in bad.items():
         text = grid(axes=axes, constraints=["max_num_seqs >= 1", c])

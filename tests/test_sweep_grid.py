@@ -106,6 +106,11 @@ def test_conditions_group_in_parentheses() -> None:
     (("target: {", "gpu_memory_utilization: .nan\ntarget: {"), "gpu_memory_utilization",
      "finite"),
     (("rate: 20", "rate: 1" + "0" * 400), "target.rate", "a finite number"),
+    # too small to be meant: 1e-300 requests/s, given as a number or with its unit
+    (("rate: 20", "rate: 1.0e-300"), "target.rate", "1e-06 or more"),
+    (("rate: 20", "rate: '1e-300 requests/s'"), "target.rate", "1e-06 or more"),
+    (("requests: 20", "requests: 20, rate: 1.0e-300"), "axes.workload[0].rate",
+     "1e-06 or more"),
 ])
 def test_numbers_are_refused_at_their_field(edit: tuple[str, str], where: str,
                                             words: str) -> None:
@@ -185,3 +190,19 @@ def test_a_trace_workload_reads_every_format_simulate_does(trace: str, extra: st
     assert len(sweep.points) == 2 and len(requests) > 0
     if not extra:
         assert requests == read_requests(ROOT / "tests/data/traces" / trace)
+
+
+def test_a_boolean_version_is_refused() -> None:
+    # YAML's true is Python's 1: it passed as format version 1
+    err = _error(GRID.replace("kvspec_sweep: 1", "kvspec_sweep: true"))
+    assert "at: kvspec_sweep" in err.render() and err.line == 1, err.render()
+
+
+def test_an_unknown_init_target_is_refused_at_its_line(tmp_path: Path) -> None:
+    config = ROOT / "tests" / "data" / "sweep" / "llama-3.1-70b.json"
+    text = GRID.replace(f"base: {ROOT}/layouts/llama-3.1-8b.yaml",
+                        f"base:\n  - hf: {config}\n    target: bogus")
+    err = _error(text)
+    rendered = err.render()
+    assert err.line == 4 and "at: base[0].target" in rendered, rendered
+    assert "hopper" in rendered, rendered

@@ -43,6 +43,7 @@ from pydantic_core import PydanticCustomError
 
 from kvspec.errors import ErrorList, KvspecError, SourceError, format_path
 from kvspec.files import MAX_MEMORY, SIZE_EXPECTED, SIZE_PATTERN, read_text, size_bytes
+from kvspec.integrations import rules
 from kvspec.model.pooling import Policy, TimeUnit, Workload, declared
 from kvspec.model.workloads import TraceFormat
 from kvspec.source.document import Document, parse_yaml
@@ -63,8 +64,11 @@ AXIS_SYNONYMS = {"tp": "tensor", "pp": "pipeline", "tensor_parallel_size": "tens
                  "trace": "workload", "workloads": "workload", "seqs": "max_num_seqs"}
 
 
-#: The largest target rate, requests per second (a million GPUs' worth of traffic).
-MAX_RATE = 1e9
+#: The largest target rate, requests per second (a million GPUs' worth of traffic),
+#: and the smallest: one request in some eleven days (a rate of 1e-300 is a typo, and
+#: a trace drawn at it would arrive past any clock); a workload's rate per step shares
+#: it with the trace generator (kvspec.sim.trace.MIN_RATE).
+MAX_RATE, MIN_RATE = 1e9, 1e-6
 #: An engine step's milliseconds: from a microsecond to a thousand seconds.
 MIN_STEP_MS, MAX_STEP_MS = 1e-3, 1e6
 
@@ -126,6 +130,19 @@ class HfBase(_Strict):
     max_model_len: MaxLen | None = None
     weights: PositiveSize | None = None
 
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str | None) -> str | None:
+        # refused here, at the grid's line, not when the first point runs init
+        if value is not None:
+            try:
+                rules.target(value)
+            except ValueError:
+                raise PydanticCustomError(
+                    "target_name", f"a GPU class ({', '.join(rules.GPU_TARGETS)}) or a GDN "
+                    f"prefill backend ({', '.join(rules.GDN_PREFILL_BACKENDS)})") from None
+        return value
+
 
 Base = Annotated[str, Field(min_length=1)] | SourceBase | HfBase
 
@@ -163,7 +180,7 @@ class WorkloadEntry(_Strict):
     output_tokens: Tokens | None = None
     requests: Annotated[int, Field(gt=0, le=1_000_000)] = _default("requests")
     seed: int = Field(0, ge=0, lt=2**64)
-    rate: float | None = Field(None, gt=0, le=MAX_RATE, description="Arrivals per engine "
+    rate: float | None = Field(None, ge=MIN_RATE, le=MAX_RATE, description="Arrivals per engine "
                                "step (Poisson); default: all at step 0.")
     prefix_sharing: Annotated[float, Field(ge=0, le=1)] = 0.0
     prefix_tokens: PositiveInt = _default("prefix_tokens")
@@ -202,7 +219,7 @@ class Target(_Strict):
     """The traffic to serve: ``rate`` requests per second, an engine step taking
     ``step_ms`` milliseconds."""
 
-    rate: float = Field(gt=0, le=MAX_RATE, description="Requests per second (or '20 "
+    rate: float = Field(ge=MIN_RATE, le=MAX_RATE, description="Requests per second (or '20 "
                         "requests/s').")
     step_ms: Annotated[Annotated[StepMs, Tag("one")] | Annotated[
         dict[Ranks, StepMs], Tag("per_tensor")], Discriminator(_step_ms_kind)] = Field(
@@ -236,6 +253,14 @@ class Grid(_Strict):
     """A sweep's grid file, format version 1."""
 
     kvspec_sweep: Literal[1] = Field(description="Grid format version.")
+
+    @field_validator("kvspec_sweep", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> Any:
+        # YAML's true is Python's 1: a version is a number, never a boolean
+        if isinstance(value, bool):
+            raise PydanticCustomError("literal_error", "1", {"expected": "1"})
+        return value
     base: Base | list[Base] = Field(description="The model(s): a source path, "
                                     "{source: PATH}, or {hf: config.json}.")
     axes: Axes
