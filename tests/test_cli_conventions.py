@@ -162,7 +162,8 @@ def test_schema_notes_go_to_stderr(tmp_path: Path) -> None:
     assert err == (f"wrote {tmp_path}/source.schema.json\n"
                    f"wrote {tmp_path}/artifact.schema.json\n"
                    f"wrote {tmp_path}/descriptor.schema.json\n"
-                   f"wrote {tmp_path}/profile.schema.json\n")
+                   f"wrote {tmp_path}/profile.schema.json\n"
+                   f"wrote {tmp_path}/sweep.schema.json\n")
     assert invoke(["schema", "-q", "-o", str(tmp_path)]) == (0, "", "")
     assert invoke(["schema", "--check", "-o", str(tmp_path)]) == (
         0, "", f"{tmp_path}: schemas are current\n")

@@ -482,7 +482,7 @@ def test_unknown_target_is_a_usage_error() -> None:
     assert (code, stdout) == (2, "")
     assert stderr == ("kvspec: error: invalid value for --target: 'h100' is not a choice\n"
                       "  expected: one of volta, turing, ampere, ada, hopper, blackwell, "
-                      "flashinfer, triton, cutedsl\n  found: h100\n"
+                      "flashinfer, triton, cutedsl, cpu\n  found: h100\n"
                       "  hint: kvspec init --help says what it takes\n")
     from kvspec.integrations.hf.init import InitOptions, init_source
     with pytest.raises(KvspecError, match="unknown target 'h100'"):
@@ -557,7 +557,7 @@ def test_target_cpu_is_refused_from_a_config_alone(tmp_path: Path) -> None:
     """vLLM's CPU engine chooses its settings from the host (AMX, AVX512-BF16) and its
     backends: only --from-vllm, run under vLLM, can write them."""
     config = ROOT / "tests" / "data" / "hf" / "qwen3-next-80b-a3b-thinking.json"
-    code, out, err = invoke(["init", "--from-hf", str(config), "--target", "cpu",
+    code, _, err = invoke(["init", "--from-hf", str(config), "--target", "cpu",
                              "-o", str(tmp_path / "m.yaml")])
     assert code == 2, err
     assert "--target cpu needs --from-vllm" in err

@@ -1,3 +1,5 @@
+# one idea: one engine step of vLLM's scheduler; admission, chunking, preemption and the
+# batch's step-time terms read and edit the same queues in one pass
 """vLLM v1's continuous batching, as ``Scheduler.schedule()`` does it by default.
 
 One :meth:`Scheduler.schedule` call is one engine step:

@@ -1,3 +1,5 @@
+# one idea: kvspec's trace format, its one bound rule for every reader, and reading and
+# writing it with positioned errors
 """Request traces: JSON Lines, one request per line, read with positioned errors.
 
 Each line is one object::
