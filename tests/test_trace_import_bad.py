@@ -321,3 +321,26 @@ def _read_back(fmt: str, text: str, suffix: str) -> None:
             assert parse_trace(trace_text(got), "t.jsonl") == got
             return
     assert problem.file == str(path) and problem.hint, problem.render()
+
+
+@pytest.mark.parametrize("command", ["import", "simulate"])
+@pytest.mark.parametrize("args, option", [
+    (["--step-ms", "nan"], "--step-ms nan"),
+    (["--columns", "foo"], "--columns 'foo'"),
+    (["--columns", "prompt=input_len"], "--columns 'prompt=input_len'"),
+    (["--columns", ""], "--columns ''"),
+])
+def test_a_bad_reading_option_is_named(tmp_path: Path, command: str, args: list[str],
+                                       option: str) -> None:
+    # the message named neither option: "the step time must be a positive number of ms,
+    # not nan", "cannot read the column map 'foo' at 'foo'"
+    lengths = tmp_path / "l.csv"
+    lengths.write_text("input_len,output_len\n5,6\n")
+    argv = (["trace", "import", "lengths", str(lengths)] if command == "import" else
+            ["simulate", str(LLAMA), "--workload", str(lengths), "--workload-format", "lengths"])
+    if "--columns" not in args:
+        args = [*args, "--columns", "prompt=input_len,output=output_len"]
+    code, out, err = invoke([*argv, *args])
+    assert code == 2 and out == "", err
+    assert err.startswith(f"kvspec: error: {option}"), err
+    assert "Traceback" not in err

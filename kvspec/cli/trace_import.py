@@ -5,6 +5,7 @@ file of any length is converted in bounded memory (docs/traces.md)."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ from kvspec.sim.formats import (
     Columns,
     Reader,
 )
-from kvspec.sim.trace import MAX_TOKENS, TraceRequest
+from kvspec.sim.trace import MAX_TOKENS, TraceError, TraceRequest
 
 #: Whether a file is a trace (replaced without --force): its first line is one.
 is_trace = jsonl_with("arrival", "prompt_tokens", "output_tokens")
@@ -62,13 +63,31 @@ def step_options(f: click.decorators.FC) -> click.decorators.FC:
                      help="lengths: the columns (or JSON keys) holding each figure, "
                           "prompt=NAME,output=NAME[,time=NAME].")(f)
     return click.option("--step-ms", type=click.FloatRange(min=0, min_open=True, max=1e6),
-                        default=DEFAULT_STEP_MS, show_default=True,
+                        default=DEFAULT_STEP_MS, show_default=True, callback=_finite_ms,
                         help="Milliseconds one engine step stands for: a request arriving "
                              "t ms after the first joins at step floor(t / step-ms).")(f)
 
 
+def _finite_ms(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    # click's range lets nan through (it compares false with both bounds)
+    if not math.isfinite(value):
+        raise UsageError(f"--step-ms {value}: not a number of milliseconds",
+                         expected="a number above 0 and at most 1000000", found=str(value),
+                         hint="the milliseconds one engine step stands for, e.g. --step-ms 20")
+    return value
+
+
 def columns_of(columns: str | None, time_unit: str) -> Columns | None:
-    return Columns.parse(columns, time_unit) if columns is not None else None
+    """``--columns``' map; a map that does not read is an error naming the option."""
+    if columns is None:
+        return None
+    try:
+        return Columns.parse(columns, time_unit)
+    except TraceError as err:
+        raise UsageError(f"--columns {columns!r}: {err.message}",
+                         expected="prompt=NAME,output=NAME[,time=NAME]", found=repr(columns),
+                         hint=err.hint or "name the columns holding each figure, e.g. "
+                         "--columns prompt=input_len,output=output_len") from None
 
 
 @cli_command("import", short_help="Convert a trace file (Azure, Mooncake, BurstGPT, "
