@@ -245,7 +245,8 @@ def _one(sweep: Any, point_id: str) -> int:
         row = row_of_error(point.id, point.params, point.error or {})
     else:
         row = evaluate_point(point.id, point.params, point.source, point.file,
-                             sweep.traces[point.workload], point.rate, point.step_ms)
+                             sweep.traces[point.workload], point.rate, point.step_ms,
+                             point.timing)
     if not row["ok"]:
         row = {**row, "error": locate(sweep, point, row["error"])}
     echo_json(row)
@@ -339,14 +340,21 @@ def _table(best: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
               rate(r), r["id"]] for r in best]
     served = {r["point"]["workload"] for r in best}
     missing = [w for w in dict.fromkeys(r["point"]["workload"] for r in rows) if w not in served]
+    slo = next((r["slo"]["limits"] for r in rows if r.get("slo")), None)
     out = []
     if lines:
-        out.append("best point per workload (fewest GPUs for the target rate)\n" + table(
+        out.append("best point per workload (fewest GPUs for the target rate" +
+                   (f" within the SLO {', '.join(slo)}" if slo else "") + ")\n" + table(
             lines, ["workload", "model", "point", "GPUs", "req/s per GPU", "id"]))
     if any(not r.get("saturated") for r in best):
         out.append("* " + UNSATURATED)
-    out += [f"workload {w}: no point serves it (each refuses some of its requests, or "
-            "failed: see the rows)" for w in missing]
+    for w in missing:
+        unmet = [r for r in rows if r["point"]["workload"] == w and r.get("slo")
+                 and not r["slo"]["met"]]
+        out.append(f"workload {w}: no point meets the SLO {', '.join(slo or ())} at the target "
+                   f"rate ({len(unmet):,} tried; each row's slo.at says how close it came)"
+                   if unmet else f"workload {w}: no point serves it (each refuses some of its "
+                   "requests, or failed: see the rows)")
     return "\n".join(out)
 
 

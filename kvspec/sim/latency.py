@@ -40,8 +40,9 @@ from typing import Any
 from kvspec.errors import UsageError
 from kvspec.model.steptime import duration
 
-__all__ = ["METRICS", "PERCENTILES", "SLO_METRICS", "Latency", "Limit", "latency_of",
-           "parse_slo", "percentile", "weighted_percentile"]
+__all__ = ["METRICS", "PERCENTILES", "SLO_METRICS", "Latency", "Limit", "LimitError",
+           "latency_of", "parse_limit", "parse_slo", "percentile",
+           "weighted_percentile"]
 
 #: Per-request metrics, in the order reports list them.
 METRICS = ("queue", "ttft", "tpot", "itl", "e2e")
@@ -65,37 +66,60 @@ class Limit:
         return self.text.split("=")[0].strip()
 
 
+class LimitError(ValueError):
+    """A limit that cannot be read: what is wrong, a hint, and the offset in the limit's
+    text (``METRIC_pNN=TIME``) where the problem starts."""
+
+    def __init__(self, what: str, hint: str, offset: int = 0) -> None:
+        super().__init__(what)
+        self.what, self.hint, self.offset = what, hint, offset
+
+
+def parse_limit(item: str) -> Limit:
+    """One limit ``METRIC_pNN=TIME`` (the rule every SLO is read by: ``--slo``, a sweep
+    grid's ``target.slo``); a :class:`LimitError` where it cannot be read.
+
+    >>> parse_limit("tpot_p50=50ms").seconds
+    0.05
+    """
+    if not item:
+        raise LimitError("an empty limit", "write METRIC_pNN=TIME, e.g. ttft_p99=2s")
+    m = re.fullmatch(r"([a-z0-9]+)_p([0-9]+(?:\.[0-9]+)?)\s*=\s*(.*)", item)
+    if m is None:
+        raise LimitError(f"cannot read {item!r}",
+                         "write METRIC_pNN=TIME, e.g. ttft_p99=2s or tpot_p50=50ms")
+    metric, pct, value = m.group(1), float(m.group(2)), m.group(3)
+    if metric not in SLO_METRICS:
+        raise LimitError(f"unknown metric {metric!r}",
+                         f"limit one of {', '.join(SLO_METRICS)} (per request)")
+    if not 0 < pct <= 100:
+        raise LimitError(f"percentile p{m.group(2)}", "a percentile is more than 0 and at "
+                         "most 100, e.g. p50, p99", len(metric) + 2)
+    seconds = _seconds(value)
+    if seconds is None:
+        raise LimitError(f"cannot read the time {value!r}",
+                         "a time is a number and its unit: 2s, 50ms, 800us",
+                         item.index("=") + 1)
+    return Limit(metric, pct, seconds, item)
+
+
 def parse_slo(text: str, option: str = "--slo") -> tuple[Limit, ...]:
-    """The limits of ``METRIC_pNN=TIME,...``; a :class:`UsageError` naming ``option``
-    and the column of the first problem."""
+    """The limits of ``METRIC_pNN=TIME,...`` (each by :func:`parse_limit`); a
+    :class:`UsageError` naming ``option`` and the column of the first problem."""
     limits: list[Limit] = []
     column = 1
     for part in text.split(","):
         at = column + len(part) - len(part.lstrip())
         column += len(part) + 1
         item = part.strip()
-        if not item:
-            raise _bad(option, text, at, "an empty limit", "write METRIC_pNN=TIME, e.g. "
-                       "ttft_p99=2s")
-        m = re.fullmatch(r"([a-z0-9]+)_p([0-9]+(?:\.[0-9]+)?)\s*=\s*(.*)", item)
-        if m is None:
-            raise _bad(option, text, at, f"cannot read {item!r}",
-                       "write METRIC_pNN=TIME, e.g. ttft_p99=2s or tpot_p50=50ms")
-        metric, pct, value = m.group(1), float(m.group(2)), m.group(3)
-        if metric not in SLO_METRICS:
-            raise _bad(option, text, at, f"unknown metric {metric!r}",
-                       f"limit one of {', '.join(SLO_METRICS)} (per request)")
-        if not 0 < pct <= 100:
-            raise _bad(option, text, at + len(metric) + 2, f"percentile p{m.group(2)}",
-                       "a percentile is more than 0 and at most 100, e.g. p50, p99")
-        seconds = _seconds(value)
-        if seconds is None:
-            raise _bad(option, text, at + item.index("=") + 1, f"cannot read the time "
-                       f"{value!r}", "a time is a number and its unit: 2s, 50ms, 800us")
-        if any(x.metric == metric and x.percent == pct for x in limits):
-            raise _bad(option, text, at, f"{metric}_p{m.group(2)} is limited twice",
+        try:
+            limit = parse_limit(item)
+        except LimitError as exc:
+            raise _bad(option, text, at + exc.offset, exc.what, exc.hint) from None
+        if any(x.metric == limit.metric and x.percent == limit.percent for x in limits):
+            raise _bad(option, text, at, f"{limit.key} is limited twice",
                        "give each limit once")
-        limits.append(Limit(metric, pct, seconds, item))
+        limits.append(limit)
     return tuple(limits)
 
 
@@ -154,6 +178,9 @@ class Latency:
     #: Every inter-token gap (s) and how many tokens had it, sorted.
     itl: tuple[tuple[float, int], ...]
     duration: float
+    #: Each step's start and end on the clock (s), in the order the steps ran.
+    step_starts: tuple[float, ...] = ()
+    step_ends: tuple[float, ...] = ()
 
     def values(self, metric: str) -> list[float]:
         if metric == "itl":
@@ -172,6 +199,15 @@ class Latency:
             else:
                 good += 1
         return good
+
+    def attains(self, limits: Sequence[Limit]) -> bool:
+        """Whether every limit is attained: the run's percentile of its metric within it
+        (a metric no request has, as TPOT of one-token requests, attains any)."""
+        for x in limits:
+            values = self.values(x.metric)
+            if values and percentile(values, x.percent) > x.seconds:
+                return False
+        return True
 
     def as_dict(self, slo: Sequence[Limit] = ()) -> dict[str, Any]:
         """The run's figures: throughput, each metric's mean and percentiles (s), and
@@ -239,4 +275,5 @@ def latency_of(requests: Sequence[Any], arrivals: Sequence[float], starts: Seque
     done = max((ends[r.done_step] for r in requests), default=0.0)
     duration = done - min(arrival, default=0.0)
     return Latency(tuple(arrival), tuple(queue), tuple(ttft), tuple(tpot), tuple(e2e),
-                   tuple(outputs), tuple(sorted(counts.items())), duration)
+                   tuple(outputs), tuple(sorted(counts.items())), duration, tuple(starts),
+                   tuple(ends))

@@ -27,17 +27,35 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from kvspec.compiler import Pooled, SourceText, run_until
 from kvspec.errors import ErrorList, KvspecError
+from kvspec.model.steptime import ConstantStepTime
 from kvspec.passes.freeze import freeze
 from kvspec.pooling.figures import Figures
 from kvspec.runtime.manager import from_artifact
 from kvspec.sim import SimResult, TraceRequest, engine_settings, simulate
+from kvspec.sim.latency import Latency, Limit
+from kvspec.sim.trace import MAX_ARRIVAL_S
 
-__all__ = ["ROW_KEYS", "evaluate_point", "row_of_error"]
+__all__ = ["ROW_KEYS", "Timing", "evaluate_point", "row_of_error"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A point's clock in seconds and its SLO: a step-time profile (its file and
+    text), or, with ``profile_text`` None, the constant model of ``step_ms``; an
+    arrival given as a step stands for ``arrival_ms``."""
+
+    profile_file: str | None
+    profile_text: str | None
+    step_ms: float | None
+    slo: tuple[Limit, ...]
+    arrival_ms: float
 
 #: Requests that must finish while others wait for a throughput to be measured.
 MIN_FINISHED = 50
@@ -49,7 +67,7 @@ ROW_KEYS = frozenset({
     "id", "point", "ok", "error", "ranks", "kv_cache_memory", "static_requests",
     "workload_requests", "binding_pool", "physical_limit", "blocks", "held_tokens",
     "simulated", *OPTIONAL, "throughput", "replicas", "gpus", "requests_per_gpu",
-    "saturated", "requests_per_step", "sha256"})
+    "saturated", "requests_per_step", "sha256", "clock", "latency", "slo"})
 
 
 @lru_cache(maxsize=8)
@@ -83,9 +101,10 @@ def _r(x: float) -> float:
     return round(x, 4)
 
 
-def _simulated(art: Any, trace: tuple[TraceRequest, ...]) -> tuple[SimResult, int]:
+def _simulated(art: Any, trace: tuple[TraceRequest, ...], **timing: Any
+               ) -> tuple[SimResult, int]:
     engine = art.body.engine
-    result = simulate(from_artifact(art), trace, **engine_settings(engine))
+    result = simulate(from_artifact(art), trace, **engine_settings(engine), **timing)
     return result, engine.max_model_len
 
 
@@ -118,6 +137,8 @@ def per_step(result: SimResult, trace: tuple[TraceRequest, ...], max_model_len: 
 def _gpus(per_step: float, ranks: int, rate: float, step_ms: float) -> dict[str, Any]:
     if per_step <= 0:
         return {"throughput": 0.0, "replicas": None, "gpus": None, "requests_per_gpu": 0.0}
+    if math.isnan(step_ms):  # a profile's point: its throughput is measured in seconds
+        return {}
     throughput = per_step * 1000 / step_ms
     replicas = math.ceil(rate / throughput - 1e-9)
     return {"throughput": _r(throughput), "replicas": replicas, "gpus": replicas * ranks,
@@ -125,9 +146,10 @@ def _gpus(per_step: float, ranks: int, rate: float, step_ms: float) -> dict[str,
 
 
 def evaluate_point(pid: str, params: dict[str, Any], source: str, file: str,
-                   trace: tuple[TraceRequest, ...], rate: float, step_ms: float
-                   ) -> dict[str, Any]:
-    """The row of one point (its error in the row when it fails)."""
+                   trace: tuple[TraceRequest, ...], rate: float, step_ms: float,
+                   timing: Timing | None = None) -> dict[str, Any]:
+    """The row of one point (its error in the row when it fails); with ``timing``,
+    timed in seconds (docs/sweep.md, "In time")."""
     try:
         art = _compiled(source, file)
     except KvspecError as err:
@@ -137,7 +159,10 @@ def evaluate_point(pid: str, params: dict[str, Any], source: str, file: str,
     held = max(round(math.fsum(r.prompt_tokens + r.output_tokens / 2 for r in trace)
                      / len(trace)), 1)
     try:
-        result, max_len = _simulated(art, trace)
+        clock = None if timing is None else _clock(timing, art)
+        result, max_len = _simulated(art, trace) if clock is None else _simulated(
+            art, trace, step_time=clock(), step_ms=timing.arrival_ms,  # type: ignore[union-attr]
+            latency=True)
     except KvspecError as err:
         return row_of_error(pid, params, err.as_dict())
     summary, refused = result.as_dict(), result.rejected
@@ -152,8 +177,159 @@ def evaluate_point(pid: str, params: dict[str, Any], source: str, file: str,
         row[key] = summary.get(key)
     row.update(_gpus(rate_per_step, ranks, rate, step_ms), saturated=saturated,
                requests_per_step=_r(rate_per_step))
+    if timing is not None and clock is not None:
+        try:
+            _timed(row, timing, clock, art, trace, result, rate, ranks)
+        except KvspecError as err:
+            return row_of_error(pid, params, err.as_dict())
     if refused:
         row.update(replicas=None, gpus=None)
     row["sha256"] = art.sha256
     row["error"] = None
     return row
+
+
+@lru_cache(maxsize=8)
+def _profile(text: str, file: str) -> Any:
+    # deferred: the profile's reader (pydantic), only for a grid with profiles
+    from kvspec.source.profile import parse_profile
+
+    return parse_profile(text, file)
+
+
+def _clock(timing: Timing, art: Any) -> Any:
+    """What makes the point's step-time model (a new one per run: a profile's model
+    notes the first batch outside its range); a profile for another model,
+    parallelism or KV cache dtype than the point's is refused, at its field."""
+    if timing.profile_text is None:
+        assert timing.step_ms is not None
+        ms = timing.step_ms
+        return lambda: ConstantStepTime(ms)
+    assert timing.profile_file is not None
+    profile = _profile(timing.profile_text, timing.profile_file)
+    body = art.body
+    e = body.engine
+    profile.check({"model": body.model, "tensor_parallel_size": e.tensor_parallel_size,
+                   "pipeline_parallel_size": e.pipeline_parallel_size,
+                   "kv_cache_dtype": e.kv_cache_dtype}, "this point's layout")
+    return profile.step_time
+
+
+def per_second(result: SimResult, trace: tuple[TraceRequest, ...]) -> tuple[float, bool]:
+    """:func:`per_step`'s rule on the clock in seconds: the busy interval runs from
+    the start of the first step at which requests wait and a request has finished
+    to the start of the last step at which requests wait; saturated when at least
+    :data:`MIN_FINISHED` requests finish in it (their last token's step ends in
+    it), the requests per second being those over its seconds. Otherwise the
+    finished requests over the run's duration (first arrival to last token): a
+    lower bound."""
+    lat: Latency = result.latency
+    finish = sorted(a + e for a, e in zip(lat.arrival, lat.e2e, strict=True))
+    starts = lat.step_starts
+    window = [i for i, rec in enumerate(result.steps)
+              if rec.waiting and finish and starts[i] >= finish[0]]
+    if len(window) >= 2:
+        t0, t1 = starts[window[0]], starts[window[-1]]
+        done = bisect.bisect_right(finish, t1) - bisect.bisect_right(finish, t0)
+        if done >= MIN_FINISHED and t1 > t0:
+            return done / (t1 - t0), True
+    return (len(finish) / lat.duration if lat.duration > 0 else 0.0), False
+
+
+def _timed(row: dict[str, Any], timing: Timing, clock: Any, art: Any,
+           trace: tuple[TraceRequest, ...], result: SimResult, rate: float, ranks: int
+           ) -> None:
+    """A timed point's figures: its clock, its latency, its throughput in seconds
+    (a profile's; the constant model's is the step clock's), and with an SLO the
+    replicas that meet it at the target rate."""
+    row["clock"] = {"model": "constant", "step_ms": timing.step_ms} \
+        if timing.profile_text is None else {"model": "linear", "profile": timing.profile_file}
+    row["latency"] = result.latency.as_dict()
+    if timing.profile_text is not None:
+        throughput, saturated = per_second(result, trace)
+        row.update(saturated=saturated, requests_per_step=None, **_replicas(
+            throughput, ranks, rate))
+    else:
+        throughput, saturated = row["throughput"], row["saturated"]
+    if timing.slo and not result.rejected:
+        slo = slo_replicas(art, trace, timing, clock, rate, throughput, saturated)
+        n = slo["replicas"]
+        row.update(slo=slo, replicas=n, gpus=None if n is None else n * ranks)
+
+
+def _replicas(throughput: float, ranks: int, rate: float) -> dict[str, Any]:
+    if throughput <= 0:
+        return {"throughput": 0.0, "replicas": None, "gpus": None, "requests_per_gpu": 0.0}
+    replicas = math.ceil(rate / throughput - 1e-9)
+    return {"throughput": _r(throughput), "replicas": replicas, "gpus": replicas * ranks,
+            "requests_per_gpu": _r(throughput / ranks)}
+
+
+#: Doublings of the replica count an SLO search tries before it gives up.
+MAX_DOUBLINGS = 40
+
+
+def unit_arrivals(trace: tuple[TraceRequest, ...], arrival_ms: float) -> list[float]:
+    """The workload's arrival pattern at one request per second (s): its own times
+    (``arrival_s``, else its step times ``arrival_ms``) scaled to that mean rate, or,
+    when every request arrives at once, a Poisson process (seed 0)."""
+    times = [r.arrival * arrival_ms / 1000 if r.arrival_s is None else r.arrival_s
+             for r in trace]
+    first, span = times[0], times[-1] - times[0]
+    if span > 0 and len(times) > 1:
+        return [(t - first) * (len(times) - 1) / span for t in times]
+    draw, t, out = random.Random(0), 0.0, []
+    for _ in trace:
+        out.append(t)
+        t += draw.expovariate(1.0)
+    return out
+
+
+def slo_replicas(art: Any, trace: tuple[TraceRequest, ...], timing: Timing, clock: Any,
+                 rate: float, throughput: float, saturated: bool) -> dict[str, Any]:
+    """The fewest replicas that meet the SLO at ``rate`` (docs/sweep.md, "In time"):
+    one replica at ``rate / n`` requests per second attains every limit; ``n`` at
+    least what the throughput needs when it was measured saturated. Doubling from
+    there, then halving the gap (a lighter load is taken never to break a limit a
+    heavier one meets); unmet when a load at which every request ran alone (no
+    lighter one changes a request's times), or the latest arrival a trace takes,
+    still breaks a limit."""
+    unit = unit_arrivals(trace, timing.arrival_ms)
+    step_s = None if timing.step_ms is None else timing.step_ms / 1000
+    runs: dict[int, tuple[bool, Latency, int]] = {}
+
+    def attempt(n: int) -> tuple[bool, Latency, int]:
+        if n not in runs:
+            load = rate / n
+            timed = tuple(replace(r, arrival=math.floor(t / load / step_s), arrival_s=None)
+                          if step_s is not None else replace(
+                              r, arrival=0, arrival_s=t / load) for r, t in zip(trace, unit))
+            result, _ = _simulated(art, timed, step_time=clock(), step_ms=timing.arrival_ms,
+                                   latency=True)
+            lat = result.latency
+            peak = max((rec.running for rec in result.steps), default=0)
+            runs[n] = (lat.attains(timing.slo), lat, peak)
+        return runs[n]
+
+    low = math.ceil(rate / throughput - 1e-9) if saturated and throughput > 0 else 1
+    failed, n = low - 1, low
+    for _ in range(MAX_DOUBLINGS):
+        met, _, peak = attempt(n)
+        if met or peak <= 1 or unit[-1] * n / rate > MAX_ARRIVAL_S:
+            break
+        failed, n = n, n * 2
+    met = runs[n][0]
+    if met:
+        while n - failed > 1:
+            mid = (failed + n) // 2
+            if attempt(mid)[0]:
+                n = mid
+            else:
+                failed = mid
+    lat = runs[n][1]
+    figures = lat.as_dict(timing.slo)
+    return {"limits": [x.text for x in timing.slo], "met": met,
+            "replicas": n if met else None,
+            "replica_rate": _r(rate / n) if met else None,
+            "runs": len(runs), "at": {"replicas": n, "requests_per_s": _r(rate / n),
+                                      **figures}}

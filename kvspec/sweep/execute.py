@@ -60,7 +60,7 @@ class PointFailed(KvspecError):
 
 
 def _task(p: Point) -> tuple[Any, ...]:
-    return (p.id, p.params, p.source, p.file, p.workload, p.rate, p.step_ms)
+    return (p.id, p.params, p.source, p.file, p.workload, p.rate, p.step_ms, p.timing)
 
 
 #: ``prctl``'s option: the signal a process gets when its parent dies (Linux).
@@ -100,8 +100,8 @@ def _init(traces: dict[str, tuple[TraceRequest, ...]], parent: int, forked: bool
 
 
 def _local(task: tuple[Any, ...]) -> dict[str, Any]:
-    pid, params, source, file, trace, rate, step_ms = task
-    return evaluate_point(pid, params, source, file, _TRACES[trace], rate, step_ms)
+    pid, params, source, file, trace, rate, step_ms, timing = task
+    return evaluate_point(pid, params, source, file, _TRACES[trace], rate, step_ms, timing)
 
 
 Sink = Callable[[Point, dict[str, Any]], None]
@@ -172,10 +172,10 @@ def _ray_point(task: tuple[Any, ...], trace_ref: list[Any]) -> dict[str, Any]:
     # deferred: Ray, only on Ray's workers
     import ray
 
-    pid, params, source, file, trace, rate, step_ms = task
+    pid, params, source, file, trace, rate, step_ms, timing = task
     if trace not in _TRACES:
         _TRACES[trace] = ray.get(trace_ref[0])
-    return evaluate_point(pid, params, source, file, _TRACES[trace], rate, step_ms)
+    return evaluate_point(pid, params, source, file, _TRACES[trace], rate, step_ms, timing)
 
 
 @dataclass(frozen=True)

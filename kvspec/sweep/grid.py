@@ -46,6 +46,7 @@ from kvspec.files import MAX_MEMORY, SIZE_EXPECTED, SIZE_PATTERN, read_text, siz
 from kvspec.integrations import rules
 from kvspec.model.pooling import Policy, TimeUnit, Workload, declared
 from kvspec.model.workloads import TraceFormat
+from kvspec.sim.latency import SLO_METRICS, Limit, LimitError, parse_limit
 from kvspec.source.document import Document, parse_yaml
 from kvspec.source.parse import clean_loc, schema_error, yaml_repr
 from kvspec.source.schema import MaxLen, PositiveInt, Ranks, Size, Tokens
@@ -108,6 +109,25 @@ def _as_float(value: Any) -> Any:
 
 def _step_ms_kind(value: Any) -> str:
     return "per_tensor" if isinstance(value, dict) else "one"
+
+
+def _step_time_kind(value: Any) -> str:
+    return "one" if isinstance(value, dict) and "profile" in value else "per_tensor"
+
+
+class ProfileRef(_Strict):
+    """One step-time profile for every tensor size (its path relative to the grid)."""
+
+    profile: str = Field(min_length=1, description="A step-time profile (docs/latency.md).")
+
+
+#: An SLO's limits as a grid writes them: ``{ttft_p99: 2s, tpot_p50: 50ms}``.
+Slo = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "minProperties": 1,
+    "propertyNames": {"pattern": f"^({'|'.join(SLO_METRICS)})_p[0-9]+(\\.[0-9]+)?$"},
+    "additionalProperties": {"type": "string",
+                             "pattern": "^\\s*[0-9]+(\\.[0-9]*)?([eE][-+]?[0-9]+)?\\s*"
+                                        "(s|ms|us|ns|ps)\\s*$"}})]
 
 
 class SourceBase(_Strict):
@@ -216,21 +236,39 @@ class Axes(_Strict):
 
 
 class Target(_Strict):
-    """The traffic to serve: ``rate`` requests per second, an engine step taking
-    ``step_ms`` milliseconds."""
+    """The traffic to serve: ``rate`` requests per second; an engine step taking
+    ``step_ms`` milliseconds, or what a step-time profile gives for its batch
+    (``step_time``); optionally an SLO every request is held to (``slo``)."""
 
     rate: float = Field(ge=MIN_RATE, le=MAX_RATE, description="Requests per second (or '20 "
                         "requests/s').")
     step_ms: Annotated[Annotated[StepMs, Tag("one")] | Annotated[
-        dict[Ranks, StepMs], Tag("per_tensor")], Discriminator(_step_ms_kind)] = Field(
-        description="Milliseconds one engine step takes (kvspec simulates steps, not "
-        "seconds): one figure, or one per tensor size ({2: 30, 4: 18, 8: 11}).")
+        dict[Ranks, StepMs], Tag("per_tensor")], Discriminator(_step_ms_kind)] | None = Field(
+        None, description="Milliseconds one engine step takes (the constant model): one "
+        "figure, or one per tensor size ({2: 30, 4: 18, 8: 11}). Excludes step_time.")
+    step_time: Annotated[Annotated[ProfileRef, Tag("one")] | Annotated[
+        dict[Ranks, Annotated[str, Field(min_length=1)]], Tag("per_tensor")],
+        Discriminator(_step_time_kind)] | None = Field(
+        None, description="Step-time profiles (docs/latency.md): {profile: FILE} for every "
+        "tensor size, or one per tensor size ({2: tp2.profile.yaml, 4: tp4.profile.yaml}); "
+        "each point's run is timed in seconds. Excludes step_ms.")
+    slo: Slo | None = Field(None, description="Limits every request is held to, each "
+                            "METRIC_pNN: TIME with its unit ({ttft_p99: 2s, tpot_p50: 50ms}; "
+                            "metrics queue, ttft, tpot, e2e).")
 
     def step_ms_at(self, tensor: int) -> float | None:
         """The step time at ``tensor`` ranks (None: the grid gives none for it)."""
         if isinstance(self.step_ms, dict):
             return self.step_ms.get(tensor)
         return self.step_ms
+
+    def profile_at(self, tensor: int) -> tuple[str, tuple[str | int, ...]] | None:
+        """The profile written for ``tensor`` ranks and where (None: none for it)."""
+        if isinstance(self.step_time, ProfileRef):
+            return self.step_time.profile, ("target", "step_time", "profile")
+        if isinstance(self.step_time, dict) and tensor in self.step_time:
+            return self.step_time[tensor], ("target", "step_time", tensor)
+        return None
 
     @field_validator("rate", mode="before")
     @classmethod
@@ -285,10 +323,12 @@ _FIELDS: dict[tuple[str, ...], type[BaseModel]] = {
 
 @dataclass(frozen=True)
 class GridFile:
-    """A grid, read: its model and its document (every value's position)."""
+    """A grid, read: its model and its document (every value's position), and its
+    target's SLO read (:func:`kvspec.sim.latency.parse_limit`)."""
 
     model: Grid
     doc: Document
+    slo: tuple[Limit, ...] = ()
 
     @property
     def file(self) -> str:
@@ -328,7 +368,7 @@ def _clean(loc: tuple) -> tuple[tuple, bool]:
     key = bool(loc) and loc[-1] == "[key]"
     loc = loc[:-1] if key else loc
     return tuple(p for i, p in enumerate(loc)
-                 if not (p in _TAGS and i > 0 and loc[i - 1] == "step_ms")), key
+                 if not (p in _TAGS and i > 0 and loc[i - 1] in ("step_ms", "step_time"))), key
 
 
 def _bound(ctx: dict[str, Any], integer: bool) -> str:
@@ -418,7 +458,10 @@ def _error(doc: Document, err: Any, at: tuple = ()) -> SourceError:
     if key:
         return doc.error(f"invalid key {format_path(loc)}", loc, key=True,
                          expected="a tensor size: 1 to 4,096", found=yaml_repr(loc[-1]),
-                         hint="give each tensor size's step time, e.g. step_ms: {2: 30, 4: 18}")
+                         hint="give each tensor size's profile, e.g. step_time: {2: "
+                              "tp2.profile.yaml, 4: tp4.profile.yaml}, or one for every "
+                              "size: step_time: {profile: FILE}" if "step_time" in loc else
+                              "give each tensor size's step time, e.g. step_ms: {2: 30, 4: 18}")
     if kind in _NUMBER_ERRORS:
         return _number_error(doc, loc, err)
     if kind != "extra_forbidden":
@@ -504,16 +547,74 @@ def parse_grid(text: str, file: str = "<grid>") -> GridFile:
         raw = data["base"]
         data["base"] = [_base(b, ("base", i), doc, errors) for i, b in enumerate(raw)] \
             if isinstance(raw, list) and raw else _base(raw, ("base",), doc, errors)
+    limits: tuple[Limit, ...] = ()
     try:
         model = Grid.model_validate(data)
     except ValidationError as exc:
         errors += [_error(doc, e) for e in exc.errors(include_url=False)]
     else:
         errors += _duplicates(doc, model.axes)
+        errors += _clock(doc, model.target)
+        limits = _slo(doc, model.target, errors)
     if errors:
         errors = _unique(errors)
         raise (errors[0] if len(errors) == 1 else ErrorList(errors))
-    return GridFile(model, doc)
+    return GridFile(model, doc, limits)
+
+
+def _clock(doc: Document, target: Target) -> list[KvspecError]:
+    """The target's step time: ``step_ms`` (the constant model) or ``step_time``
+    (profiles), one of them."""
+    if target.step_ms is not None and target.step_time is not None:
+        return [doc.error("step_ms and step_time exclude each other", ("target", "step_time"),
+                          key=True, hint="step_ms holds every step to that many "
+                          "milliseconds; step_time times each step by a profile "
+                          "(docs/sweep.md, \"In time\"): keep one")]
+    if target.step_ms is None and target.step_time is None:
+        return [doc.error("the target gives no step time", ("target",), key=True,
+                          expected="step_ms: 30 (milliseconds a step), or step_time: "
+                          "{profile: FILE} (a step-time profile)",
+                          hint="give the engine step's milliseconds, or a profile of your "
+                               "engine (kvspec profile writes one; docs/latency.md)")]
+    return []
+
+
+def _slo(doc: Document, target: Target, errors: list[KvspecError]) -> tuple[Limit, ...]:
+    """The target's SLO, each limit read by the rule ``--slo`` reads by; an error at
+    the key or the value a limit cannot be read from."""
+    if target.slo is None:
+        return ()
+    if not target.slo:
+        errors.append(doc.error("the SLO gives no limit", ("target", "slo"),
+                                expected="{ttft_p99: 2s, tpot_p50: 50ms}",
+                                hint="give each limit as METRIC_pNN: TIME, or leave slo out"))
+        return ()
+    limits: list[Limit] = []
+    for key, value in target.slo.items():
+        at = ("target", "slo", key)
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            errors.append(doc.error(f"invalid value for {format_path(at)}", at,
+                                    expected="a time with its unit: 2s, 50ms, 800us",
+                                    found=yaml_repr(value),
+                                    hint="write the limit as METRIC_pNN: TIME, e.g. "
+                                         "ttft_p99: 2s"))
+            continue
+        item = f"{key}={value}"
+        try:
+            limit = parse_limit(item)
+        except LimitError as exc:
+            on_key = exc.offset < len(str(key)) + 1
+            errors.append(doc.error(f"target.slo: {exc.what}", at, key=on_key,
+                                    found=yaml_repr(key if on_key else value),
+                                    hint=exc.hint.replace("METRIC_pNN=TIME", "METRIC_pNN: "
+                                                          "TIME").replace("=", ": ")))
+            continue
+        if any(x.metric == limit.metric and x.percent == limit.percent for x in limits):
+            errors.append(doc.error(f"target.slo: {limit.key} is limited twice", at, key=True,
+                                    found=yaml_repr(key), hint="give each limit once"))
+            continue
+        limits.append(limit)
+    return tuple(limits)
 
 
 def read_grid(path: str) -> GridFile:

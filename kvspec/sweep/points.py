@@ -37,12 +37,14 @@ from kvspec.errors import ErrorList, KvspecError, Location, SourceError, format_
 from kvspec.model.specs import MambaState
 from kvspec.sim import TraceRequest
 from kvspec.source.document import Document, parse_yaml
+from kvspec.source.profile import ProfileFile, parse_profile
 from kvspec.sweep.constraints import (
     NUMERIC_AXES,
     Constraint,
     ConstraintError,
     parse_constraint,
 )
+from kvspec.sweep.evaluate import Timing
 from kvspec.sweep.grid import AXES, GridFile, HfBase, SourceBase
 from kvspec.sweep.workloads import PRESETS, Workload, file_text, grid_workloads, relative
 
@@ -82,6 +84,8 @@ class Point:
     rate: float
     step_ms: float
     error: dict[str, Any] | None = None
+    #: The clock in seconds and the SLO (None: the step clock, no SLO).
+    timing: Timing | None = None
 
 
 @dataclass(frozen=True)
@@ -393,25 +397,75 @@ def _text(data: dict[str, Any] | None, w: Workload, cache: dict[str, str]) -> st
     return cache[""]
 
 
-def _point_id(params: dict[str, Any], source: str | None, trace: str, grid: GridFile) -> str:
-    key = json.dumps({"params": params, "source": source, "trace": trace,
-                      "rate": grid.model.target.rate,
-                      "step_ms": _jsonable(grid.model.target.step_ms),
-                      "gpu": [grid.model.gpu_memory_utilization, grid.model.reserve]},
-                     sort_keys=True)
+def _point_id(params: dict[str, Any], source: str | None, trace: str, grid: GridFile,
+              timing: Timing | None) -> str:
+    data = {"params": params, "source": source, "trace": trace,
+            "rate": grid.model.target.rate, "step_ms": _jsonable(grid.model.target.step_ms),
+            "gpu": [grid.model.gpu_memory_utilization, grid.model.reserve]}
+    if timing is not None:  # (only then: a step-clock point keeps its id)
+        data["timing"] = {"profile": None if timing.profile_text is None else hashlib.sha256(
+            timing.profile_text.encode()).hexdigest(), "arrival_ms": timing.arrival_ms,
+            "slo": [x.text for x in timing.slo]}
+    key = json.dumps(data, sort_keys=True)
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-def _jsonable(step_ms: float | dict[int, float]) -> Any:
+def _jsonable(step_ms: float | dict[int, float] | None) -> Any:
     return {str(k): v for k, v in sorted(step_ms.items())} if isinstance(step_ms, dict) \
         else step_ms
 
 
+def _tensor(model: Model, values: dict[str, Any]) -> int:
+    tp = values.get("tensor")
+    return _ranks({}, model.source_for(None, None)[1])[0] if tp is None else int(tp)
+
+
+#: A profile read for the sweep: its path as shown, its text, and the file read.
+_Read = tuple[str, str, ProfileFile]
+
+
+def _profile(grid: GridFile, tp: int, cache: dict[str, _Read]) -> _Read:
+    """The profile the grid gives for ``tp`` ranks, read once per file: a missing
+    file is an error at its entry in the grid, a bad profile at its own line; a
+    profile given for one tensor size that describes another is refused at its
+    ``describes.tensor_parallel_size``."""
+    found = grid.model.target.profile_at(tp)
+    if found is None:
+        raise grid.doc.error(f"target.step_time gives no profile for tensor {tp}",
+                             ("target", "step_time"), expected=f"{tp}: PROFILE",
+                             hint="give the profile of every tensor size the grid sweeps, or "
+                                  "one for all: step_time: {profile: FILE}")
+    written, at = found
+    if written not in cache:
+        text = file_text(grid, written, at, "a step-time profile",
+                         "give the profile's path relative to the grid file (kvspec profile "
+                         "writes one; docs/latency.md)")
+        path = str(relative(grid, written))
+        cache[written] = (path, text, parse_profile(text, path))
+    path, text, profile = cache[written]
+    if at[-1] != "profile":  # one profile per tensor size: this size's
+        profile.check({"tensor_parallel_size": tp}, f"target.step_time's entry {tp}")
+    return cache[written]
+
+
+def _timing(grid: GridFile, model: Model, values: dict[str, Any], w: Workload,
+            cache: dict[str, _Read]) -> Timing | None:
+    """A point's clock: its tensor size's profile, or the constant model when only an
+    SLO asks for time; None on the step clock."""
+    target = grid.model.target
+    if target.step_time is None and not grid.slo:
+        return None
+    if target.step_time is None:
+        return Timing(None, None, _step_ms(grid, model, values), grid.slo, w.step_ms)
+    path, text, _ = _profile(grid, _tensor(model, values), cache)
+    return Timing(path, text, None, grid.slo, w.step_ms)
+
+
 def _step_ms(grid: GridFile, model: Model, values: dict[str, Any]
              ) -> float:
-    tp = values.get("tensor")
-    if tp is None:
-        tp = _ranks({}, model.source_for(None, None)[1])[0]
+    tp = _tensor(model, values)
+    if grid.model.target.step_ms is None:
+        return math.nan  # (timed by a profile: no step time)
     ms = grid.model.target.step_ms_at(tp)
     if ms is None:
         raise grid.doc.error(f"target.step_ms gives no step time for tensor {tp}",
@@ -443,6 +497,7 @@ def plan_sweep(grid: GridFile) -> Sweep:
     models = _models(grid)
     _check_weights(grid, models, swept)
     points, where, docs = [], {}, {}
+    profiles: dict[str, _Read] = {}
     for model in models:
         for values, index in combos:
             data, error, _ = _source(grid, model, values)
@@ -451,9 +506,10 @@ def plan_sweep(grid: GridFile) -> Sweep:
             for w in workloads:
                 text = _text(data, w, cache)
                 params = {"model": model.name, **values, "workload": w.name}
-                pid = _point_id(params, text, w.sha256, grid)
+                timing = _timing(grid, model, values, w, profiles)
+                pid = _point_id(params, text, w.sha256, grid, timing)
                 points.append(Point(pid, params, text, model.file, w.sha256,
-                                    grid.model.target.rate, step_ms, error))
+                                    grid.model.target.rate, step_ms, error, timing))
                 where[pid] = _positions(grid, model, index, w)
                 docs[pid] = None if isinstance(model.base, HfBase) else \
                     model.source_for(None, None)[1]
@@ -514,6 +570,9 @@ def locate(sweep: Sweep, point: Point, err: dict[str, Any]) -> dict[str, Any]:
     where = sweep.where.get(point.id, {})
     shown = ", ".join(f"{k}={v}" for k, v in point.params.items())
     out = {**err, "point": shown}
+    if point.timing is not None and err.get("file") == point.timing.profile_file \
+            and err.get("line") is not None:
+        return out  # the point's profile refused it: at the profile's own field
     if axis is not None and axis in point.params:
         line, col, at = where[axis]
         return {**out, "file": sweep.grid.file, "line": line, "column": col, "path": at}

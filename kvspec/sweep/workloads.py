@@ -51,6 +51,9 @@ class Workload:
     index: int
     #: The workload as a source's ``pooling.workload`` says it (None: a preset).
     spec: dict[str, Any] | None = None
+    #: Milliseconds an arrival's step stands for on a clock in seconds (the trace's
+    #: ``step_ms``, else simulate's default).
+    step_ms: float = DEFAULT_STEP_MS
 
     @property
     def held_tokens(self) -> int:
@@ -106,7 +109,8 @@ def grid_workloads(grid: GridFile) -> list[Workload]:
                 (f" (line {line}, column {col})" if line is not None else "") +
                 ": give each workload once (one given twice would be swept as two)"))
         names.add(name)
-        out.append(Workload(name, sha, requests, i, _spec(grid, w)))
+        out.append(Workload(name, sha, requests, i, _spec(grid, w),
+                            w.step_ms or DEFAULT_STEP_MS))
     if errors:
         raise errors[0] if len(errors) == 1 else ErrorList(errors)
     return out
