@@ -207,3 +207,79 @@ def test_tuning_keeps_the_plan_when_no_split_runs_more(monkeypatch: pytest.Monke
     tried, kept, running = _tuning(monkeypatch, {0.5: 90.0, 0.7: 100.0, 1.4: None, 2.0: 99.0})
     assert tried == list(SPLIT_FACTORS)  # a split that does not plan is skipped
     assert (kept, running) == (1.0, 100.0)
+
+
+# -- auto in time (docs/pooling.md#auto-in-time) ------------------------------------------
+
+def timed(running: float, per_s: float, good: float | None = None) -> Evaluation:
+    """Figures of a timed run: ``running`` on average, ``per_s`` requests/s, ``good``
+    requests/s meeting the SLO."""
+    sim: dict[str, Any] = {"mean_running": running, "requests_per_s": per_s}
+    if good is not None:
+        sim["goodput_requests_per_s"] = good
+    return Evaluation(None, None, None, simulated=sim)
+
+
+def test_goodput_throughput_or_mean_running_decides_as_the_pooling_says() -> None:
+    """The candidate running the most on average is not the one finishing the most a
+    second, nor the one meeting the SLO the most: each judge keeps its own."""
+    cands = [Cand("unified"), Cand("unified, block 32", hash_block_size=32),
+             Cand("unified, no prefix caching", caching=False)]
+    evals = [timed(10.0, 5.0, 1.0), timed(9.0, 6.0, 4.0), timed(14.0, 7.0, 2.0)]
+    assert choose(cands, evals) == 2  # today's rule: the most running
+    assert choose(cands, evals, "throughput") == 2
+    assert choose(cands, evals, "goodput") == 1
+    evals[2] = timed(14.0, 5.5, 2.0)
+    assert choose(cands, evals, "throughput") == 1
+
+
+def test_in_time_the_tie_band_and_the_unified_floor_hold() -> None:
+    # 0.5% more goodput ties: the finer prefix-match unit wins
+    cands = [Cand("unified", hash_block_size=16), Cand("coarser", hash_block_size=32)]
+    assert choose(cands, [timed(1, 1, 100.0), timed(1, 1, 100.5)], "goodput") == 0
+    assert choose(cands, [timed(1, 1, 100.0), timed(1, 1, 102.0)], "goodput") == 1
+    # inside the band of the best but below vLLM's plan: not kept
+    cands = [Cand("unified", hash_block_size=32), Cand("finer", hash_block_size=16),
+             Cand("best", hash_block_size=32, groups=2)]
+    evals = [timed(1, 100.0), timed(1, 99.6), timed(1, 100.5)]
+    assert choose(cands, evals, "throughput") == 0
+
+
+def test_a_judged_pooling_names_its_judge() -> None:
+    from kvspec.model.pooling import ProfileRef
+    from kvspec.model.slo import parse_slo
+
+    ref = ProfileRef("p.yaml", "0" * 64, (1e-3, 0.0, 0.0, 0.0, 0.0))
+    assert Pooling(policy="auto").judged_by == "mean_running"
+    assert Pooling(policy="auto", profile=ref).judged_by == "throughput"
+    assert Pooling(policy="auto", slo=parse_slo("ttft_p99=1s")).judged_by == "goodput"
+    assert Pooling(policy="auto", profile=ref, slo=parse_slo("ttft_p99=1s")).judged_by \
+        == "goodput"
+
+
+def test_tuning_in_time_keeps_the_split_with_the_most_goodput(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    from kvspec.model.slo import parse_slo
+
+    start = pools(("mamba", Fraction(1, 5), True), ("full_attention", Fraction(4, 5), False))
+    by_split = {chooser.scaled(start, f): f for f in SPLIT_FACTORS}
+    # mean running, and goodput, per factor: they disagree
+    figures = {0.5: (130.0, 1.0), 0.7: (90.0, 3.0), 1.4: (80.0, 2.0), 2.0: (70.0, 0.5)}
+
+    def separated(name: str, sized: Any, pooling: Pooling, tokens: int) -> Cand:
+        return Cand(name, pools=start, pooled=by_split[pooling.split])
+
+    def evaluate(c: Cand, *args: Any) -> Evaluation:
+        running, good = figures[c.pooled]
+        return timed(running, 1.0, good)
+
+    monkeypatch.setattr(chooser, "separated", separated)
+    monkeypatch.setattr(chooser, "evaluate", evaluate)
+    slo = Pooling(policy="auto", serve_with="kvspec", slo=parse_slo("ttft_p99=1s"))
+    c, _ = tune_separate(Cand("separate", pools=start, pooled=1.0), timed(100.0, 1.0, 1.5),
+                         slo, 2048, None, None, 1 << 30)  # type: ignore[arg-type]
+    assert c.pooled == 0.7
+    plain = Pooling(policy="auto", serve_with="kvspec")
+    c, _ = tune_separate(Cand("separate", pools=start, pooled=1.0), timed(100.0, 1.0, 1.5),
+                         plain, 2048, None, None, 1 << 30)  # type: ignore[arg-type]
+    assert c.pooled == 0.5

@@ -23,7 +23,9 @@ def test_error_golden(source: Path) -> None:
     assert code == 1
     assert "Traceback" not in err
     # every error names the file first: the source's, or the trace's it names
-    where = "tests/errors/traces/" if source.stem == "pooling-bad-trace" else rel
+    where = {"pooling-bad-trace": "tests/errors/traces/",
+             "pooling-step-time-other-deployment": "tests/errors/profiles/"}.get(source.stem,
+                                                                                 rel)
     assert err.startswith(f"{where}"), "every error names the file first"
 
 

@@ -4,8 +4,10 @@ runtime can serve, and every decision is recorded, re-planned and reported."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -13,6 +15,7 @@ import yaml
 
 from kvspec.artifact import Artifact
 from kvspec.compiled import read, verified
+from kvspec.compiler import compile as compile_file
 from kvspec.compiler import compile_source
 from kvspec.errors import KvspecError
 from kvspec.pooling.choose import TIE
@@ -351,3 +354,82 @@ def test_figures_read_the_frozen_artifact(name: str, blocks: dict[str, int],
     assert figures.static_requests() == body.budget.max_concurrency
     curve = capacity_curve(figures, 2048)
     assert curve[2] == (2048, round(min(v for v, _ in at_2048), 2))
+
+
+# -- auto in time (docs/pooling.md#auto-in-time) ------------------------------------------
+
+PROFILE = """\
+kvspec_profile: 1
+describes: {engine: vllm, engine_version: 0.33.0, device: test, model: m,
+  tensor_parallel_size: 1, pipeline_parallel_size: 1, dtype: bfloat16, kv_cache_dtype: auto,
+  kvspec_version: 0.3.0}
+step_time: {form: linear, fixed: 5ms, prefill_tokens: 100us, decode_requests: 50us,
+  context_tokens: 0ns, prefill_pairs: 0ps}
+provenance: {method: declared, date: 2025-06-01, command: written by hand}
+"""
+
+SHARED = """\
+kvspec: 1
+name: shared-prefix
+model: m
+engine: {{block_size: 16, max_model_len: 4096, max_num_seqs: 64, max_num_batched_tokens: 512,
+         prefix_caching: true, memory: 1GiB}}
+defaults: {{num_kv_heads: 2, head_size: 64, dtype: bfloat16}}
+layers:
+  - {{repeat: 4, kind: full_attention}}
+pooling:
+  policy: auto
+  serve_with: vllm
+  block_sizes: [16]
+  workload: {{trace: shared.jsonl}}
+{judge}"""
+
+
+def shared_prefix(tmp_path: Path, judge: str) -> Any:
+    """The issue's example: prompts of 2,000 tokens sharing a 1,800-token system
+    prompt, one every 8 steps, chunked 512 tokens a step. On the step clock a chunk
+    costs what a decode costs, so the plan without prefix caching keeps each request
+    three steps longer and runs more of them on average; on a linear profile its
+    prefills take 10x longer and it misses a 100 ms TTFT."""
+    lines = [json.dumps({"arrival": 8 * i, "prompt_tokens": 2000, "output_tokens": 32,
+                         "prefix_id": "sys", "prefix_tokens": 1800}) for i in range(120)]
+    write(tmp_path, "\n".join(lines) + "\n", "shared.jsonl")
+    write(tmp_path, PROFILE, "p.profile.yaml")
+    path = write(tmp_path, SHARED.format(judge=judge))
+    return compile_file(path).body.pooling
+
+
+def test_auto_with_an_slo_keeps_the_goodput_winner_where_mean_running_disagrees(
+        tmp_path: Path) -> None:
+    by_running = shared_prefix(tmp_path, "")
+    names = [c.name for c in by_running.candidates]
+    cached, uncached = names.index("unified"), names.index("unified, no prefix caching")
+    running = [c.simulated.mean_running for c in by_running.candidates[:2]]
+    # today's rule (no profile, no SLO): more than 1% more running: prefix caching off
+    assert running[uncached] > running[cached] * (1 + TIE)
+    assert by_running.chosen == uncached and by_running.judged_by is None
+    with_slo = shared_prefix(tmp_path, "  slo: {ttft_p99: 100ms}\n"
+                                       "  step_time: {profile: p.profile.yaml}\n")
+    c = with_slo.candidates
+    assert with_slo.chosen == cached
+    assert c[cached].simulated.goodput_requests_per_s > \
+        c[uncached].simulated.goodput_requests_per_s * (1 + TIE)
+    # mean running stays in the record, and the record names the profile it used
+    assert c[uncached].simulated.mean_running > c[cached].simulated.mean_running
+    judged = with_slo.judged_by
+    profile = tmp_path / "p.profile.yaml"
+    assert judged.metric == "goodput" and judged.slo == ["ttft_p99=100ms"]
+    assert judged.profile == str(profile)
+    assert judged.profile_sha256 == hashlib.sha256(profile.read_bytes()).hexdigest()
+    # a profile alone: the throughput winner
+    by_throughput = shared_prefix(tmp_path, "  step_time: {profile: p.profile.yaml}\n")
+    assert by_throughput.chosen == cached and by_throughput.judged_by.metric == "throughput"
+    # an SLO alone: the constant model at the workload's step_ms
+    constant = shared_prefix(tmp_path, "  slo: {ttft_p99: 100ms}\n")
+    assert constant.judged_by.profile is None and constant.judged_by.step_ms == 20
+    assert constant.candidates[0].simulated.requests_per_s is not None
+
+
+def test_auto_in_time_is_deterministic(tmp_path: Path) -> None:
+    judge = "  slo: {ttft_p99: 100ms}\n  step_time: {profile: p.profile.yaml}\n"
+    assert shared_prefix(tmp_path, judge) == shared_prefix(tmp_path, judge)

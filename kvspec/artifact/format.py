@@ -436,6 +436,11 @@ class Simulated(Record, frozen=True, omit_defaults=True):
     #: Padding slots, padded pages, block inflation and per-request constants, as a
     #: share of the pool while memory keeps requests waiting (:class:`Waste`).
     layout_waste: float | None = None
+    #: A timed run's (``auto`` judged in time, :class:`Judged`): finished requests and
+    #: their output tokens a second, and with an SLO the requests meeting it a second.
+    requests_per_s: float | None = None
+    output_tokens_per_s: float | None = None
+    goodput_requests_per_s: float | None = None
 
 
 class Candidate(Record, frozen=True):
@@ -467,7 +472,21 @@ class Candidate(Record, frozen=True):
     note: str | None
 
 
-class PoolingRecord(Record, frozen=True):
+class Judged(Record, frozen=True):
+    """What ``auto`` judged its candidates by, when in time (docs/pooling.md): the
+    highest ``goodput`` at the SLO or ``throughput`` (requests/s) wins, each candidate
+    simulated on the profile's clock (named, with its file's sha256) or the constant
+    model at ``step_ms`` a step."""
+
+    metric: Literal["goodput", "throughput"]
+    #: The SLO's limits, METRIC_pNN=TIME (empty for throughput).
+    slo: list[str]
+    profile: str | None
+    profile_sha256: Sha256 | None
+    step_ms: float | None
+
+
+class PoolingRecord(Record, frozen=True, omit_defaults=True):
     """How memory is pooled, and why: the policy asked, the plan's, the workload,
     every candidate considered and the one chosen."""
 
@@ -483,6 +502,9 @@ class PoolingRecord(Record, frozen=True):
     candidates: list[Candidate]
     #: Index into ``candidates`` of the plan this artifact holds (None: none evaluated).
     chosen: NonNeg | None
+    #: ``auto`` judged in time: by what, on which clock (omitted when it judged by mean
+    #: running: artifacts from before it read, and hash, as they were written).
+    judged_by: Judged | None = None
 
 
 class LogLine(Record, frozen=True):

@@ -1,3 +1,5 @@
+# one idea: the simulate command; its options all shape one run (the layout, the
+# trace or fixed-length workload, the clock, the SLO) and its outputs report that run
 """``kvspec simulate LAYOUT --workload TRACE``: a request trace replayed through a
 layout's pools (docs/simulate.md), and with ``--against vllm`` through vLLM 0.33's
 own scheduler beside it."""
@@ -34,12 +36,18 @@ from kvspec.model.steptime import TERMS, ConstantStepTime
 from kvspec.reports.format import count
 from kvspec.reports.simulate import cap_note, latency_table, simulate_table
 from kvspec.runtime.manager import from_artifact
-from kvspec.sim import MAX_BLOCKS, engine_settings, simulate
+from kvspec.sim import MAX_BLOCKS, TraceRequest, engine_settings, simulate
 from kvspec.sim.formats import FORMATS, read_requests
 from kvspec.sim.latency import parse_slo
+from kvspec.sim.trace import MAX_TOKENS
 
 #: Traces this long show a progress bar (on a terminal).
 BAR_FROM = 2000
+#: Most closed-loop clients (``--concurrency``) and most requests of a fixed-length
+#: workload (``-n``): a typo's 10^12 is refused at its option, not run out of memory.
+MAX_CLIENTS = MAX_FIXED_REQUESTS = 10_000_000
+#: Requests of a fixed-length workload without ``-n`` (``vllm bench serve``'s default).
+FIXED_REQUESTS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +92,19 @@ def _ours(text: str) -> bool:
               help="Limits per request, METRIC_pNN=TIME,... (ttft_p99=2s,tpot_p50=50ms; "
                    "metrics queue, ttft, tpot, e2e): prints latency and goodput, on the "
                    "profile's clock or, without one, --step-ms a step.")
+@click.option("--concurrency", type=click.IntRange(min=1, max=MAX_CLIENTS), metavar="N",
+              help="Closed-loop clients, as `vllm bench serve --max-concurrency N`: at most "
+                   "N requests in flight, the next sent (in trace order) when one finishes; "
+                   "timed on the profile's clock or --step-ms a step, each request from "
+                   "when it is sent.")
+@click.option("--isl", type=click.IntRange(min=1, max=MAX_TOKENS), metavar="TOKENS",
+              help="A fixed-length workload instead of a trace: every prompt TOKENS tokens "
+                   "(with --osl and -n), every request arriving at once.")
+@click.option("--osl", type=click.IntRange(min=1, max=MAX_TOKENS), metavar="TOKENS",
+              help="The fixed-length workload's output tokens per request.")
+@click.option("-n", "--num-requests", "num_requests",
+              type=click.IntRange(min=1, max=MAX_FIXED_REQUESTS), metavar="COUNT",
+              help=f"The fixed-length workload's requests (default {FIXED_REQUESTS:,}).")
 @format_option("text", "json", help="text: a table; json: the summary's keys per side.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the result here instead of stdout.")
@@ -95,8 +116,9 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
             columns: str | None, time_unit: str, block_tokens: int,
             memory: str | None, num_blocks: int | None,
             against: str | None, max_num_seqs: int | None, profile_path: Path | None,
-            slo: str | None, fmt: str, output: Path | None, force: bool, parents: bool,
-            quiet: bool) -> int:
+            slo: str | None, concurrency: int | None, isl: int | None, osl: int | None,
+            num_requests: int | None, fmt: str, output: Path | None, force: bool,
+            parents: bool, quiet: bool) -> int:
     """Replay a request trace through LAYOUT (a source or a .kvlayout.json artifact):
     its pools, kvspec's request-level manager, and a model of vLLM v1's continuous
     batching. Prints steps to finish, mean and peak running requests, preemptions,
@@ -109,17 +131,22 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
     if num_blocks is not None and memory is not None:
         raise UsageError("--memory and --num-blocks exclude each other",
                          hint="a fixed block count decides the memory, and the other way")
+    fixed = _fixed_lengths(isl, osl, num_requests, trace_path)
     limits = parse_slo(slo) if slo is not None else ()
     target = _target(layout, memory, num_blocks)
     _check_blocks(target, layout, memory)
-    clock = _clock(profile_path, target, step_ms, timed=slo is not None)
-    trace = _trace(trace_path, target, workload_format=workload_format, step_ms=step_ms,
-                   columns=columns_of(columns, time_unit), block_tokens=block_tokens)
+    clock = _clock(profile_path, target, step_ms, timed=slo is not None or bool(concurrency))
+    if fixed is not None:
+        trace = _fixed_trace(target, *fixed)
+    else:
+        trace = _trace(trace_path, target, workload_format=workload_format, step_ms=step_ms,
+                       columns=columns_of(columns, time_unit), block_tokens=block_tokens)
     if not trace:
         raise KvspecError(f"{trace_path}: the trace has no requests",
                           hint="give a trace with at least one request line")
     try:
-        results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet, clock)}
+        results = {"kvspec": _simulate(target, trace, max_num_seqs, quiet, clock,
+                                       concurrency or 0)}
     except KvspecError as err:  # the pools the options sized: name them
         given = f"--num-blocks {num_blocks}" if num_blocks is not None else \
             f"--memory {memory}" if memory is not None else None
@@ -129,23 +156,32 @@ def command(layout: Path, trace_path: Path | None, workload_format: str | None, 
     if results["kvspec"].rejected == len(trace):
         raise _all_refused(target, trace, trace_path or layout)
     if against == "vllm":
-        results["vllm"] = _against_vllm(target, trace, max_num_seqs, quiet, clock)
+        results["vllm"] = _against_vllm(target, trace, max_num_seqs, quiet, clock,
+                                        concurrency or 0)
     data = {"layout": str(layout), "requests": len(trace),
             "refused": results["kvspec"].rejected,
+            **({"workload": {"isl": fixed[0], "osl": fixed[1]}} if fixed else {}),
+            **({"concurrency": concurrency} if concurrency else {}),
             "pools": [{"name": n, "blocks": b} for n, b in _blocks(target)],
             **({"step_time": clock.as_dict()} if clock is not None else {}),
             **{side: _summary(target, r, side, limits) for side, r in results.items()}}
     if clock is not None and clock.outside() is not None:
         note(clock.outside(), quiet=quiet)  # type: ignore[arg-type]
+    return _write(data, list(results), clock is not None, fmt, output, quiet)
+
+
+def _write(data: dict[str, Any], sides: list[str], timed: bool, fmt: str,
+           output: Path | None, quiet: bool) -> int:
+    """The run's figures: JSON, or the table (and the latency table on a clock)."""
     if fmt == "json":
         if output is None:
             echo_json(data)
             return EXIT_OK
         emit(json.dumps(data, indent=1) + "\n", output, quiet=quiet)
         return EXIT_OK
-    text = simulate_table(data, list(results))
-    if clock is not None:
-        text += "\n\n" + latency_table(data, list(results))
+    text = simulate_table(data, sides)
+    if timed:
+        text += "\n\n" + latency_table(data, sides)
     emit(text + "\n", output, quiet=quiet)
     cap = cap_note(data["kvspec"])
     if cap:
@@ -217,6 +253,40 @@ def _all_refused(target: Target, trace: tuple[Any, ...], path: Path) -> KvspecEr
              f"{limit - 1}), or compile the layout with a larger max_model_len")
 
 
+def _fixed_lengths(isl: int | None, osl: int | None, n: int | None,
+                   trace_path: Path | None) -> tuple[int, int, int] | None:
+    """(isl, osl, requests) of a fixed-length workload, None without one; a
+    :class:`UsageError` naming the option given without its partners."""
+    if isl is None and osl is None:
+        if n is not None:
+            raise UsageError("-n counts the requests of a fixed-length workload: give "
+                             "--isl and --osl with it", found=f"-n {n}",
+                             hint="e.g. --isl 1024 --osl 128 -n 500; a trace (--workload) "
+                                  "has its own count")
+        return None
+    if isl is None or osl is None:
+        given, missing = ("--isl", "--osl") if isl is not None else ("--osl", "--isl")
+        raise UsageError(f"{given} without {missing}: a fixed-length workload needs both",
+                         hint="e.g. --isl 1024 --osl 128 -n 500")
+    if trace_path is not None:
+        raise UsageError("--workload and --isl/--osl exclude each other",
+                         hint="replay the trace, or the fixed-length workload, not both")
+    return isl, osl, n if n is not None else FIXED_REQUESTS
+
+
+def _fixed_trace(target: Target, isl: int, osl: int, n: int) -> tuple[Any, ...]:
+    """``n`` requests of ``isl`` prompt tokens and ``osl`` output tokens, all at 0 (no
+    prompt shares a prefix); refused, naming --isl, when vLLM would refuse them."""
+    limit = target.artifact.body.engine.max_model_len
+    if isl >= limit:
+        raise UsageError(f"--isl {isl:,}: every prompt is max_model_len ({limit:,} tokens) "
+                         "or more, and vLLM refuses such prompts", found=str(isl),
+                         hint=f"give --isl {limit - 1:,} or fewer, or compile the layout "
+                              "with a larger max_model_len")
+    one = TraceRequest(0, isl, osl)
+    return (one,) * n
+
+
 def _blocks(target: Target) -> list[tuple[str, int]]:
     """Each pool's block count as simulated (the options', else the layout's own)."""
     counts = target.counts or target.artifact.counts_for(fewest=True)
@@ -278,10 +348,11 @@ def _clock(path: Path | None, target: Target, step_ms: float, *, timed: bool) ->
 
 
 def _simulate(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
-              quiet: bool, clock: Clock | None = None) -> Any:
+              quiet: bool, clock: Clock | None = None, concurrency: int = 0) -> Any:
     layout = from_artifact(target.artifact, target.counts)
     timing: dict[str, Any] = {} if clock is None else {
-        "step_time": clock.model, "step_ms": clock.step_ms, "latency": True}
+        "step_time": clock.model, "step_ms": clock.step_ms, "latency": True,
+        "concurrency": concurrency}
     with progress(len(trace), label="simulating", quiet=quiet, notes=True,
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         return simulate(layout, trace, progress=_advance(bar), sample_held=True,
@@ -315,7 +386,7 @@ def _advance(bar: Any) -> Any:
 
 
 def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | None,
-                  quiet: bool, clock: Clock | None = None) -> Any:
+                  quiet: bool, clock: Clock | None = None, concurrency: int = 0) -> Any:
     """The trace through vLLM 0.33's own scheduler, for the same plan and blocks."""
     # deferred: the vLLM bridge (vLLM, torch) loads only for --against vllm
     from kvspec.integrations import vllm as bridge
@@ -340,7 +411,8 @@ def _against_vllm(target: Target, trace: tuple[Any, ...], max_num_seqs: int | No
                   delay=None if len(trace) >= BAR_FROM else math.inf) as bar:
         result, _ = replay(art, trace, num_blocks, progress=_advance(bar),
                            step_time=None if clock is None else clock.model,
-                           step_ms=None if clock is None else clock.step_ms)
+                           step_ms=None if clock is None else clock.step_ms,
+                           concurrency=concurrency)
     return result
 
 

@@ -34,10 +34,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
+from kvspec.model.slo import Limit
+from kvspec.model.steptime import LinearStepTime
 from kvspec.model.workloads import DEFAULT_STEP_MS, TraceFormat
 
 __all__ = ["ONE_SHARED_POOL", "SERVE_SEPARATE", "Lengths", "PlanPolicy", "Policy",
-           "Pooling", "PoolingRef", "Runtime", "TimeUnit", "Workload", "declared"]
+           "Pooling", "PoolingRef", "ProfileRef", "Runtime", "TimeUnit", "Workload",
+           "declared"]
 
 #: The pooling policy a source asks for, in documentation order.
 Policy = Literal["unified", "separate", "auto"]
@@ -138,6 +141,22 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
+class ProfileRef:
+    """The step-time profile ``auto`` judges by (``pooling.step_time.profile``): its
+    path (from the working directory), its file's sha256, and its linear model's
+    coefficients (seconds: fixed, then one per term) and measured range."""
+
+    path: str
+    sha256: str
+    coefficients: tuple[float, float, float, float, float]
+    bounds: tuple[tuple[int, int], ...] | None = None
+
+    def step_time(self) -> LinearStepTime:
+        """A fresh model (it notes the first batch outside the measured range)."""
+        return LinearStepTime(*self.coefficients, bounds=self.bounds)
+
+
+@dataclass(frozen=True, slots=True)
 class Pooling:
     """The source's ``pooling`` section."""
 
@@ -155,3 +174,14 @@ class Pooling:
     block_size: int = _key(16, "separate: tokens per attention block.")
     #: Candidate block sizes ``auto`` tries for vLLM-servable plans.
     block_sizes: tuple[int, ...] = (16, 32, 64, 128)
+    #: ``auto``: the SLO its candidates are judged by (goodput), in the source's order.
+    slo: tuple[Limit, ...] = ()
+    #: ``auto``: the step-time profile its candidates are timed on.
+    profile: ProfileRef | None = None
+
+    @property
+    def judged_by(self) -> str:
+        """What ``auto`` keeps the most of: ``goodput`` at the SLO, ``throughput``
+        (requests/s) on the profile's clock, else ``mean_running`` (no time model to
+        judge by: docs/pooling.md#auto-in-time)."""
+        return "goodput" if self.slo else "throughput" if self.profile else "mean_running"

@@ -13,8 +13,8 @@ from kvspec.passes.pool import PoolLayout
 from kvspec.pooling.candidates import Candidate, separated
 from kvspec.pooling.evaluate import Evaluation, Runs, WorkloadTrace, evaluate
 
-__all__ = ["SPLIT_FACTORS", "TIE", "WASTE_STEP", "capacity", "choose", "scaled", "tiebreak",
-           "tune_separate", "within_max_groups"]
+__all__ = ["JUDGED", "SPLIT_FACTORS", "TIE", "WASTE_STEP", "capacity", "choose", "scaled",
+           "tiebreak", "tune_separate", "within_max_groups"]
 
 #: Capacities within this share of the best are a tie: a trace of a few hundred
 #: requests does not tell smaller differences apart.
@@ -46,9 +46,19 @@ def within_max_groups(cands: list[Candidate], pooling: Pooling) -> list[Candidat
     return out
 
 
-def capacity(e: Evaluation) -> float:
-    """Requests run: simulated, else static at the workload."""
-    return e.simulated["mean_running"] if e.simulated else (e.workload_requests or 0.0)
+#: What ``auto`` keeps the most of (:attr:`Pooling.judged_by`): the simulation's key.
+JUDGED = {"mean_running": "mean_running", "throughput": "requests_per_s",
+          "goodput": "goodput_requests_per_s"}
+
+
+def capacity(e: Evaluation, by: str = "mean_running") -> float:
+    """What ``auto`` judges by (``by``: a key of :data:`JUDGED`), simulated: requests
+    running on average, requests/s, or goodput at the SLO; without a simulation, the
+    requests the blocks hold statically at the workload."""
+    if not e.simulated:
+        return e.workload_requests or 0.0
+    value = e.simulated.get(JUDGED[by])
+    return float(value) if value is not None else 0.0
 
 
 def _layout_waste(e: Evaluation) -> float:
@@ -63,7 +73,8 @@ def _memory_bound_utilization(e: Evaluation) -> float:
     return used if used is not None else 0.0
 
 
-def tiebreak(c: Candidate, e: Evaluation) -> tuple[float, float, int, float, float]:
+def tiebreak(c: Candidate, e: Evaluation, by: str = "mean_running"
+             ) -> tuple[float, float, int, float, float]:
     """Among tied candidates, higher is better: the finer prefix-match unit (none at
     all, without prefix caching, is the coarsest: turning it off must buy capacity
     to be chosen), the smaller layout waste while memory binds (padding, inflation,
@@ -72,13 +83,15 @@ def tiebreak(c: Candidate, e: Evaluation) -> tuple[float, float, int, float, flo
     the utilisation while memory binds."""
     caching = all(x.engine.enable_prefix_caching for x in c.layouts)
     unit = -c.hash_block_size if caching else float("-inf")
-    return (unit, -_layout_waste(e), -c.groups, capacity(e), _memory_bound_utilization(e))
+    return (unit, -_layout_waste(e), -c.groups, capacity(e, by), _memory_bound_utilization(e))
 
 
-def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
+def choose(cands: list[Candidate], evaluations: list[Evaluation],
+           by: str = "mean_running") -> int:
     """The candidate ``auto`` keeps: of those the runtime can serve, the highest
-    capacity, where capacities within :data:`TIE` of the best tie (but none below
-    the unified plan's, so ``auto`` never runs fewer requests than vLLM's plan)."""
+    capacity (``by``: mean running, throughput or goodput, :func:`capacity`), where
+    capacities within :data:`TIE` of the best tie (but none below the unified plan's,
+    so ``auto`` never does worse than vLLM's plan)."""
     servable = [i for i, c in enumerate(cands) if c.note is None]
     if not servable:
         why = "; ".join(f"{c.name}: {c.note}" for c in cands)
@@ -86,11 +99,12 @@ def choose(cands: list[Candidate], evaluations: list[Evaluation]) -> int:
                           ref=PoolingRef(("pooling", "workload")),
                           hint="give the KV cache more memory, a shorter max_model_len, or "
                                "a workload of shorter requests")
-    best = max(capacity(evaluations[i]) for i in servable)
+    best = max(capacity(evaluations[i], by) for i in servable)
     # never below vLLM's plan (the first candidate), even inside the tie band
-    least = capacity(evaluations[0]) if cands[0].note is None else 0.0
-    tied = [i for i in servable if capacity(evaluations[i]) >= max(best * (1 - TIE), least)]
-    return max(tied, key=lambda i: tiebreak(cands[i], evaluations[i]))
+    least = capacity(evaluations[0], by) if cands[0].note is None else 0.0
+    tied = [i for i in servable
+            if capacity(evaluations[i], by) >= max(best * (1 - TIE), least)]
+    return max(tied, key=lambda i: tiebreak(cands[i], evaluations[i], by))
 
 
 def scaled(pools: tuple[PoolLayout, ...], factor: float
@@ -114,7 +128,9 @@ def tune_separate(c: Candidate, e: Evaluation, pooling: Pooling, tokens: int,
                   runs: Runs | None = None) -> tuple[Candidate, Evaluation]:
     """The separate plan's split tuned by simulation: the state (or windowed) pools'
     share scaled by each of :data:`SPLIT_FACTORS`, each split compiled and
-    simulated; the split running the most requests on average wins."""
+    simulated; the split with the most of what ``auto`` judges by
+    (:attr:`Pooling.judged_by`: mean running, throughput or goodput) wins."""
+    by = pooling.judged_by
     best = (c, e)
     for factor in SPLIT_FACTORS:
         split = scaled(c.pools, factor)
@@ -123,10 +139,9 @@ def tune_separate(c: Candidate, e: Evaluation, pooling: Pooling, tokens: int,
         try:
             cand = separated(c.name, c.pooled, dataclasses.replace(pooling, split=split),
                              tokens)
-            ev = evaluate(cand, trace, engine, budget, runs)
+            ev = evaluate(cand, trace, engine, budget, runs, pooling)
         except KvspecError:
             continue
-        if ev.simulated and best[1].simulated and \
-                ev.simulated["mean_running"] > best[1].simulated["mean_running"]:
+        if ev.simulated and best[1].simulated and capacity(ev, by) > capacity(best[1], by):
             best = (cand, ev)
     return best

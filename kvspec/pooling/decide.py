@@ -48,6 +48,20 @@ def _workload_record(w: Workload, tokens: int) -> fmt.WorkloadRecord:
         trace_sha256=w.trace_sha256)
 
 
+def _judged(pooling: Pooling, trace: WorkloadTrace | None) -> fmt.Judged | None:
+    """What ``auto`` judged by, when it judged in time (None: by mean running, as
+    before: the record is unchanged)."""
+    if pooling.policy != "auto" or pooling.judged_by == "mean_running":
+        return None
+    p = pooling.profile
+    return fmt.Judged(
+        metric=pooling.judged_by,  # type: ignore[arg-type]
+        slo=[x.text for x in pooling.slo],
+        profile=p.path if p is not None else None,
+        profile_sha256=p.sha256 if p is not None else None,
+        step_ms=None if p is not None or trace is None else trace.workload.step_ms)
+
+
 def _shares(pools: tuple[PoolLayout, ...]) -> list[fmt.PoolShare]:
     return [fmt.PoolShare(name=p.name, share=[p.share.numerator, p.share.denominator],
                           state=p.state, budget=p.layout.budget) for p in pools]
@@ -114,7 +128,7 @@ def _evaluated(c: Candidate, pooling: Pooling, trace: WorkloadTrace | None, toke
     """``c`` and its figures; a candidate that cannot be simulated is noted (the one
     the policy asks for, unless ``auto``, raises); a separate plan's split tuned."""
     try:
-        e = evaluate(c, trace, engine, budget, runs)
+        e = evaluate(c, trace, engine, budget, runs, pooling)
     except KvspecError as err:
         if c.policy == pooling.policy and pooling.policy != "auto":
             raise
@@ -146,7 +160,7 @@ def decide(sized: Sized) -> Pooled:
     elif pooling.policy == "separate":
         chosen = len(cands) - 1
     else:
-        chosen = choose(cands, evaluations)
+        chosen = choose(cands, evaluations, pooling.judged_by)
     keep = cands[chosen]
     record = fmt.PoolingRecord(
         asked=pooling.policy, policy=keep.policy,  # type: ignore[arg-type]
@@ -154,6 +168,7 @@ def decide(sized: Sized) -> Pooled:
         block_size=pooling.block_size, state_block_size=pooling.state_block_size,
         pools=_shares(keep.pools),
         workload=_workload_record(trace.workload, tokens) if trace is not None else None,
-        candidates=[_record(c, e, tokens) for c, e in zip(cands, evaluations)], chosen=chosen)
+        candidates=[_record(c, e, tokens) for c, e in zip(cands, evaluations)], chosen=chosen,
+        judged_by=_judged(pooling, trace))
     # the source's compile, with the kept candidate's plan (as the pool pass gives it)
     return dataclasses.replace(pooled(sized, keep.pools, record), layout=keep.layout)

@@ -28,7 +28,8 @@ from kvspec import notes
 from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.interrupts import deferred
-from kvspec.model.pooling import PoolingRef, Workload
+from kvspec.model.pooling import Pooling, PoolingRef, Workload
+from kvspec.model.steptime import ConstantStepTime
 from kvspec.passes.size import Sized
 from kvspec.pooling.candidates import Candidate
 from kvspec.pooling.figures import Figures
@@ -37,8 +38,8 @@ from kvspec.sim import SimResult, TraceRequest, engine_settings, generate_trace,
 from kvspec.sim.formats import Columns, read_requests
 from kvspec.sim.presets import preset_trace
 
-__all__ = ["Evaluation", "Runs", "WorkloadTrace", "evaluate", "layout_waste", "waste_of",
-           "workload_trace"]
+__all__ = ["Evaluation", "Runs", "WorkloadTrace", "evaluate", "layout_waste", "timing",
+           "timed_figures", "waste_of", "workload_trace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +176,41 @@ def _unnamed(managed: ManagedLayout) -> ManagedLayout:
 Runs = dict[tuple[ManagedLayout, tuple[tuple[str, Any], ...]], SimResult]
 
 
+def timing(pooling: Pooling) -> dict[str, Any]:
+    """:func:`~kvspec.sim.simulate`'s keywords for ``auto``'s judgement in time: none
+    when it judges by mean running (no SLO, no profile); else every request timed, on
+    the profile's clock or, with an SLO and no profile, the constant model at the
+    workload's ``step_ms``."""
+    if pooling.judged_by == "mean_running":
+        return {}
+    step_ms = pooling.workload.step_ms if pooling.workload is not None else 20.0
+    model = pooling.profile.step_time() if pooling.profile is not None else \
+        ConstantStepTime(step_ms)
+    return {"step_time": model, "step_ms": step_ms, "latency": True}
+
+
+def timed_figures(result: SimResult, pooling: Pooling) -> dict[str, Any]:
+    """A timed run's figures for the decision: throughput (requests and output tokens
+    a second) and, with an SLO, goodput (:mod:`kvspec.sim.latency`)."""
+    if result.latency is None:
+        return {}
+    d = result.latency.as_dict(pooling.slo)
+    out = {"requests_per_s": d["requests_per_s"],
+           "output_tokens_per_s": d["output_tokens_per_s"]}
+    if pooling.slo:
+        out["goodput_requests_per_s"] = d["slo"]["goodput_requests_per_s"]
+    return out
+
+
 def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engine,
-             budget: int | None, runs: Runs | None = None) -> Evaluation:
+             budget: int | None, runs: Runs | None = None,
+             pooling: Pooling | None = None) -> Evaluation:
     """``candidate``'s figures at the workload; its artifact simulated when there is
     a budget, under the source's ``engine`` settings (its artifact's engine record).
     ``runs``: simulations of this decision so far (the simulation is deterministic, so
-    a candidate whose pools simulate alike reuses one; its waste is still its own)."""
+    a candidate whose pools simulate alike reuses one; its waste is still its own).
+    ``pooling``: with an SLO or a profile, the run is timed (:func:`timing`) and its
+    throughput and goodput join the figures."""
     tokens = trace.held_tokens if trace is not None else engine.max_model_len
     static, at_tokens, binding = _static(candidate, tokens)
     live = candidate.figures.live_bytes(tokens)
@@ -193,11 +223,13 @@ def evaluate(candidate: Candidate, trace: WorkloadTrace | None, engine: fmt.Engi
     result = runs.get(key) if runs is not None else None
     if result is None:
         result = simulate(managed, trace.requests, sample_held=True,
-                          progress=_told(candidate.name), **settings)
+                          progress=_told(candidate.name), **settings,
+                          **(timing(pooling) if pooling is not None else {}))
         if runs is not None:
             runs[key] = result
     with deferred():   # compiled code (kvspec.interrupts)
         tokens_held, waste = waste_of(result, candidate.artifact.body)
-        simulated = {**result.as_dict(), "layout_waste": layout_waste(waste)}
+        simulated = {**result.as_dict(), "layout_waste": layout_waste(waste),
+                     **(timed_figures(result, pooling) if pooling is not None else {})}
     return Evaluation(static, at_tokens, physical, simulated=simulated,
                       tokens_held=tokens_held, waste=waste, binding_pool=binding)

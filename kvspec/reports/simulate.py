@@ -82,6 +82,8 @@ def latency_table(data: dict[str, Any], sides: list[str]) -> str:
     clock = data["step_time"]
     head = (f"timed on {clock['profile']}" if clock["model"] == "linear" else
             f"timed on the step clock, {clock['step_ms']:g} ms a step")
+    if data.get("concurrency"):
+        head += f"; {data['concurrency']:,} closed-loop clients"
     rows = [["duration (s)", *cells(lambda d: d["duration_s"], "{:,.3f}")],
             ["requests/s", *cells(lambda d: d["requests_per_s"], "{:,.3f}")],
             ["output tokens/s", *cells(lambda d: d["output_tokens_per_s"], "{:,.1f}")]]

@@ -33,7 +33,7 @@ from kvspec.artifact import format as fmt
 from kvspec.errors import KvspecError
 from kvspec.interrupts import deferred
 from kvspec.model.engine import Engine
-from kvspec.model.steptime import StepTime
+from kvspec.model.steptime import ConstantStepTime, StepTime
 from kvspec.model.workloads import DEFAULT_STEP_MS
 from kvspec.runtime.manager import KVCacheManager, ManagedLayout, from_artifact
 from kvspec.sim.engine import KvspecEngine, Progress, Timeline, drive
@@ -68,7 +68,7 @@ def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_se
              async_scheduling: bool = True, pipeline_parallel_size: int = 1,
              progress: Progress | None = None, sample_held: bool = False,
              step_time: StepTime | None = None, step_ms: float = DEFAULT_STEP_MS,
-             latency: bool = False) -> SimResult:
+             latency: bool = False, concurrency: int = 0) -> SimResult:
     """Replay ``trace`` through ``layout``'s pools; requests whose prompt does not fit
     ``max_model_len`` (default: the layout's) are refused, as vLLM refuses them.
     ``sample_held``: also sample what running requests hold while memory keeps others
@@ -78,13 +78,16 @@ def simulate(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_se
     ``step_time`` model that is not constant, each step takes what the model gives for
     its batch, and arrivals are seconds (a line's ``arrival_s``, else its step times
     ``step_ms``). ``latency`` (implied by a timed model): also time every request
-    (:attr:`SimResult.latency`)."""
+    (:attr:`SimResult.latency`). ``concurrency`` N > 0: closed-loop clients keep at
+    most N requests in flight (:class:`~kvspec.sim.engine.Timeline`), on the timed
+    clock (the constant model at ``step_ms`` without a ``step_time``), each request
+    timed from when it is sent."""
     return run(layout, trace, max_num_seqs=max_num_seqs,
                max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len,
                async_scheduling=async_scheduling,
                pipeline_parallel_size=pipeline_parallel_size, progress=progress,
                sample_held=sample_held, step_time=step_time, step_ms=step_ms,
-               latency=latency)[0]
+               latency=latency, concurrency=concurrency)[0]
 
 
 def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: int = 256,
@@ -92,7 +95,7 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
         async_scheduling: bool = True, pipeline_parallel_size: int = 1,
         progress: Progress | None = None, log_blocks: bool = False, lazy: bool = True,
         sample_held: bool = False, step_time: StepTime | None = None,
-        step_ms: float = DEFAULT_STEP_MS, latency: bool = False
+        step_ms: float = DEFAULT_STEP_MS, latency: bool = False, concurrency: int = 0
         ) -> tuple[SimResult, KvspecEngine]:
     """:func:`simulate`, and the engine it ran (its scheduler, manager and, with
     ``log_blocks``, every step's block tables and free queue); ``lazy=False`` steps
@@ -103,9 +106,11 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
     # the recycling groups' admission cap reads the tokens in flight: these settings'
     layout = replace(layout, max_in_flight_tokens=max_num_batched_tokens * depth)
     admitted, numbers = admit(trace, layout.max_model_len)
-    timed = step_time is not None and not step_time.constant
     if step_time is not None and step_time.constant:
         step_ms = step_time.step_ms  # type: ignore[attr-defined]
+    if concurrency > 0 and step_time is None:
+        step_time = ConstantStepTime(step_ms)  # a closed loop runs on the timed clock
+    timed = step_time is not None and (not step_time.constant or concurrency > 0)
     track = latency or timed
     why = too_many_blocks(layout)
     if why is not None:
@@ -122,7 +127,7 @@ def run(layout: ManagedLayout, trace: Sequence[TraceRequest], *, max_num_seqs: i
                         layout.split_block_size if layout.has_align_state else 0)
         engine = KvspecEngine(scheduler, live, admitted, log_blocks=log_blocks, numbers=numbers,
                               sample_held=sample_held, limits=limits)
-        timeline = Timeline(step_time, arrivals_s(admitted, step_ms)) \
+        timeline = Timeline(step_time, arrivals_s(admitted, step_ms), concurrency) \
             if step_time is not None and timed else None
         records, steps = drive(engine, admitted, depth, progress, timeline)
         times = None

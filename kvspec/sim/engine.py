@@ -101,11 +101,18 @@ def _loop(engine: StepEngine, trace: Sequence[TraceRequest], depth: int,
 
 class Timeline:
     """A timed run's clock: the step-time model, each request's arrival (s), and per
-    step (batch number) when it starts and ends on the device (s)."""
+    step (batch number) when it starts and ends on the device (s).
 
-    def __init__(self, model: StepTime, arrivals: list[float]) -> None:
+    ``concurrency`` N > 0: closed-loop clients (``vllm bench serve --max-concurrency
+    N``): at most N requests are in flight (sent, not finished); the trace's requests
+    are sent in order, each when it has arrived and a slot is free, a slot freeing at
+    the end of the step that samples its request's last token. :attr:`arrivals` then
+    become the times each request was sent (what its latency is measured from)."""
+
+    def __init__(self, model: StepTime, arrivals: list[float], concurrency: int = 0) -> None:
         self.model = model
         self.arrivals = arrivals
+        self.concurrency = concurrency
         self.starts: list[float] = []
         self.ends: list[float] = []
 
@@ -113,14 +120,14 @@ class Timeline:
 def drive_timed(engine: StepEngine, trace: Sequence[TraceRequest], timeline: Timeline,
                 depth: int = 1, progress: Progress | None = None
                 ) -> tuple[list[StepRecord], int]:
-    """:func:`drive` on a clock in seconds. The engine loop schedules at ``now`` the
-    requests that arrived by then; the device runs the scheduled steps one after the
-    other, each as long as the model gives for its batch (:meth:`StepEngine.shape`);
-    waiting for the oldest step in flight moves ``now`` to its end. Synchronous
-    (``depth`` 1): a step starts when the one before ends, with the arrivals until
-    then. Async (``depth`` > 1): a step is scheduled while the one before it runs, so
-    it starts when that one ends, with the arrivals until that one started. Steps
-    are numbered one by one (no jump over an idle time)."""
+    """:func:`drive` on a clock in seconds. At ``now`` the engine loop schedules the
+    requests that arrived by then; the device runs steps one after the other, each as
+    long as the model gives for its batch (:meth:`StepEngine.shape`); waiting for the
+    oldest step in flight moves ``now`` to its end. ``depth`` 1: a step starts when
+    the one before ends; more: it is scheduled while that one runs (the arrivals until
+    it started). Steps are numbered one by one. Closed loop (``timeline.concurrency``
+    N > 0): the first N plus the finished requests may join, one released by a finish
+    sent at that step's end unless it arrives later."""
     records: list[StepRecord] = []
     queue: deque[Any] = deque()
     arrivals, seconds = timeline.arrivals, timeline.model.seconds
@@ -128,9 +135,11 @@ def drive_timed(engine: StepEngine, trace: Sequence[TraceRequest], timeline: Tim
     now = free = 0.0  # the engine loop's time; when the device finishes its last step
     clock = i = done = 0
     n = len(trace)
+    slots = timeline.concurrency
+    released = min(n, slots) if slots > 0 else n  # requests the clients may have sent
     while True:
         poll()   # Ctrl-C: KeyboardInterrupt here (kvspec.interrupts)
-        while i < n and arrivals[i] <= now:
+        while i < released and arrivals[i] <= now:
             engine.add(i, trace[i])
             i += 1
         if engine.has_requests():
@@ -155,8 +164,13 @@ def drive_timed(engine: StepEngine, trace: Sequence[TraceRequest], timeline: Tim
             now = arrivals[i]
             continue
         engine.update(queue.pop())
-        if ends[done] > now:
-            now = ends[done]
+        end = ends[done]
+        if end > now:
+            now = end
+        while released < n and released < slots + engine.finished:
+            if arrivals[released] < end:
+                arrivals[released] = end  # sent when the slot freed
+            released += 1
         done += 1
         clock += 1
     if progress is not None:

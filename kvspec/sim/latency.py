@@ -32,104 +32,19 @@ linearly between the two nearest ranks (numpy's default, as ``vllm bench serve``
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvspec.errors import UsageError
-from kvspec.model.steptime import duration
+from kvspec.model.slo import SLO_METRICS, Limit, parse_slo
 
-__all__ = ["METRICS", "PERCENTILES", "SLO_METRICS", "Latency", "Limit", "LimitError",
-           "latency_of", "parse_limit", "parse_slo", "percentile",
-           "weighted_percentile"]
+__all__ = ["METRICS", "PERCENTILES", "SLO_METRICS", "Latency", "Limit", "latency_of",
+           "parse_slo", "percentile", "weighted_percentile"]
 
 #: Per-request metrics, in the order reports list them.
 METRICS = ("queue", "ttft", "tpot", "itl", "e2e")
-#: The metrics an SLO may limit (per request: ITL is per token).
-SLO_METRICS = ("queue", "ttft", "tpot", "e2e")
 #: The percentiles reported.
 PERCENTILES = (50.0, 90.0, 99.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """One SLO limit: ``metric``'s ``percent``-th percentile within ``seconds``."""
-
-    metric: str
-    percent: float
-    seconds: float
-    text: str
-
-    @property
-    def key(self) -> str:
-        return self.text.split("=")[0].strip()
-
-
-class LimitError(ValueError):
-    """A limit that cannot be read: what is wrong, a hint, and the offset in the limit's
-    text (``METRIC_pNN=TIME``) where the problem starts."""
-
-    def __init__(self, what: str, hint: str, offset: int = 0) -> None:
-        super().__init__(what)
-        self.what, self.hint, self.offset = what, hint, offset
-
-
-def parse_limit(item: str) -> Limit:
-    """One limit ``METRIC_pNN=TIME`` (the rule every SLO is read by: ``--slo``, a sweep
-    grid's ``target.slo``); a :class:`LimitError` where it cannot be read.
-
-    >>> parse_limit("tpot_p50=50ms").seconds
-    0.05
-    """
-    if not item:
-        raise LimitError("an empty limit", "write METRIC_pNN=TIME, e.g. ttft_p99=2s")
-    m = re.fullmatch(r"([a-z0-9]+)_p([0-9]+(?:\.[0-9]+)?)\s*=\s*(.*)", item)
-    if m is None:
-        raise LimitError(f"cannot read {item!r}",
-                         "write METRIC_pNN=TIME, e.g. ttft_p99=2s or tpot_p50=50ms")
-    metric, pct, value = m.group(1), float(m.group(2)), m.group(3)
-    if metric not in SLO_METRICS:
-        raise LimitError(f"unknown metric {metric!r}",
-                         f"limit one of {', '.join(SLO_METRICS)} (per request)")
-    if not 0 < pct <= 100:
-        raise LimitError(f"percentile p{m.group(2)}", "a percentile is more than 0 and at "
-                         "most 100, e.g. p50, p99", len(metric) + 2)
-    seconds = _seconds(value)
-    if seconds is None:
-        raise LimitError(f"cannot read the time {value!r}",
-                         "a time is a number and its unit: 2s, 50ms, 800us",
-                         item.index("=") + 1)
-    return Limit(metric, pct, seconds, item)
-
-
-def parse_slo(text: str, option: str = "--slo") -> tuple[Limit, ...]:
-    """The limits of ``METRIC_pNN=TIME,...`` (each by :func:`parse_limit`); a
-    :class:`UsageError` naming ``option`` and the column of the first problem."""
-    limits: list[Limit] = []
-    column = 1
-    for part in text.split(","):
-        at = column + len(part) - len(part.lstrip())
-        column += len(part) + 1
-        item = part.strip()
-        try:
-            limit = parse_limit(item)
-        except LimitError as exc:
-            raise _bad(option, text, at + exc.offset, exc.what, exc.hint) from None
-        if any(x.metric == limit.metric and x.percent == limit.percent for x in limits):
-            raise _bad(option, text, at, f"{limit.key} is limited twice",
-                       "give each limit once")
-        limits.append(limit)
-    return tuple(limits)
-
-
-def _seconds(value: str) -> float | None:
-    seconds = duration(value)
-    return seconds if seconds is not None and seconds > 0 else None
-
-
-def _bad(option: str, text: str, column: int, what: str, hint: str) -> UsageError:
-    return UsageError(f"{option}: {what} (column {column})", found=text, hint=hint)
 
 
 def percentile(values: Sequence[float], p: float) -> float:

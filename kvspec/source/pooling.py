@@ -15,17 +15,20 @@ taken relative to the source's directory.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from kvspec.errors import KvspecError, raise_all
-from kvspec.model.pooling import Lengths, Pooling, Workload
+from kvspec.errors import ErrorList, KvspecError, raise_all
+from kvspec.model.pooling import Lengths, Pooling, ProfileRef, Workload
+from kvspec.model.slo import BadLimit, Limit, parse_limit, twice
 from kvspec.model.workloads import PRESETS
 from kvspec.source.document import Document
-from kvspec.source.schema import Distribution, Source, Tokens, WorkloadSpec
+from kvspec.source.profile import read_profile
+from kvspec.source.schema import Distribution, Source, StepTimeSpec, Tokens, WorkloadSpec
 
 __all__ = ["pooling_of"]
 
@@ -132,6 +135,64 @@ def _workload(spec: WorkloadSpec, doc: Document, errors: list[KvspecError]) -> W
                     columns=(c.prompt, c.output, c.time, c.time_unit) if c else None)
 
 
+def _slo(given: dict[str, str | int | float], doc: Document,
+         errors: list[KvspecError]) -> tuple[Limit, ...]:
+    """``pooling.slo``'s limits, each read by ``--slo``'s rule (:mod:`kvspec.model.slo`);
+    a problem at its key, or at its value for a time that does not read."""
+    limits: list[Limit] = []
+    for key, value in given.items():
+        at = ("pooling", "slo", key)
+        shown = str(value).lower() if isinstance(value, bool) else str(value)
+        try:
+            limit = parse_limit(f"{key}={shown}".strip())
+        except BadLimit as bad:
+            errors.append(doc.error(bad.what, at, key=not bad.in_value,
+                                    found=shown if bad.in_value else key,
+                                    hint=bad.hint.replace("METRIC_pNN=TIME",
+                                                          "METRIC_pNN: TIME")
+                                    .replace("=", ": ")))
+            continue
+        again = twice(limits, limit)
+        if again is not None:
+            errors.append(doc.error(again, at, key=True, hint="give each limit once"))
+            continue
+        limits.append(limit)
+    return tuple(limits)
+
+
+def _profile(spec: StepTimeSpec, source: Source, doc: Document,
+             errors: list[KvspecError]) -> ProfileRef | None:
+    """The profile ``pooling.step_time`` names (relative to the source), read and checked
+    against the source's model, parallelism and KV cache dtype; its problems at their
+    line in the profile, an unreadable file at ``pooling.step_time.profile``."""
+    path = _beside(doc, spec.profile)
+    assert path is not None
+    at = ("pooling", "step_time", "profile")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        errors.append(doc.error(f"cannot read the profile {spec.profile}: "
+                                f"{exc.strerror or exc}", at, found=spec.profile,
+                                hint="give the profile's path relative to the source file "
+                                     "(`kvspec profile` writes one, docs/latency.md)"))
+        return None
+    try:
+        profile = read_profile(path)
+        profile.check({"model": source.model,
+                       "tensor_parallel_size": source.parallel.tensor,
+                       "pipeline_parallel_size": source.parallel.pipeline,
+                       "kv_cache_dtype": source.quantization.kv_cache_dtype},
+                      f"the source {source.name}")
+    except ErrorList as many:
+        errors.extend(many.errors)
+        return None
+    except KvspecError as err:
+        errors.append(err)
+        return None
+    model = profile.step_time()
+    return ProfileRef(path, hashlib.sha256(data).hexdigest(), model.coefficients, model.bounds)
+
+
 def pooling_of(source: Source, doc: Document,
                errors: list[KvspecError] | None = None) -> Pooling:
     """The pooling policy ``source`` declares; problems go to ``errors`` (raised
@@ -161,7 +222,7 @@ def pooling_of(source: Source, doc: Document,
                                    hint="set policy: separate, or remove split"))
     given = p.model_fields_set
     applies = {"max_groups": ("auto",), "state_block_size": ("separate", "auto"),
-               "block_size": ("separate", "auto")}
+               "block_size": ("separate", "auto"), "slo": ("auto",), "step_time": ("auto",)}
     for key, policies in applies.items():
         if key in given and getattr(p, key) is not None and p.policy not in policies:
             found.append(doc.error(
@@ -176,7 +237,10 @@ def pooling_of(source: Source, doc: Document,
                                expected="pooling.workload: {context_tokens: ..., "
                                         "output_tokens: ...} or {trace: FILE}",
                                hint="declare the traffic the plan must serve"))
+    slo = _slo(p.slo, doc, found) if p.slo is not None else ()
+    profile = _profile(p.step_time, source, doc, found) if p.step_time is not None else None
     if own:
         raise_all(found)
     sizes = sorted(set(p.block_sizes)) if p.block_sizes is not None else Pooling().block_sizes
-    return _carried(p, Pooling, workload=workload, split=split, block_sizes=tuple(sizes))
+    return _carried(p, Pooling, workload=workload, split=split, block_sizes=tuple(sizes),
+                    slo=slo, profile=profile)

@@ -249,7 +249,11 @@ class Distribution(_Strict):
     spread: Annotated[float, Field(ge=0, le=4)] = 0.5
     histogram: list[list[float]] | None = Field(
         None, min_length=1, max_length=MAX_BINS,
-        description="[[tokens, weight], ...]: bins instead of a mean.")
+        description="[[tokens, weight], ...]: bins instead of a mean.",
+        json_schema_extra={"items": {  # what _bins checks, for editors
+            "type": "array", "minItems": 2, "maxItems": 2, "prefixItems": [
+                {"type": "number", "multipleOf": 1, "minimum": 1, "maximum": MAX_TOKENS},
+                {"type": "number", "exclusiveMinimum": 0, "maximum": 1e12}]}})
 
     @field_validator("histogram")
     @classmethod
@@ -309,6 +313,13 @@ class WorkloadSpec(_Strict):
 _TRIED = ", ".join(map(str, Pooling().block_sizes))
 
 
+class StepTimeSpec(_Strict):
+    """The step-time model ``auto`` times its candidates on."""
+
+    profile: str = Field(min_length=1, description="A step-time profile (docs/latency.md), "
+                         "its path relative to the source.")
+
+
 class PoolingPolicy(_Strict):
     """How memory is pooled: unified (vLLM's plan), separate pools per layer class,
     or auto (the candidate with the highest capacity at the workload)."""
@@ -324,6 +335,14 @@ class PoolingPolicy(_Strict):
         None, min_length=1, description="auto: the attention block sizes its unified "
         f"candidates try (default {_TRIED}); name those the serving engine's attention "
         "kernels take (vLLM's CPU backend: multiples of 32).")
+    slo: dict[str, str | int | float] | None = Field(
+        None, min_length=1, description="auto: limits per request, METRIC_pNN: TIME "
+        "(ttft_p99: 2s, tpot_p50: 50ms; metrics queue, ttft, tpot, e2e): the candidate "
+        "with the highest goodput wins.", json_schema_extra={"propertyNames": {
+            "pattern": r"^[a-z0-9]+_p[0-9]+(\.[0-9]+)?$"}})
+    step_time: StepTimeSpec | None = Field(
+        None, description="auto: time the candidates on a step-time profile: the highest "
+        "goodput (with slo) or throughput wins.")
 
 
 class Source(_Strict):

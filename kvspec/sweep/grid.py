@@ -45,8 +45,8 @@ from kvspec.errors import ErrorList, KvspecError, SourceError, format_path
 from kvspec.files import MAX_MEMORY, SIZE_EXPECTED, SIZE_PATTERN, read_text, size_bytes
 from kvspec.integrations import rules
 from kvspec.model.pooling import Policy, TimeUnit, Workload, declared
+from kvspec.model.slo import SLO_METRICS, BadLimit, Limit, parse_limit
 from kvspec.model.workloads import TraceFormat
-from kvspec.sim.latency import SLO_METRICS, Limit, LimitError, parse_limit
 from kvspec.source.document import Document, parse_yaml
 from kvspec.source.parse import clean_loc, schema_error, yaml_repr
 from kvspec.source.schema import MaxLen, PositiveInt, Ranks, Size, Tokens
@@ -324,7 +324,7 @@ _FIELDS: dict[tuple[str, ...], type[BaseModel]] = {
 @dataclass(frozen=True)
 class GridFile:
     """A grid, read: its model and its document (every value's position), and its
-    target's SLO read (:func:`kvspec.sim.latency.parse_limit`)."""
+    target's SLO read (:func:`kvspec.model.slo.parse_limit`)."""
 
     model: Grid
     doc: Document
@@ -602,7 +602,7 @@ def _slo(doc: Document, target: Target, errors: list[KvspecError]) -> tuple[Limi
         item = f"{key}={value}"
         try:
             limit = parse_limit(item)
-        except LimitError as exc:
+        except BadLimit as exc:
             on_key = exc.offset < len(str(key)) + 1
             errors.append(doc.error(f"target.slo: {exc.what}", at, key=on_key,
                                     found=yaml_repr(key if on_key else value),

@@ -21,7 +21,7 @@ from kvspec.artifact import format as fmt
 from kvspec.integrations.vllm import adapter as vllm_adapter
 from kvspec.integrations.vllm.frozen import read_facts
 from kvspec.integrations.vllm.specs import engine_settings, to_vllm
-from kvspec.model.steptime import StepTime
+from kvspec.model.steptime import ConstantStepTime, StepTime
 from kvspec.model.workloads import DEFAULT_STEP_MS
 from kvspec.runtime.manager import from_artifact
 from kvspec.sim import SimResult, TraceRequest, admit, arrivals_s
@@ -34,20 +34,25 @@ __all__ = ["replay", "run_engine", "vllm_engine"]
 def replay(artifact: Artifact, trace: Sequence[TraceRequest], num_blocks: int | None = None, *,
            hash_fn: str = "sha256", progress: Progress | None = None,
            log_blocks: bool = False, async_scheduling: bool | None = None,
-           step_time: StepTime | None = None, step_ms: float | None = None
-           ) -> tuple[SimResult, Any]:
+           step_time: StepTime | None = None, step_ms: float | None = None,
+           concurrency: int = 0) -> tuple[SimResult, Any]:
     """(the result, vLLM's engine wrapper) of ``trace`` through vLLM's scheduler for
     ``artifact``'s plan with ``num_blocks`` blocks (default: its own) and the layout's
     async scheduling (unless ``async_scheduling`` says otherwise); with a ``step_time``
     model that is not constant, on the same clock in seconds as kvspec's side
     (:func:`kvspec.sim.engine.drive_timed`, arrivals by :func:`kvspec.sim.arrivals_s`
-    at ``step_ms``), its timeline on the engine (``engine.timeline``)."""
+    at ``step_ms``), its timeline on the engine (``engine.timeline``); ``concurrency``
+    N > 0: closed-loop clients, at most N requests in flight, on that clock (the
+    constant model at ``step_ms`` without a ``step_time``), as kvspec's side runs them."""
     engine, layout, admitted = vllm_engine(artifact, trace, num_blocks, hash_fn=hash_fn,
                                            log_blocks=log_blocks,
                                            async_scheduling=async_scheduling)
     timeline = None
-    if step_time is not None and not step_time.constant:
-        timeline = Timeline(step_time, arrivals_s(admitted, step_ms or DEFAULT_STEP_MS))
+    if concurrency > 0 and step_time is None:
+        step_time = ConstantStepTime(step_ms or DEFAULT_STEP_MS)
+    if step_time is not None and (not step_time.constant or concurrency > 0):
+        timeline = Timeline(step_time, arrivals_s(admitted, step_ms or DEFAULT_STEP_MS),
+                            concurrency)
     engine.timeline = timeline
     return run_engine(engine, layout, admitted, len(trace), progress, timeline), engine
 
