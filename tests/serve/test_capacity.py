@@ -1,7 +1,7 @@
 """Live capacity (issue 38, section 3 items 5 and 6): a running vLLM engine's own
 counts equal kvspec's for the same plan.
 
-vLLM 0.32 CPU engines serve a tiny Llama (``tests/serve/checkpoints.py``) with
+vLLM 0.32 CPU engines serve a tiny Llama (``scripts/make_tiny_checkpoint.py``) with
 kvspec's plugin in enforce mode, under a KV-cache budget too small for the trace
 (4 MiB; forty requests of 96-112 prompt tokens and 40 output tokens, all arriving
 at once), so that requests wait and are preempted. ``tests/serve/live_capacity.py``

@@ -15,8 +15,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import checkpoints  # noqa: E402
 import families  # noqa: E402
+
+from scripts import make_tiny_checkpoint as checkpoints  # noqa: E402
 
 
 @pytest.mark.serve

