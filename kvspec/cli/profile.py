@@ -33,6 +33,7 @@ from kvspec.cli.common import (
 )
 from kvspec.cli.common import command as cli_command
 from kvspec.errors import EXIT_INVALID, EXIT_OK, EXIT_USAGE, KvspecError, UsageError
+from kvspec.files import emit
 
 #: The environment the engine child gets on top of this one's.
 PLUGIN_MODE = "verify"
@@ -80,12 +81,11 @@ def command(layout: Path, model: Path, output: Path, engine: str, grid: str,
     with _artifact(layout, memory) as artifact:
         measured = _measure(artifact, model, grid, repeats, quiet)
     # deferred: the fit and the profile's model (pydantic) load when the command runs
-    from kvspec.files import emit
     from kvspec.integrations.vllm.profiling import fit_steps
     from kvspec.source.profile import fit_profile, profile_text
 
-    samples = [tuple(s[:5]) for s in measured["steps"]]
-    trimmed = fit_steps(samples)  # type: ignore[arg-type]
+    trimmed = fit_steps([(int(s[0]), int(s[1]), int(s[2]), int(s[3]), float(s[4]))
+                         for s in measured["steps"]])
     command_line = "kvspec profile " + shlex.join(sys.argv[2:] if sys.argv[1:2] == ["profile"]
                                                   else [str(layout), "--model", str(model),
                                                         "--grid", grid, "-o", str(output)])
@@ -133,7 +133,7 @@ def _require_engine() -> None:
 def _artifact(layout: Path, memory: str | None) -> Iterator[Path]:
     """The artifact the engine is held to: ``layout`` itself, or the source compiled
     (at ``memory``) into a temporary file."""
-    # deferred: the compiler loads when the command runs
+    # deferred: the compiler and the explain reports (pydantic) load when the command runs
     from kvspec.artifact import Artifact
     from kvspec.reports.explain import is_artifact_path
 
@@ -145,11 +145,9 @@ def _artifact(layout: Path, memory: str | None) -> Iterator[Path]:
         Artifact.read(layout)  # its errors here, positioned, before an engine starts
         yield layout
         return
-    from kvspec.compiler import Pooled, compile_until
-    from kvspec.passes.freeze import freeze
+    from kvspec.compiler import compile as compile_layout  # deferred: the compiler
 
-    given = parse_bytes(memory) if memory else None
-    art = freeze(compile_until(layout, Pooled, memory=given, memory_name="--memory"))
+    art = compile_layout(layout, memory=parse_bytes(memory) if memory else None)
     if art.body.budget is None:
         raise UsageError(f"{layout}: the source gives no memory budget",
                          hint="give --memory, the KV cache memory per rank (1GiB)")
@@ -194,6 +192,7 @@ def _measure(artifact: Path, model: Path, grid: str, repeats: int | None,
 def _layout_env(artifact: Path) -> dict[str, str]:
     """The engine's environment variables the artifact's plan needs (its axis order,
     pipeline partition), as ``kvspec engine-args`` prints them."""
+    # deferred: the artifact's flags (the compiler's model, pydantic) load when it runs
     from kvspec.artifact import Artifact
     from kvspec.integrations.vllm.engine_args import engine_args
 
@@ -203,10 +202,10 @@ def _layout_env(artifact: Path) -> dict[str, str]:
 
 def _read_events(child: subprocess.Popen[str], result: dict[str, Any], grid: str,
                  quiet: bool) -> None:
+    # deferred: the engine driver's module (the compiler's model, pydantic), when it runs
     from kvspec.integrations.vllm.profile_engine import TAG
 
     assert child.stdout is not None
-    bar = None
     with progress(None, label="starting the engine", quiet=quiet, notes=True,
                   delay=0) as start:
         for line in child.stdout:
@@ -239,7 +238,6 @@ def _read_events(child: subprocess.Popen[str], result: dict[str, Any], grid: str
                 return
             elif kind == "done":
                 result["done"] = event
-    del bar
 
 
 def _last_lines(text: str) -> str:

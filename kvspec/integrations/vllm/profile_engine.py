@@ -37,6 +37,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvspec._version import __version__
+from kvspec.artifact import Artifact
+from kvspec.integrations.vllm.engine_args import engine_args
 from kvspec.integrations.vllm.profiling import GRIDS, Limits, Request, Scenario, grid, step_terms
 
 #: The prefix of every line this driver prints for kvspec.
@@ -66,7 +69,7 @@ def causes(exc: BaseException) -> str:
 
 def device_name() -> str:
     """The device the engine runs on: the GPU's name, or the CPU's model name."""
-    from vllm.platforms import current_platform
+    from vllm.platforms import current_platform  # deferred: vLLM, in the engine's process
 
     if not current_platform.is_cpu():
         return str(current_platform.get_device_name(0))
@@ -82,9 +85,6 @@ def device_name() -> str:
 def flags(artifact: str, model: str) -> list[str]:
     """The engine's arguments for ``artifact``: ``kvspec engine-args``' flags, the
     ones ``vllm serve`` takes."""
-    from kvspec.artifact import Artifact
-    from kvspec.integrations.vllm.engine_args import engine_args
-
     args = engine_args(Artifact.read(artifact), artifact, model=model, mode="verify")
     return [w for f in args.flags for w in f.words()]
 
@@ -94,6 +94,7 @@ def start(artifact: str, model: str, **extra: Any) -> tuple[Any, list[str]]:
     by kvspec's plugin (its environment set by the caller), and the flags this vLLM
     does not know (left out: ``--enable-hybrid-kv-cache-manager`` on 0.32, whose
     behaviour is its default)."""
+    # deferred: vLLM, in the engine's process
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.engine.llm_engine import LLMEngine
@@ -119,10 +120,7 @@ def held(engine: Any) -> str | None:
 def describe(engine: Any, artifact: str) -> dict[str, Any]:
     """What the engine runs, as a profile's ``describes`` says it (the checked fields
     from the artifact the plugin held it to), and its limits for the grid."""
-    import vllm
-
-    from kvspec._version import __version__
-    from kvspec.artifact import Artifact
+    import vllm  # deferred: vLLM, in the engine's process
 
     config = engine.vllm_config
     body = Artifact.read(artifact).body
@@ -196,7 +194,7 @@ def tokens_for(name: str, n: int, vocab: int) -> list[int]:
 def run(timer: Timer, scenario: Scenario, vocab: int, tag: str,
         params: Callable[[int], Any]) -> list[list[float]]:
     """Every step of ``scenario``'s phases, measured."""
-    from vllm.inputs import TokensPrompt
+    from vllm.inputs import TokensPrompt  # deferred: vLLM, in the engine's process
 
     samples: list[list[float]] = []
     counter = 0

@@ -149,11 +149,11 @@ def grid(name: str, limits: Limits) -> list[Scenario]:
                     p > limits.max_num_batched_tokens or \
                     d * (c + length) + n * p > limits.capacity_tokens:
                 continue
-            reqs = [Request(0, ((f"m{d}x{p}/{i}", c),), length) for i in range(d)]
-            reqs += [Request(2 + MIXED_EVERY * j, ((f"m{d}x{p}/new{j}", p),), 1)
-                     for j in range(n)]
+            mixed = [Request(0, ((f"m{d}x{p}/{i}", c),), length) for i in range(d)]
+            mixed += [Request(2 + MIXED_EVERY * j, ((f"m{d}x{p}/new{j}", p),), 1)
+                      for j in range(n)]
             out.append(Scenario("mixed", f"{d} decodes + prefill {p} at {c}",
-                                (Phase(tuple(reqs)),)))
+                                (Phase(tuple(mixed)),)))
     return out
 
 
