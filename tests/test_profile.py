@@ -108,7 +108,7 @@ def test_a_fit_of_measured_steps_recovers_the_model_and_leaves_interruptions_out
     for _ in range(2):
         for s in shapes:
             seconds = truth.seconds(*s) * rng.uniform(0.98, 1.04)
-            if rng.random() < 0.2:
+            if rng.random() < 0.2 or s[1] == 64:   # (64 decodes: interrupted every time)
                 seconds += rng.uniform(0.05, 0.4)   # another process took the core
             samples.append((*s, seconds))
     trimmed = fit_steps(samples)
@@ -118,6 +118,9 @@ def test_a_fit_of_measured_steps_recovers_the_model_and_leaves_interruptions_out
         assert got == pytest.approx(want, rel=0.25)
     assert trimmed.fit.relative(trimmed.measured) < 0.05
     assert all(s[4] > truth.seconds(*s[:4]) * 1.2 for s in trimmed.dropped)
+    assert {s[1] for s in trimmed.dropped} >= {64}
+    # the measured range is every shape's, the interrupted ones' too
+    assert trimmed.fit.bounds[1] == (0, 64) and trimmed.fit.model.bounds == trimmed.fit.bounds
 
 
 def test_profile_without_vllm_says_what_to_install(tmp_path: Path,

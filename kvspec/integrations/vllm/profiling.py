@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvspec.model.steptime import TERMS, LinearStepTime, shape_of
@@ -256,4 +256,9 @@ def fit_steps(samples: Iterable[Sample]) -> Trimmed:
         kept = now
         fit = fit_relative(kept)
     dropped = tuple(p for p in points if p not in kept)
+    # the range measured is every shape's, those left out included
+    bounds = tuple((min(int(p[k]) for p in points), max(int(p[k]) for p in points))
+                   for k in range(len(TERMS)))
+    model = LinearStepTime(*fit.model.coefficients, bounds=bounds)
+    fit = replace(fit, model=model, bounds=bounds)
     return Trimmed(fit, tuple(kept), dropped, len(steps))
