@@ -160,3 +160,24 @@ def test_an_output_that_is_not_a_profile_is_refused_before_anything_runs(
     code, _, err = invoke(["profile", "layouts/llama-3.1-8b.kvlayout.json", "--model",
                            str(tmp_path), "-o", str(tmp_path / "p.json")])
     assert code == 2 and "p.json" in err and "Traceback" not in err
+
+
+def test_the_latency_benchmark_measures_what_the_simulator_reports() -> None:
+    """bench_latency's served metrics use kvspec.sim.latency's definitions: TTFT from
+    arrival to the first token, TPOT over the tokens after the first, e2e to the last,
+    throughput over the first arrival to the last token."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_latency",
+                                                  ROOT / "benchmarks" / "bench_latency.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    requests = [{"arrival_s": 0.0, "first_s": 0.1, "last_s": 0.5, "output_tokens": 5},
+                {"arrival_s": 1.0, "first_s": 1.3, "last_s": 1.3, "output_tokens": 1},
+                {"arrival_s": 2.0, "first_s": 2.2, "last_s": 3.0, "output_tokens": 9}]
+    got = bench.live_metrics(requests)
+    assert got["ttft"] == pytest.approx(0.2)
+    assert got["tpot"] == pytest.approx((0.1 + 0.1) / 2)   # the one-token request has none
+    assert got["e2e"] == pytest.approx(0.5)
+    assert got["throughput"] == pytest.approx(3 / 3.0)
