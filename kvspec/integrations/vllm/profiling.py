@@ -178,10 +178,12 @@ def step_terms(output: Any) -> tuple[int, int, int, int]:
 # ---------------------------------------------------------------------------
 
 #: A shape is left out of the fit when it took over this many times the median absolute
-#: residual longer than the model predicts (and over :data:`SLOWER` of the prediction):
-#: a step the machine interrupted (another process, a page fault), not the batch's cost.
+#: relative residual longer than the model predicts (and over :data:`SLOWER` of the
+#: prediction; always when over :data:`INTERRUPTED`): a step the machine interrupted
+#: (another process on its cores, a page fault), not the batch's cost.
 TRIM = 6.0
 SLOWER = 0.25
+INTERRUPTED = 1.0
 #: Rounds of fitting and leaving out (each round judges every shape again).
 ROUNDS = 8
 
@@ -240,7 +242,8 @@ def fit_steps(samples: Iterable[Sample]) -> Trimmed:
     """The step-time model of measured steps: each shape at its fastest
     (:func:`fastest`), fitted on relative error (:func:`fit_relative`), then again
     without the shapes far slower than the fit predicts (:data:`TRIM` times the median
-    relative residual and :data:`SLOWER`), until no shape changes side."""
+    relative residual and :data:`SLOWER`, or twice the prediction), until no shape changes
+    side."""
     steps = list(samples)
     points = [p for p in fastest(steps) if p[4] > 0]
     kept = points
@@ -250,7 +253,8 @@ def fit_steps(samples: Iterable[Sample]) -> Trimmed:
         over = [p[4] / model.seconds(*p[:4]) - 1 for p in points]
         spread = statistics.median(abs(r) for r, p in zip(over, points, strict=True)
                                    if p in kept)
-        now = [p for p, r in zip(points, over, strict=True) if r <= max(TRIM * spread, SLOWER)]
+        limit = min(max(TRIM * spread, SLOWER), INTERRUPTED)
+        now = [p for p, r in zip(points, over, strict=True) if r <= limit]
         if now == kept or len(now) < len(TERMS) + 1:
             break
         kept = now
