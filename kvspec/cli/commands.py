@@ -4,4 +4,4 @@ name them without importing each other."""
 
 COMMANDS = ("compile", "validate", "plan", "import_", "explain", "diff", "check", "schema",
             "init", "verify", "engine_args", "descriptor", "transfer", "simulate",
-            "trace", "sweep")
+            "profile", "trace", "sweep")

@@ -121,6 +121,8 @@ class FitRecord(_Strict):
     rms_residual: Duration
     max_residual: Duration
     mean_relative_error: float = Field(ge=0)
+    #: (kvspec profile) the largest |residual| / measured over the samples.
+    max_relative_error: float | None = Field(None, ge=0)
 
 
 class Provenance(_Strict):
