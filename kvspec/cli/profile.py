@@ -25,6 +25,8 @@ import click
 from kvspec.cli.common import (
     USAGE,
     check_output,
+    echo_json,
+    format_option,
     note,
     parents_option,
     parse_bytes,
@@ -59,10 +61,12 @@ _SHOWN = 12
               help="KV cache memory per rank a source is compiled for (1GiB). Default: "
                    "the source's budget; an artifact has its own.")
 @click.option("--force", is_flag=True, help="Replace an existing file that is not a profile.")
+@format_option("text", "json", help="text: the fit's summary on stderr; json: the profile "
+               "written and its fit, as one object on stdout.")
 @parents_option
 @quiet_option
 def command(layout: Path, model: Path, output: Path, engine: str, grid: str,
-            repeats: int | None, memory: str | None, force: bool, parents: bool,
+            repeats: int | None, memory: str | None, force: bool, fmt: str, parents: bool,
             quiet: bool) -> int:
     """Measure a running engine's step times; write a profile.
 
@@ -96,8 +100,14 @@ def command(layout: Path, model: Path, output: Path, engine: str, grid: str,
     profile = profile.model_copy(update={
         "fit": record,
         "provenance": profile.provenance.model_copy(update={"note": note_text})})
-    emit(profile_text(profile), output, quiet=quiet)
+    emit(profile_text(profile), output, quiet=quiet or fmt == "json")
     fit = trimmed.fit
+    if fmt == "json":
+        echo_json({"profile": str(output), "samples": fit.samples, "steps": trimmed.steps,
+                   "left_out": len(trimmed.dropped), "rms_residual_s": fit.rms,
+                   "mean_relative_error": fit.relative(trimmed.measured),
+                   "max_relative_error": trimmed.max_relative})
+        return EXIT_OK
     note(f"fitted {fit.samples} batch shapes of {trimmed.steps} steps ({len(trimmed.dropped)} "
          "left out as interrupted): "
          f"rms residual {fit.rms * 1000:.3g} ms, mean relative error "
