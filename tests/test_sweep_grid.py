@@ -206,3 +206,10 @@ def test_an_unknown_init_target_is_refused_at_its_line(tmp_path: Path) -> None:
     rendered = err.render()
     assert err.line == 4 and "at: base[0].target" in rendered, rendered
     assert "hopper" in rendered, rendered
+
+
+def test_a_step_time_with_no_value_is_placed_at_its_key() -> None:
+    # `step_ms:` with nothing after it was reported at `target:`, a line above
+    err = _error(GRID.replace("target: {rate: 20, step_ms: 30}",
+                              "target:\n  rate: 20\n  step_ms:"))
+    assert err.line == 8 and "at: target.step_ms" in err.render(), err.render()

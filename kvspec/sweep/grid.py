@@ -571,7 +571,12 @@ def _clock(doc: Document, target: Target) -> list[KvspecError]:
                           "milliseconds; step_time times each step by a profile "
                           "(docs/sweep.md, \"In time\"): keep one")]
     if target.step_ms is None and target.step_time is None:
-        return [doc.error("the target gives no step time", ("target",), key=True,
+        # `step_ms:` (or `step_time:`) written with no value is placed at that key
+        raw = doc.data.get("target") if isinstance(doc.data, dict) else None
+        given = [k for k in ("step_ms", "step_time") if isinstance(raw, dict) and k in raw]
+        at = ("target", given[0]) if given else ("target",)
+        return [doc.error("the target gives no step time", at, key=True,
+                          found="null" if given else None,
                           expected="step_ms: 30 (milliseconds a step), or step_time: "
                           "{profile: FILE} (a step-time profile)",
                           hint="give the engine step's milliseconds, or a profile of your "
