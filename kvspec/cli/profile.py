@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -216,13 +216,10 @@ def _read_events(child: subprocess.Popen[str], result: dict[str, Any], grid: str
     from kvspec.integrations.vllm.profile_engine import TAG
 
     assert child.stdout is not None
+    events = _events(child.stdout, TAG)  # one stream: the second loop goes on from the first
     with progress(None, label="starting the engine", quiet=quiet, notes=True,
                   delay=0) as start:
-        for line in child.stdout:
-            if not line.startswith(TAG):
-                continue
-            event = json.loads(line[len(TAG):])
-            kind = event.pop("event")
+        for kind, event in events:
             if kind == "started":
                 result.update(event)
                 break
@@ -235,11 +232,7 @@ def _read_events(child: subprocess.Popen[str], result: dict[str, Any], grid: str
     total = len(result["scenarios"]) * result["repeats"]
     with progress(total, label=f"profiling ({grid} grid)", quiet=quiet, notes=True,
                   delay=0) as bar:
-        for line in child.stdout:
-            if not line.startswith(TAG):
-                continue
-            event = json.loads(line[len(TAG):])
-            kind = event.pop("event")
+        for kind, event in events:
             if kind == "scenario":
                 result["steps"] += event["steps"]
                 bar.advance(event["name"])
@@ -248,6 +241,15 @@ def _read_events(child: subprocess.Popen[str], result: dict[str, Any], grid: str
                 return
             elif kind == "done":
                 result["done"] = event
+
+
+def _events(lines: Iterable[str], tag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The driver's events among the engine's output: lines that start with ``tag``,
+    each ``(kind, fields)``."""
+    for line in lines:
+        if line.startswith(tag):
+            event = json.loads(line[len(tag):])
+            yield event.pop("event"), event
 
 
 def _last_lines(text: str) -> str:

@@ -345,6 +345,15 @@ class PoolingPolicy(_Strict):
         "goodput (with slo) or throughput wins.")
 
 
+def version_not_a_bool(value: Any) -> Any:
+    """A format version (a source's ``kvspec``, a grid's ``kvspec_sweep``) as given,
+    unless it is a boolean: ``Literal[1]`` takes True even when strict (True == 1 and
+    hashes alike), and YAML's true is not a format version."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("literal_error", "Input should be 1", {"expected": "1"})
+    return value
+
+
 class Source(_Strict):
     """A kvspec layout source, format version 1."""
 
@@ -369,11 +378,7 @@ class Source(_Strict):
     @field_validator("kvspec", mode="before")
     @classmethod
     def _version_is_not_a_bool(cls, value: Any) -> Any:
-        # Literal[1] takes True even when strict (True == 1 and hashes alike);
-        # YAML's true is not the format version
-        if isinstance(value, bool):
-            raise PydanticCustomError("literal_error", "Input should be 1", {"expected": "1"})
-        return value
+        return version_not_a_bool(value)
 
     @field_validator("layer_types")
     @classmethod

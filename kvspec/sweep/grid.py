@@ -49,7 +49,14 @@ from kvspec.model.slo import SLO_METRICS, BadLimit, Limit, parse_limit
 from kvspec.model.workloads import TraceFormat
 from kvspec.source.document import Document, parse_yaml
 from kvspec.source.parse import clean_loc, schema_error, yaml_repr
-from kvspec.source.schema import MaxLen, PositiveInt, Ranks, Size, Tokens
+from kvspec.source.schema import (
+    MaxLen,
+    PositiveInt,
+    Ranks,
+    Size,
+    Tokens,
+    version_not_a_bool,
+)
 
 __all__ = ["AXES", "Grid", "GridFile", "HfBase", "SourceBase", "WorkloadEntry", "grid_schema",
            "parse_grid", "read_grid"]
@@ -292,15 +299,13 @@ class Grid(_Strict):
 
     kvspec_sweep: Literal[1] = Field(description="Grid format version.")
 
+    base: Base | list[Base] = Field(description="The model(s): a source path, "
+                                    "{source: PATH}, or {hf: config.json}.")
+
     @field_validator("kvspec_sweep", mode="before")
     @classmethod
     def _version(cls, value: Any) -> Any:
-        # YAML's true is Python's 1: a version is a number, never a boolean
-        if isinstance(value, bool):
-            raise PydanticCustomError("literal_error", "1", {"expected": "1"})
-        return value
-    base: Base | list[Base] = Field(description="The model(s): a source path, "
-                                    "{source: PATH}, or {hf: config.json}.")
+        return version_not_a_bool(value)
     axes: Axes
     constraints: list[str] = Field(default_factory=list, description="Expressions over "
                                    "the axes that every point must meet: tensor * "
